@@ -1,0 +1,295 @@
+// The fused CPU backend: splits a call into (batch, head) slices run in parallel with
+// ATen's thread pool. float32 runs the vectorised kernels of fourier_cpu_kernel.inc for the
+// best instruction set of this CPU; float64 runs the scalar loops below (same math, with
+// sin and log per element, for tests and gradcheck).
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "../fourier_attention.h"
+#include "../fourier_element_math.h"
+#include "fourier_cpu_kernel.h"
+
+namespace fourierformer {
+namespace cpu {
+
+namespace {
+constexpr int64_t kLanes = 16;
+int64_t padded(int64_t m) { return (m + kLanes - 1) / kLanes * kLanes; }
+}  // namespace
+
+size_t forward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv) {
+  (void)N;
+  return (size_t)(3 * D * padded(M) + padded(M) + 3 * D + Dv);
+}
+
+size_t backward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv) {
+  (void)N;
+  return (size_t)(4 * D * padded(M) + 2 * Dv * padded(M) + D * kLanes + 3 * D);
+}
+
+static const KernelTable& best_kernels() {
+  static const KernelTable* table = [] {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+      return &avx512::kKernels;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &avx2::kKernels;
+#endif
+    return &generic::kKernels;
+  }();
+  return *table;
+}
+
+// ---- float64: scalar loops over the same math ----
+template <typename T>
+struct ScalarSlice {
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* radius;
+  int64_t N, M, D, Dv;
+  T power;
+  const T* attn_mask;
+  int64_t mask_row_stride;
+  const T* key_bias;
+  bool causal;
+  T dropout_p;
+  uint32_t seed, bh;
+
+  int64_t visible_end(int64_t i) const { return causal ? std::min(M, i + (M - N) + 1) : M; }
+
+  T score(int64_t i, int64_t j) const {
+    T s = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      T x = radius[d] * (q[i * D + d] - k[j * D + d]);
+      s += log_abs_sinc_from_sin(x, std::sin(x));
+    }
+    s *= power;
+    if (attn_mask) s += attn_mask[i * mask_row_stride + j];
+    if (key_bias) s += key_bias[j];
+    return s;
+  }
+
+  T dropout_scale(int64_t i, int64_t j) const {
+    if (dropout_p <= 0) return T(1);
+    return ff_dropout_uniform(seed, bh, (uint32_t)i, (uint32_t)j) >= (float)dropout_p ? T(1) / (T(1) - dropout_p)
+                                                                                       : T(0);
+  }
+
+  void forward(T* out, T* lse, std::vector<T>& row) const {
+    row.resize(M);
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t end = visible_end(i);
+      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < end; ++j) {
+        row[j] = score(i, j);
+        m = std::max(m, row[j]);
+      }
+      T* out_i = out + i * Dv;
+      for (int64_t c = 0; c < Dv; ++c) out_i[c] = 0;
+      if (!(m > -std::numeric_limits<T>::infinity())) {
+        lse[i] = std::numeric_limits<T>::infinity();
+        continue;
+      }
+      T sum = 0;
+      for (int64_t j = 0; j < end; ++j) {
+        T e = std::exp(row[j] - m);
+        sum += e;
+        e *= dropout_scale(i, j);
+        if (e == 0) continue;
+        for (int64_t c = 0; c < Dv; ++c) out_i[c] += e * v[j * Dv + c];
+      }
+      for (int64_t c = 0; c < Dv; ++c) out_i[c] /= sum;
+      lse[i] = m + std::log(sum);
+    }
+  }
+
+  void backward(const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv, T* dradius) const {
+    for (int64_t n = 0; n < M * D; ++n) dk[n] = 0;
+    for (int64_t n = 0; n < M * Dv; ++n) dv[n] = 0;
+    for (int64_t n = 0; n < N * D; ++n) dq[n] = 0;
+    for (int64_t d = 0; d < D; ++d) dradius[d] = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      if (!(lse[i] < std::numeric_limits<T>::infinity())) continue;
+      const T* dout_i = dout + i * Dv;
+      T delta = 0;
+      for (int64_t c = 0; c < Dv; ++c) delta += dout_i[c] * out[i * Dv + c];
+      const int64_t end = visible_end(i);
+      for (int64_t j = 0; j < end; ++j) {
+        const T P = std::exp(score(i, j) - lse[i]);
+        if (P == 0) continue;
+        const T f = dropout_scale(i, j);
+        T dP = 0;
+        for (int64_t c = 0; c < Dv; ++c) {
+          dP += dout_i[c] * v[j * Dv + c];
+          dv[j * Dv + c] += P * f * dout_i[c];
+        }
+        const T coef = power * P * (dP * f - delta);
+        for (int64_t d = 0; d < D; ++d) {
+          const T diff = q[i * D + d] - k[j * D + d];
+          const T x = radius[d] * diff;
+          const T dx = coef * dlog_sinc_from_sincos(x, std::sin(x), std::cos(x));
+          dq[i * D + d] += radius[d] * dx;
+          dk[j * D + d] -= radius[d] * dx;
+          dradius[d] += diff * dx;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace cpu
+
+const char* cpu_kernel_isa() { return cpu::best_kernels().isa; }
+
+namespace {
+
+struct SliceMasks {
+  at::Tensor attn_mask;  // undefined if none
+  at::Tensor key_bias;
+};
+
+SliceMasks prepare_masks(const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias,
+                         at::ScalarType dtype) {
+  SliceMasks m;
+  if (attn_mask.has_value()) m.attn_mask = prepare_mask(*attn_mask, dtype);
+  if (key_bias.has_value()) m.key_bias = key_bias->to(dtype).contiguous();
+  return m;
+}
+
+template <typename Slice, typename T>
+void fill_common(Slice& s, const AttentionShape& sh, const SliceMasks& masks, const at::Tensor& radius, int64_t b,
+                 int64_t h, double power, bool causal, double dropout_p, int64_t seed) {
+  s.radius = radius.data_ptr<T>() + h * sh.D;
+  s.N = sh.N;
+  s.M = sh.M;
+  s.D = sh.D;
+  s.Dv = sh.Dv;
+  s.power = (T)power;
+  s.attn_mask = nullptr;
+  s.mask_row_stride = 0;
+  if (masks.attn_mask.defined()) {
+    s.attn_mask = masks.attn_mask.data_ptr<T>() + mask_slice_offset(masks.attn_mask, b, h);
+    s.mask_row_stride = masks.attn_mask.stride(2);
+  }
+  s.key_bias = masks.key_bias.defined() ? masks.key_bias.data_ptr<T>() + b * sh.M : nullptr;
+  s.causal = causal;
+  s.dropout_p = (T)dropout_p;
+  s.seed = (uint32_t)seed;
+  s.bh = (uint32_t)(b * sh.H + h);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& radius_in,
+    double power, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias,
+    bool causal, double dropout_p, int64_t seed) {
+  const AttentionShape sh =
+      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+  const auto dtype = q_in.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
+              "fourier_attention (cpu): float32 and float64 are supported, got ", dtype);
+  at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  at::Tensor radius = radius_in.to(dtype).contiguous();
+  SliceMasks masks = prepare_masks(attn_mask, key_bias, dtype);
+  at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, q.options());
+  at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, q.options());
+  const int64_t slices = sh.B * sh.H;
+
+  if (dtype == at::kFloat) {
+    const cpu::KernelTable& kernels = cpu::best_kernels();
+    const size_t ws_floats = cpu::forward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv);
+    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> ws(ws_floats);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / sh.H, h = bh % sh.H;
+        cpu::SliceArgs s;
+        fill_common<cpu::SliceArgs, float>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
+        s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
+        s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
+        s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
+        kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N, ws.data());
+      }
+    });
+  } else {
+    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+      std::vector<double> row;
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / sh.H, h = bh % sh.H;
+        cpu::ScalarSlice<double> s;
+        fill_common<cpu::ScalarSlice<double>, double>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
+        s.q = q.data_ptr<double>() + bh * sh.N * sh.D;
+        s.k = k.data_ptr<double>() + bh * sh.M * sh.D;
+        s.v = v.data_ptr<double>() + bh * sh.M * sh.Dv;
+        s.forward(out.data_ptr<double>() + bh * sh.N * sh.Dv, lse.data_ptr<double>() + bh * sh.N, row);
+      }
+    });
+  }
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
+    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& radius_in, const at::Tensor& out_in, const at::Tensor& lse_in, double power,
+    const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
+    double dropout_p, int64_t seed) {
+  const AttentionShape sh =
+      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+  const auto dtype = q_in.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
+              "fourier_attention (cpu): float32 and float64 are supported, got ", dtype);
+  TORCH_CHECK(dout_in.sizes() == out_in.sizes() && out_in.size(0) == sh.B && out_in.size(2) == sh.N &&
+                  out_in.size(3) == sh.Dv,
+              "fourier_attention backward: grad_out and out must be (B, H, N, Dv)");
+  at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  at::Tensor out = out_in.to(dtype).contiguous(), dout = dout_in.to(dtype).contiguous();
+  at::Tensor lse = lse_in.to(dtype).contiguous();
+  at::Tensor radius = radius_in.to(dtype).contiguous();
+  SliceMasks masks = prepare_masks(attn_mask, key_bias, dtype);
+  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  at::Tensor dradius_slices = at::empty({sh.B, sh.H, sh.D}, q.options());
+  const int64_t slices = sh.B * sh.H;
+
+  if (dtype == at::kFloat) {
+    const cpu::KernelTable& kernels = cpu::best_kernels();
+    const size_t ws_floats = cpu::backward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv);
+    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> ws(ws_floats);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / sh.H, h = bh % sh.H;
+        cpu::SliceArgs s;
+        fill_common<cpu::SliceArgs, float>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
+        s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
+        s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
+        s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
+        kernels.backward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N,
+                         dout.data_ptr<float>() + bh * sh.N * sh.Dv, dq.data_ptr<float>() + bh * sh.N * sh.D,
+                         dk.data_ptr<float>() + bh * sh.M * sh.D, dv.data_ptr<float>() + bh * sh.M * sh.Dv,
+                         dradius_slices.data_ptr<float>() + bh * sh.D, ws.data());
+      }
+    });
+  } else {
+    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / sh.H, h = bh % sh.H;
+        cpu::ScalarSlice<double> s;
+        fill_common<cpu::ScalarSlice<double>, double>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
+        s.q = q.data_ptr<double>() + bh * sh.N * sh.D;
+        s.k = k.data_ptr<double>() + bh * sh.M * sh.D;
+        s.v = v.data_ptr<double>() + bh * sh.M * sh.Dv;
+        s.backward(out.data_ptr<double>() + bh * sh.N * sh.Dv, lse.data_ptr<double>() + bh * sh.N,
+                   dout.data_ptr<double>() + bh * sh.N * sh.Dv, dq.data_ptr<double>() + bh * sh.N * sh.D,
+                   dk.data_ptr<double>() + bh * sh.M * sh.D, dv.data_ptr<double>() + bh * sh.M * sh.Dv,
+                   dradius_slices.data_ptr<double>() + bh * sh.D);
+      }
+    });
+  }
+  return {dq, dk, dv, dradius_slices.sum(0)};
+}
+
+}  // namespace fourierformer

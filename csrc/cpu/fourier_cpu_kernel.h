@@ -1,0 +1,56 @@
+// Per-(batch, head) float32 kernels of the fused CPU backend.
+//
+// fourier_cpu_kernel.inc holds one implementation written with GCC vector extensions;
+// it is compiled once per instruction set (kernel_avx512.cpp, kernel_avx2.cpp,
+// kernel_generic.cpp) and fourier_attention_cpu.cpp picks one at run time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fourierformer {
+namespace cpu {
+
+// One (b, h) slice. Rows are contiguous: q (N, D), k (M, D), v (M, Dv).
+struct SliceArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  const float* radius;  // (D,)
+  int64_t N, M, D, Dv;
+  float power;
+  // Additive mask element (i, j) at attn_mask[i * mask_row_stride + j]; nullptr if none.
+  const float* attn_mask;
+  int64_t mask_row_stride;
+  const float* key_bias;  // (M,) additive 0 / -inf, nullptr if none
+  bool causal;            // key j visible to query i iff j <= i + (M - N)
+  float dropout_p;        // 0 disables dropout
+  uint32_t seed;
+  uint32_t bh;  // b * H + h, the dropout counter
+};
+
+// Floats of scratch memory one slice needs (no N x M term: at most a few rows of M).
+size_t forward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv);
+size_t backward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv);
+
+struct KernelTable {
+  const char* isa;
+  // out (N, Dv), lse (N,): log of the softmax normaliser, +inf for fully masked rows.
+  void (*forward)(const SliceArgs&, float* out, float* lse, float* workspace);
+  // dq (N, D), dk (M, D), dv (M, Dv) are written; dradius (D,) is written (this slice's share).
+  void (*backward)(const SliceArgs&, const float* out, const float* lse, const float* dout, float* dq, float* dk,
+                   float* dv, float* dradius, float* workspace);
+};
+
+namespace avx512 {
+extern const KernelTable kKernels;
+}
+namespace avx2 {
+extern const KernelTable kKernels;
+}
+namespace generic {
+extern const KernelTable kKernels;
+}
+
+}  // namespace cpu
+}  // namespace fourierformer

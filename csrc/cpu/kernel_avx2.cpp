@@ -1,0 +1,27 @@
+// The CPU kernels compiled for avx2; see fourier_cpu_kernel.inc.
+// Headers come before the target pragma so that nothing they define carries its flags.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "../fourier_element_math.h"
+#include "fourier_cpu_kernel.h"
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,bmi2")
+
+namespace fourierformer {
+namespace cpu {
+namespace avx2 {
+
+#include "fourier_cpu_kernel.inc"
+
+extern const KernelTable kKernels = {"avx2", forward_slice, backward_slice};
+
+}  // namespace avx2
+}  // namespace cpu
+}  // namespace fourierformer
+
+#pragma GCC pop_options
+#endif

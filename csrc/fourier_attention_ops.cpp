@@ -1,0 +1,96 @@
+// The `fourierformer` operator library: schemas, shared input checks, and the Python
+// module `fourierformer_fairseq._C` that loading registers them through.
+#include <Python.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "fourier_attention.h"
+
+#ifndef FF_TORCH_VERSION
+#define FF_TORCH_VERSION "unknown"
+#endif
+#ifndef FF_CUDA_VERSION
+#define FF_CUDA_VERSION ""
+#endif
+
+namespace fourierformer {
+
+AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& radius, double power,
+                                    const std::optional<at::Tensor>& attn_mask,
+                                    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p) {
+  TORCH_CHECK(q.dim() == 4, "fourier_attention: q must be (B, H, N, D), got ", q.sizes());
+  TORCH_CHECK(k.dim() == 4, "fourier_attention: k must be (B, H, M, D), got ", k.sizes());
+  TORCH_CHECK(v.dim() == 4, "fourier_attention: v must be (B, H, M, Dv), got ", v.sizes());
+  AttentionShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+  TORCH_CHECK(k.size(0) == s.B && k.size(1) == s.H && k.size(3) == s.D, "fourier_attention: k has shape ",
+              k.sizes(), ", q has shape ", q.sizes());
+  TORCH_CHECK(v.size(0) == s.B && v.size(1) == s.H && v.size(2) == s.M, "fourier_attention: v has shape ",
+              v.sizes(), ", k has shape ", k.sizes());
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "fourier_attention: q, k, v must share a dtype");
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device() && q.device() == radius.device(),
+              "fourier_attention: q, k, v, radius must be on one device");
+  TORCH_CHECK(radius.dim() == 2 && radius.size(0) == s.H && radius.size(1) == s.D,
+              "fourier_attention: the kernel takes radius expanded to (H, D) = (", s.H, ", ", s.D, "), got ",
+              radius.sizes());
+  TORCH_CHECK(power >= 2 && std::fmod(power, 2.0) == 0.0,
+              "fourier_attention: the fused kernels take phi(x) = x^p with even p >= 2 (log domain), got p = ",
+              power, "; other phis run on the reference backend");
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "fourier_attention: dropout_p must be in [0, 1), got ",
+              dropout_p);
+  TORCH_CHECK(!causal || s.N <= s.M, "fourier_attention: causal attention needs N <= M");
+  if (attn_mask.has_value()) {
+    const at::Tensor& m = *attn_mask;
+    TORCH_CHECK(m.dim() == 4 && (m.size(0) == 1 || m.size(0) == s.B) && (m.size(1) == 1 || m.size(1) == s.H) &&
+                    m.size(2) == s.N && m.size(3) == s.M,
+                "fourier_attention: attn_mask must be (B|1, H|1, N, M), got ", m.sizes());
+    TORCH_CHECK(m.is_floating_point(), "fourier_attention: attn_mask must be an additive float mask");
+    TORCH_CHECK(m.device() == q.device(), "fourier_attention: attn_mask is on another device than q");
+  }
+  if (key_bias.has_value()) {
+    const at::Tensor& m = *key_bias;
+    TORCH_CHECK(m.dim() == 2 && m.size(0) == s.B && m.size(1) == s.M,
+                "fourier_attention: key_bias must be (B, M), got ", m.sizes());
+    TORCH_CHECK(m.is_floating_point(), "fourier_attention: key_bias must be an additive float mask");
+    TORCH_CHECK(m.device() == q.device(), "fourier_attention: key_bias is on another device than q");
+  }
+  return s;
+}
+
+at::Tensor prepare_mask(const at::Tensor& mask, at::ScalarType dtype) {
+  at::Tensor m = mask.to(dtype);
+  if (m.stride(3) != 1 && m.size(3) > 1) m = m.contiguous();
+  return m;
+}
+
+TORCH_LIBRARY(fourierformer, m) {
+  m.def(
+      "fourier_attention_forward(Tensor q, Tensor k, Tensor v, Tensor radius, float power, Tensor? attn_mask, "
+      "Tensor? key_bias, bool causal, float dropout_p, int seed) -> (Tensor, Tensor)");
+  m.def(
+      "fourier_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor radius, Tensor out, "
+      "Tensor lse, float power, Tensor? attn_mask, Tensor? key_bias, bool causal, float dropout_p, int seed) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(fourierformer, CPU, m) {
+  m.impl("fourier_attention_forward", &fourier_attention_forward_cpu);
+  m.impl("fourier_attention_backward", &fourier_attention_backward_cpu);
+}
+
+}  // namespace fourierformer
+
+// `import fourierformer_fairseq._C` loads this library (which registers the ops above) and
+// exposes how it was built, so the loader can tell a stale build from a working one.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "fused Fourier attention kernels", -1,
+                                          nullptr};
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) return nullptr;
+  PyModule_AddStringConstant(module, "torch_version", FF_TORCH_VERSION);
+  PyModule_AddStringConstant(module, "cuda_version", FF_CUDA_VERSION);
+  PyModule_AddStringConstant(module, "cpu_isa", fourierformer::cpu_kernel_isa());
+  return module;
+}

@@ -1,0 +1,97 @@
+// Element math of Fourier integral attention, shared by the CPU and CUDA kernels.
+//
+// The series below are plain arithmetic on a template type T, so the same code runs on
+// a CUDA thread (T = float / double), in the scalar float64 CPU path, and on a GCC
+// vector of 16 floats in the vectorised CPU kernel (scalar constants broadcast there).
+// The *_from_* helpers branch, so they are for scalar T only.
+//
+//   sinc(x) = sin(x) / x,    x = R_d (q_id - k_jd)
+//   S_ij    = p * sum_d log|sinc(x_ijd)|
+//   dS/dx   = p * g(x),      g(x) = d/dx log|sinc x| = cot(x) - 1/x = (x cos x - sin x) / (x sin x)
+//
+// Near x = 0 both sinc and g use their Taylor series, which keeps sinc exactly 1 and
+// g exactly 0 at q = k and avoids the cancellation of sin(x)/x and cot(x) - 1/x.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FF_HD __host__ __device__ __forceinline__
+#else
+#define FF_HD inline __attribute__((always_inline))
+#endif
+
+namespace fourierformer {
+
+// |x| below this uses the Taylor series (error of the truncated series < 1e-12 there).
+constexpr float kSincTaylorBound = 0.25f;
+// |sin x| is clamped to at least this before a log or a division: values below it are
+// below the rounding error of sin in float32 anyway, and it keeps products of four
+// factors inside the normal float range (see the CPU kernel's renormalisation).
+constexpr float kSinFloor = 1e-9f;
+// |x| is clamped to at most this for the same reason (float32 sin is meaningless there).
+constexpr float kXCeil = 1e9f;
+
+// Bound of the Taylor branch by type: float64 computes sin directly, so its bound only has
+// to cover the cancellation of cot(x) - 1/x (relative error ~3 eps / x^2).
+template <typename T>
+FF_HD constexpr float taylor_bound() { return kSincTaylorBound; }
+template <>
+FF_HD constexpr float taylor_bound<double>() { return 0.05f; }
+
+// sinc(x) = 1 - x^2/6 + x^4/120 - x^6/5040 for small |x|.
+template <typename T>
+FF_HD T sinc_taylor(T x2) {
+  return 1.0f + x2 * (-1.0f / 6.0f + x2 * (1.0f / 120.0f + x2 * (-1.0f / 5040.0f)));
+}
+
+// g(x) = cot(x) - 1/x = -x/3 - x^3/45 - 2x^5/945 - x^7/4725 for small |x|.
+template <typename T>
+FF_HD T dlog_sinc_taylor(T x, T x2) {
+  return x * (-1.0f / 3.0f + x2 * (-1.0f / 45.0f + x2 * (-2.0f / 945.0f + x2 * (-1.0f / 4725.0f))));
+}
+
+// Scalar log|sinc(x)| from a precomputed sin(x); used by the CUDA kernel and the
+// float64 CPU path. Returns -inf exactly where sin(x) == 0 and x != 0.
+FF_HD float ff_log(float x) { return logf(x); }
+FF_HD double ff_log(double x) { return log(x); }
+
+template <typename T>
+FF_HD T log_abs_sinc_from_sin(T x, T sin_x) {
+  T ax = x < T(0) ? -x : x;
+  if (ax < T(taylor_bound<T>())) return ff_log(sinc_taylor(x * x));
+  T as = sin_x < T(0) ? -sin_x : sin_x;
+  return ff_log(as) - ff_log(ax);
+}
+
+// Scalar g(x) from precomputed sin and cos; finite everywhere (0 at x = 0).
+template <typename T>
+FF_HD T dlog_sinc_from_sincos(T x, T sin_x, T cos_x) {
+  T ax = x < T(0) ? -x : x;
+  if (ax < T(taylor_bound<T>())) return dlog_sinc_taylor(x, x * x);
+  T s = sin_x;
+  if (s > -T(kSinFloor) && s < T(kSinFloor)) s = s < T(0) ? -T(kSinFloor) : T(kSinFloor);
+  return (x * cos_x - s) / (x * s);
+}
+
+// ---- Attention dropout: a counter-based RNG, identical on CPU, CUDA and in the reference
+// (fourierformer_fairseq/ops/reference.py: dropout_keep_mask). ----
+FF_HD uint32_t ff_mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// Uniform in [0, 1) with 24 random bits for element (bh, i, j) of one call.
+FF_HD float ff_dropout_uniform(uint32_t seed, uint32_t bh, uint32_t i, uint32_t j) {
+  uint32_t x = seed ^ (bh * 0x9E3779B1u);
+  x = ff_mix32(x ^ (i * 0x85EBCA77u));
+  x = ff_mix32(x ^ (j * 0xC2B2AE3Du));
+  return float(x >> 8) * (1.0f / 16777216.0f);
+}
+
+}  // namespace fourierformer

@@ -1,0 +1,81 @@
+"""Autograd and shape (fake) registrations of the fused ``fourierformer::`` ops.
+
+The C++ library defines two ops (csrc/fourier_attention_ops.cpp):
+
+    fourier_attention_forward(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed)
+        -> (out, lse)
+    fourier_attention_backward(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias,
+                               causal, dropout_p, seed) -> (dq, dk, dv, dradius)
+
+``radius`` is the (H, D) table; ``lse`` the per-row log-normaliser (+inf for rows with
+no visible key). Both are float32, or float64 for float64 inputs.
+"""
+from __future__ import annotations
+
+import torch
+
+from .extension import extension_status
+from .inputs import AttentionInputs
+
+_registered = False
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+
+    @torch.library.register_fake("fourierformer::fourier_attention_forward")
+    def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed):
+        B, H, N, _ = q.shape
+        out = q.new_empty((B, H, N, v.shape[-1]))
+        lse = q.new_empty((B, H, N), dtype=_lse_dtype(q.dtype))
+        return out, lse
+
+    @torch.library.register_fake("fourierformer::fourier_attention_backward")
+    def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(radius)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, radius, out, lse, attn_mask, key_bias)
+        ctx.args = (power, causal, dropout_p, seed)
+        ctx.mark_non_differentiable(lse)
+
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, radius, out, lse, attn_mask, key_bias = ctx.saved_tensors
+        power, causal, dropout_p, seed = ctx.args
+        dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
+            grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed
+        )
+        return dq, dk, dv, dradius, None, None, None, None, None, None
+
+    torch.library.register_autograd(
+        "fourierformer::fourier_attention_forward", backward, setup_context=setup_context
+    )
+
+
+def fused_available() -> bool:
+    status = extension_status()
+    if status.loaded:
+        _register()
+    return status.loaded
+
+
+def fused_forward(inp: AttentionInputs, seed: int) -> torch.Tensor:
+    """Runs the fused op on normalised inputs; returns out (B, H, N, Dv)."""
+    assert fused_available()
+    compute = _lse_dtype(inp.q.dtype)
+    radius = inp.radius_hd.to(compute).contiguous()
+    attn_mask = None if inp.attn_mask is None else inp.attn_mask.to(compute)
+    key_bias = None if inp.key_bias is None else inp.key_bias.to(compute)
+    out, _ = torch.ops.fourierformer.fourier_attention_forward(
+        inp.q, inp.k, inp.v, radius, float(inp.power), attn_mask, key_bias, inp.causal, inp.dropout_p, seed
+    )
+    return out

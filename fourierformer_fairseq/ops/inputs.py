@@ -1,0 +1,138 @@
+"""Validation and normalisation of the arguments of ``fourier_attention``.
+
+Every backend (reference, fused CPU, fused CUDA) sees the same normalised
+inputs, so shape rules and error messages live here once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+PHIS = ("power", "abs", "relu", "sigmoid")
+
+
+@dataclass
+class AttentionInputs:
+    q: torch.Tensor  # (B, H, N, D)
+    k: torch.Tensor  # (B, H, M, D)
+    v: torch.Tensor  # (B, H, M, Dv)
+    radius_hd: torch.Tensor  # (H, D), differentiable view of the user's radius
+    power: int
+    phi: str
+    attn_mask: Optional[torch.Tensor]  # additive float, 4-D broadcastable to (B, H, N, M)
+    key_bias: Optional[torch.Tensor]  # additive float (B, M): 0 or -inf
+    causal: bool
+    dropout_p: float
+
+    @property
+    def log_domain(self) -> bool:
+        """True when the weights are non-negative, so softmax of log-weights is exact."""
+        if self.phi == "power":
+            return self.power % 2 == 0
+        return True
+
+
+def expand_radius(radius: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
+    """Broadcast a scalar, per-head (H, 1), per-feature (D,) or (H, D) radius to (H, D)."""
+    if not isinstance(radius, torch.Tensor):
+        raise TypeError(f"radius must be a tensor, got {type(radius).__name__}")
+    shape = tuple(radius.shape)
+    allowed = {(), (1,), (1, 1), (num_heads, 1), (head_dim,), (1, head_dim), (num_heads, head_dim)}
+    if shape not in allowed:
+        raise ValueError(
+            f"radius has shape {shape}; expected a scalar, (H, 1) = ({num_heads}, 1) per head, "
+            f"(D,) = ({head_dim},) or (H, D) = ({num_heads}, {head_dim}) per feature"
+        )
+    if radius.dim() == 2:
+        table = radius
+    elif radius.dim() == 1:
+        table = radius.reshape(1, -1)
+    else:
+        table = radius.reshape(1, 1)
+    return table.expand(num_heads, head_dim)
+
+
+def _normalise_attn_mask(mask: torch.Tensor, B: int, H: int, N: int, M: int, like: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        # nn.MultiheadAttention / fairseq convention: True marks a position that may not be attended.
+        mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(mask, float("-inf"))
+    elif not mask.is_floating_point():
+        raise TypeError(f"attn_mask must be an additive float mask (0 / -inf) or bool, got {mask.dtype}")
+    if mask.device != like.device:
+        raise ValueError(f"attn_mask is on {mask.device} but q is on {like.device}")
+    shape = tuple(mask.shape)
+    if shape == (N, M):
+        mask = mask.reshape(1, 1, N, M)
+    elif shape == (B * H, N, M):
+        mask = mask.reshape(B, H, N, M)
+    elif len(shape) == 4 and shape[2:] == (N, M) and shape[0] in (1, B) and shape[1] in (1, H):
+        pass
+    else:
+        raise ValueError(
+            f"attn_mask has shape {shape}; expected (N, M) = ({N}, {M}), (B*H, N, M) = ({B * H}, {N}, {M}) "
+            f"or (B|1, H|1, N, M)"
+        )
+    return mask
+
+
+def _key_padding_bias(mask: torch.Tensor, B: int, M: int, like: torch.Tensor) -> torch.Tensor:
+    if tuple(mask.shape) != (B, M):
+        raise ValueError(f"key_padding_mask has shape {tuple(mask.shape)}; expected (B, M) = ({B}, {M})")
+    if mask.device != like.device:
+        raise ValueError(f"key_padding_mask is on {mask.device} but q is on {like.device}")
+    if mask.dtype != torch.bool:
+        if mask.is_floating_point():
+            raise TypeError("key_padding_mask must be bool or integer (True / nonzero = padding), got a float tensor")
+        mask = mask != 0
+    return torch.zeros((B, M), dtype=torch.float32, device=mask.device).masked_fill(mask, float("-inf"))
+
+
+def prepare_inputs(
+    q, k, v, radius, *, power=4, phi="power", attn_mask=None, key_padding_mask=None, causal=False, dropout_p=0.0
+) -> AttentionInputs:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, seq, dim), got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    B, H, N, D = q.shape
+    if k.shape[:2] != (B, H) or k.shape[3] != D:
+        raise ValueError(f"k has shape {tuple(k.shape)}; expected (B, H, M, D) = ({B}, {H}, M, {D})")
+    M = k.shape[2]
+    if v.shape[:3] != (B, H, M):
+        raise ValueError(f"v has shape {tuple(v.shape)}; expected (B, H, M, Dv) = ({B}, {H}, {M}, Dv)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device == radius.device):
+        raise ValueError(f"q, k, v, radius must be on one device, got {q.device}, {k.device}, {v.device}, {radius.device}")
+    if phi not in PHIS:
+        raise ValueError(f"phi must be one of {PHIS}, got {phi!r}")
+    if isinstance(power, bool) or int(power) != power or power < 1:
+        raise ValueError(f"power must be a positive integer, got {power!r}")
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if causal and N > M:
+        raise ValueError(f"causal attention needs N <= M (queries aligned to the last keys), got N={N}, M={M}")
+    return AttentionInputs(
+        q=q,
+        k=k,
+        v=v,
+        radius_hd=expand_radius(radius, H, D),
+        power=int(power),
+        phi=phi,
+        attn_mask=None if attn_mask is None else _normalise_attn_mask(attn_mask, B, H, N, M, q),
+        key_bias=None if key_padding_mask is None else _key_padding_bias(key_padding_mask, B, M, q),
+        causal=bool(causal),
+        dropout_p=float(dropout_p),
+    )
+
+
+def causal_bias(N: int, M: int, device, dtype=torch.float32) -> torch.Tensor:
+    """(N, M) additive mask: query i (aligned to key M - N + i) sees keys j <= M - N + i."""
+    i = torch.arange(N, device=device).unsqueeze(1) + (M - N)
+    j = torch.arange(M, device=device).unsqueeze(0)
+    return torch.zeros((N, M), dtype=dtype, device=device).masked_fill(j > i, float("-inf"))

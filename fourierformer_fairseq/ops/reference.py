@@ -1,0 +1,181 @@
+"""Pure-PyTorch reference of Fourier integral attention: the single source of truth.
+
+    w_ij = prod_d phi(sinc(R_d (q_id - k_jd))),   out_i = sum_j w_ij v_j / sum_j w_ij
+
+For non-negative phi the weights are computed in the log domain,
+    S_ij = sum_d log phi(sinc(x_ijd)),   out_i = softmax_j(S_ij + mask_ij) V,
+which never underflows and takes additive -inf masks as they are. For phi = x^p
+with odd p the weights change sign, so the reference normalises them directly
+(sum_j w_ij can be ~0, which is why those variants diverge in the paper).
+
+Every fused kernel is tested against this file. It materialises (B, H, N, M, D)
+intermediates chunk by chunk, so it is meant for correctness, not speed.
+"""
+from __future__ import annotations
+
+import torch
+
+from .inputs import AttentionInputs, causal_bias, prepare_inputs
+
+_D_CHUNK = 16
+
+
+def _sinc(x: torch.Tensor) -> torch.Tensor:
+    """sin(x) / x with sinc(0) = 1 and finite gradients everywhere."""
+    zero = x == 0
+    safe_x = torch.where(zero, torch.ones_like(x), x)
+    return torch.where(zero, torch.ones_like(x), torch.sin(safe_x) / safe_x)
+
+
+def _log_phi_sinc(x: torch.Tensor, phi: str, power: int) -> torch.Tensor:
+    """log phi(sinc(x)) for the non-negative phis; -inf (clamped to log(tiny)) where phi is 0."""
+    s = _sinc(x)
+    tiny = torch.finfo(x.dtype).tiny
+    if phi == "power":  # even power: phi(s) = s^p = |s|^p
+        return power * torch.log(s.abs().clamp_min(tiny))
+    if phi == "abs":
+        return torch.log(s.abs().clamp_min(tiny))
+    if phi == "relu":
+        return torch.log(s.clamp_min(tiny))
+    if phi == "sigmoid":
+        return torch.nn.functional.logsigmoid(s)
+    raise ValueError(phi)
+
+
+def _scaled_differences(inp: AttentionInputs, d0: int, d1: int) -> torch.Tensor:
+    """x_ijd = R_hd (q_id - k_jd) for d in [d0, d1): (B, H, N, M, d1 - d0)."""
+    q = inp.q[..., d0:d1].unsqueeze(3)
+    k = inp.k[..., d0:d1].unsqueeze(2)
+    r = inp.radius_hd[:, d0:d1].to(inp.q.dtype).reshape(1, -1, 1, 1, d1 - d0)
+    return r * (q - k)
+
+
+def additive_mask(inp: AttentionInputs) -> torch.Tensor | None:
+    """All masks summed into one additive tensor broadcastable to (B, H, N, M), or None."""
+    B, H, N, _ = inp.q.shape
+    M = inp.k.shape[2]
+    total = None
+    dtype = inp.q.dtype
+
+    def add(t):
+        nonlocal total
+        t = t.to(dtype)
+        total = t if total is None else total + t
+
+    if inp.attn_mask is not None:
+        add(inp.attn_mask)
+    if inp.key_bias is not None:
+        add(inp.key_bias.reshape(B, 1, 1, M))
+    if inp.causal:
+        add(causal_bias(N, M, inp.q.device).reshape(1, 1, N, M))
+    return total
+
+
+def log_weights(inp: AttentionInputs) -> torch.Tensor:
+    """S_ij = sum_d log phi(sinc(x_ijd)) plus masks: (B, H, N, M). Log domain only."""
+    D = inp.q.shape[-1]
+    S = None
+    for d0 in range(0, D, _D_CHUNK):
+        part = _log_phi_sinc(_scaled_differences(inp, d0, min(D, d0 + _D_CHUNK)), inp.phi, inp.power).sum(-1)
+        S = part if S is None else S + part
+    mask = additive_mask(inp)
+    return S if mask is None else S + mask
+
+
+def masked_softmax(S: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dim; rows that are entirely -inf give all-zero weights, not NaN."""
+    row_max = S.amax(-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(S - row_max.detach())
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total == 0, torch.ones_like(total), total)
+
+
+def _direct_weights(inp: AttentionInputs) -> torch.Tensor:
+    """Signed weights normalised directly (odd powers): w_ij / sum_j w_ij."""
+    D = inp.q.shape[-1]
+    w = None
+    for d0 in range(0, D, _D_CHUNK):
+        part = (_sinc(_scaled_differences(inp, d0, min(D, d0 + _D_CHUNK))) ** inp.power).prod(-1)
+        w = part if w is None else w * part
+    mask = additive_mask(inp)
+    if mask is not None:
+        w = w.masked_fill(torch.isinf(mask.expand_as(w)), 0.0)
+    return w / w.sum(-1, keepdim=True)
+
+
+def dropout_keep_mask(seed: int, shape, dropout_p: float, device) -> torch.Tensor:
+    """The counter-based dropout mask every backend draws: True = keep.
+
+    u_bhij = hash(seed, b*H + h, i, j) / 2^24 (24 random bits); keep where u >= dropout_p.
+    Mirrors ``ff_dropout_uniform`` in csrc/fourier_element_math.h bit for bit.
+    """
+    B, H, N, M = shape
+    mask32 = 0xFFFFFFFF
+
+    def mix(x):
+        x = x ^ (x >> 16)
+        x = (x * 0x7FEB352D) & mask32
+        x = x ^ (x >> 15)
+        x = (x * 0x846CA68B) & mask32
+        return x ^ (x >> 16)
+
+    bh = torch.arange(B * H, device=device, dtype=torch.int64).reshape(B, H, 1, 1)
+    i = torch.arange(N, device=device, dtype=torch.int64).reshape(1, 1, N, 1)
+    j = torch.arange(M, device=device, dtype=torch.int64).reshape(1, 1, 1, M)
+    x = (seed & mask32) ^ ((bh * 0x9E3779B1) & mask32)
+    x = mix(x ^ ((i * 0x85EBCA77) & mask32))
+    x = mix(x ^ ((j * 0xC2B2AE3D) & mask32))
+    u = (x >> 8).to(torch.float64) * (1.0 / (1 << 24))
+    return u >= dropout_p
+
+
+def attention_weights(inp: AttentionInputs, seed: int = 0) -> torch.Tensor:
+    """Normalised weights (B, H, N, M), after dropout when inp.dropout_p > 0."""
+    P = masked_softmax(log_weights(inp)) if inp.log_domain else _direct_weights(inp)
+    if inp.dropout_p > 0:
+        keep = dropout_keep_mask(seed, P.shape, inp.dropout_p, P.device)
+        P = P * keep.to(P.dtype) / (1.0 - inp.dropout_p)
+    return P
+
+
+def reference_from_inputs(inp: AttentionInputs, need_weights: bool = False, seed: int = 0):
+    P = attention_weights(inp, seed)
+    out = torch.matmul(P, inp.v)
+    return (out, P) if need_weights else out
+
+
+def fourier_attention_reference(
+    q,
+    k,
+    v,
+    radius,
+    *,
+    power=4,
+    phi="power",
+    attn_mask=None,
+    key_padding_mask=None,
+    causal=False,
+    dropout_p=0.0,
+    need_weights=False,
+    seed=None,
+    backend="reference",
+):
+    """Pure-PyTorch Fourier integral attention; same signature as ``fourier_attention``.
+
+    ``seed`` fixes the dropout mask (``dropout_keep_mask``); by default one is drawn from
+    torch's CPU generator, so ``torch.manual_seed`` makes runs repeatable.
+    """
+    if backend != "reference":
+        raise ValueError("fourier_attention_reference only runs the 'reference' backend")
+    inp = prepare_inputs(
+        q, k, v, radius, power=power, phi=phi, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+        causal=causal, dropout_p=dropout_p,
+    )
+    if seed is None:
+        seed = draw_seed() if inp.dropout_p > 0 else 0
+    return reference_from_inputs(inp, need_weights, seed)
+
+
+def draw_seed() -> int:
+    return int(torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64).item())
