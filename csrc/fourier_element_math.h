@@ -40,10 +40,24 @@ FF_HD constexpr float taylor_bound() { return kSincTaylorBound; }
 template <>
 FF_HD constexpr float taylor_bound<double>() { return 0.05f; }
 
-// sinc(x) = 1 - x^2/6 + x^4/120 - x^6/5040 for small |x|.
+// sinc(x) = 1 - x^2/6 + x^4/120 for small |x| in float precision: the next term, x^6/5040,
+// is below 5e-8 for |x| < kSincTaylorBound. Any float-like T (float, a float vector).
 template <typename T>
 FF_HD T sinc_taylor(T x2) {
-  return 1.0f + x2 * (-1.0f / 6.0f + x2 * (1.0f / 120.0f + x2 * (-1.0f / 5040.0f)));
+  return 1.0f + x2 * (-1.0f / 6.0f + x2 * (1.0f / 120.0f));
+}
+// The same series in u = x / R for a fixed radius: sinc(R u) = 1 + u^2 (c1 + u^2 c2).
+struct SincTaylorInDifference {
+  float c1, c2;
+};
+FF_HD SincTaylorInDifference sinc_taylor_in_difference(float radius) {
+  const float r2 = radius * radius;
+  return {-r2 / 6.0f, r2 * r2 / 120.0f};
+}
+
+// float64 keeps two more terms (its bound is taylor_bound<double>()).
+FF_HD double sinc_taylor(double x2) {
+  return 1.0 + x2 * (-1.0 / 6.0 + x2 * (1.0 / 120.0 + x2 * (-1.0 / 5040.0 + x2 * (1.0 / 362880.0))));
 }
 
 // g(x) = cot(x) - 1/x = -x/3 - x^3/45 - 2x^5/945 - x^7/4725 for small |x|.

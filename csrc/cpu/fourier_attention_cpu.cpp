@@ -20,15 +20,51 @@ constexpr int64_t kLanes = 16;
 int64_t padded(int64_t m) { return (m + kLanes - 1) / kLanes * kLanes; }
 }  // namespace
 
+constexpr int64_t kRowsPerPass = 4;  // kRows of fourier_cpu_kernel.inc
+
 size_t forward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv) {
-  (void)N;
-  return (size_t)(3 * D * padded(M) + padded(M) + 3 * D + Dv);
+  (void)N, (void)Dv;
+  return (size_t)(kRowsPerPass * padded(M) + 4 * D);
 }
 
 size_t backward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv) {
   (void)N;
-  return (size_t)(4 * D * padded(M) + 2 * Dv * padded(M) + D * kLanes + 3 * D);
+  return (size_t)((Dv + D) * padded(M) + kRowsPerPass * D * kLanes + 4 * D);
 }
+
+// sin and cos of R q (B, H, N, D) and of R k, k and v transposed to (B, H, D|Dv, Mp).
+// R q is formed and its sin and cos evaluated in float64, then rounded once, so the
+// kernel's sin(x) = sin(Rq) cos(Rk) - cos(Rq) sin(Rk) errs by about one float ulp
+// whatever the size of R q (a float32 R q alone would err by ulp(R q)).
+struct Float32Tables {
+  at::Tensor q_sin, q_cos, k_t, k_sin_t, k_cos_t, v_t;
+  int64_t Mp;
+
+  Float32Tables(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius) {
+    const at::Tensor r64 = radius.to(at::kDouble).unsqueeze(0).unsqueeze(2);  // (1, H, 1, D)
+    Mp = padded(k.size(2));
+    const std::vector<int64_t> pad = {0, Mp - k.size(2)};
+    const at::Tensor qa = q.to(at::kDouble) * r64;
+    q_sin = qa.sin().to(at::kFloat);
+    q_cos = qa.cos().to(at::kFloat);
+    k_t = at::constant_pad_nd(k.transpose(2, 3), pad, 0.0).contiguous();
+    const at::Tensor kb = at::constant_pad_nd((k.to(at::kDouble) * r64).transpose(2, 3), pad, 0.0);
+    k_sin_t = kb.sin().to(at::kFloat).contiguous();
+    k_cos_t = kb.cos().to(at::kFloat).contiguous();
+    v_t = at::constant_pad_nd(v.transpose(2, 3), pad, 0.0).contiguous();
+  }
+
+  void fill(SliceArgs& s, int64_t bh) const {
+    const int64_t N = q_sin.size(2), D = q_sin.size(3), Dv = v_t.size(2);
+    s.Mp = Mp;
+    s.q_sin = q_sin.data_ptr<float>() + bh * N * D;
+    s.q_cos = q_cos.data_ptr<float>() + bh * N * D;
+    s.k_t = k_t.data_ptr<float>() + bh * D * Mp;
+    s.k_sin_t = k_sin_t.data_ptr<float>() + bh * D * Mp;
+    s.k_cos_t = k_cos_t.data_ptr<float>() + bh * D * Mp;
+    s.v_t = v_t.data_ptr<float>() + bh * Dv * Mp;
+  }
+};
 
 static const KernelTable& best_kernels() {
   static const KernelTable* table = [] {
@@ -203,6 +239,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
 
   if (dtype == at::kFloat) {
     const cpu::KernelTable& kernels = cpu::best_kernels();
+    const cpu::Float32Tables tables(q, k, v, radius);
     const size_t ws_floats = cpu::forward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv);
     at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> ws(ws_floats);
@@ -213,6 +250,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
         s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
         s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
         s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
+        tables.fill(s, bh);
         kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N, ws.data());
       }
     });
@@ -257,6 +295,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
 
   if (dtype == at::kFloat) {
     const cpu::KernelTable& kernels = cpu::best_kernels();
+    const cpu::Float32Tables tables(q, k, v, radius);
     const size_t ws_floats = cpu::backward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv);
     at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> ws(ws_floats);
@@ -267,6 +306,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
         s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
         s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
         s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
+        tables.fill(s, bh);
         kernels.backward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N,
                          dout.data_ptr<float>() + bh * sh.N * sh.Dv, dq.data_ptr<float>() + bh * sh.N * sh.D,
                          dk.data_ptr<float>() + bh * sh.M * sh.D, dv.data_ptr<float>() + bh * sh.M * sh.Dv,

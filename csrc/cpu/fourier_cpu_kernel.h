@@ -12,12 +12,22 @@ namespace fourierformer {
 namespace cpu {
 
 // One (b, h) slice. Rows are contiguous: q (N, D), k (M, D), v (M, Dv).
+// The caller computes the tables: sin and cos of R q and R k are evaluated in float64 and
+// rounded once; the key-side tables are transposed and zero-padded to Mp (a multiple of
+// 16) columns.
 struct SliceArgs {
   const float* q;
   const float* k;
   const float* v;
   const float* radius;  // (D,)
   int64_t N, M, D, Dv;
+  int64_t Mp;
+  const float* q_sin;    // (N, D): sin(R_d q_id)
+  const float* q_cos;    // (N, D)
+  const float* k_t;      // (D, Mp): k_jd
+  const float* k_sin_t;  // (D, Mp): sin(R_d k_jd)
+  const float* k_cos_t;  // (D, Mp)
+  const float* v_t;      // (Dv, Mp)
   float power;
   // Additive mask element (i, j) at attn_mask[i * mask_row_stride + j]; nullptr if none.
   const float* attn_mask;

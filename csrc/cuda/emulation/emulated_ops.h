@@ -1,0 +1,64 @@
+// Translation unit of the host emulation build (included from the source that
+// run_emulated_check.py compiles with the CPU torch; never part of the real extension).
+//
+// It compiles the op library (schemas, input checks) with the CPU kernels replaced by the
+// CUDA host code + kernels of ../fourier_attention_launch.h run under the host emulator:
+// in that process torch.ops.fourierformer.* on CPU tensors execute the CUDA kernels.
+#pragma once
+
+#ifndef FF_HOST_EMULATION
+#define FF_HOST_EMULATION 1
+#endif
+
+#include <torch/extension.h>
+
+#include "../../fourier_attention_ops.cpp"
+#include "../fourier_attention_launch.h"
+
+namespace fourierformer {
+namespace {
+struct EmuLauncher {
+  template <typename scalar_t, typename acc_t>
+  void operator()(void (*kernel)(cuda::Params<scalar_t, acc_t>), int64_t blocks, size_t smem_bytes,
+                  const cuda::Params<scalar_t, acc_t>& p) const {
+    if (blocks <= 0) return;
+    ff_emu::launch(kernel, blocks, cuda::kThreads, smem_bytes, p);
+  }
+};
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
+    const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
+    double dropout_p, int64_t seed) {
+  return cuda::forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, EmuLauncher{});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
+    const at::Tensor& out, const at::Tensor& lse, double power, const std::optional<at::Tensor>& attn_mask,
+    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed) {
+  return cuda::backward_impl(dout, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
+                             EmuLauncher{});
+}
+
+const char* cpu_kernel_isa() { return "cuda-host-emulation"; }
+}  // namespace fourierformer
+
+// sin, cos of float32 x through the kernels' ff_sincosf, and g(x) and sum_d log|sinc| helpers.
+inline std::vector<at::Tensor> emulated_sincosf(const at::Tensor& x_in) {
+  at::Tensor x = x_in.to(at::kFloat).contiguous();
+  at::Tensor s = at::empty_like(x), c = at::empty_like(x), g = at::empty_like(x), l = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  float* sp = s.data_ptr<float>();
+  float* cp = c.data_ptr<float>();
+  float* gp = g.data_ptr<float>();
+  float* lp = l.data_ptr<float>();
+  const float zero = 0.0f, one = 1.0f;
+  for (int64_t n = 0; n < x.numel(); ++n) {
+    fourierformer::cuda::ff_sincosf(xp[n], sp[n], cp[n]);
+    gp[n] = fourierformer::cuda::dlog_sinc(xp[n]);
+    lp[n] = fourierformer::cuda::LogSincSum<float>::run(xp + n, 1, &zero, 0, &one, 1);
+  }
+  return {s, c, g, l};
+}

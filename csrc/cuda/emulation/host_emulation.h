@@ -1,0 +1,126 @@
+// A tiny CUDA execution emulator for checking ../fourier_attention_kernels.cuh on a machine
+// without a GPU (used by run_emulated_check.py; not part of the built extension).
+//
+// Each block runs as blockDim real OS threads (blocks one after another), so __syncthreads
+// and the warp shuffles are real barriers: a shuffle or __syncthreads that not every thread
+// reaches deadlocks, which is reported (timeout) and aborts. Dynamic shared memory starts
+// filled with NaN bytes, so reading smem that was never written shows up in the results.
+#pragma once
+
+#include <math.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+struct FfEmuDim {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local FfEmuDim threadIdx;
+inline thread_local FfEmuDim blockIdx;
+
+namespace ff_emu {
+
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return gen_ != gen; })) {
+      std::fprintf(stderr, "ff_emu: barrier timeout (a __syncthreads or shuffle not reached by all threads)\n");
+      std::abort();
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, count_ = 0;
+  uint64_t gen_ = 0;
+};
+
+struct Block {
+  explicit Block(int threads, size_t smem) : sync(threads), slots(threads), smem(smem + 16, 0xFF) {
+    for (int w = 0; w < threads / 32; ++w) warps.emplace_back(new Barrier(32));
+  }
+  Barrier sync;
+  std::vector<std::unique_ptr<Barrier>> warps;
+  std::vector<uint64_t> slots;
+  std::vector<unsigned char> smem;
+};
+
+inline Block* g_block = nullptr;
+inline std::mutex g_atomic_mu;
+
+inline unsigned char* dynamic_smem() { return g_block->smem.data(); }
+
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, int64_t blocks, int threads, size_t smem, const Args&... args) {
+  if (threads % 32 != 0) std::abort();
+  for (int64_t bid = 0; bid < blocks; ++bid) {
+    Block block(threads, smem);
+    g_block = &block;
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        threadIdx.x = (unsigned)t;
+        blockIdx.x = (unsigned)bid;
+        kernel(args...);
+      });
+    for (auto& th : pool) th.join();
+    g_block = nullptr;
+  }
+}
+
+}  // namespace ff_emu
+
+inline void __syncthreads() { ff_emu::g_block->sync.wait(); }
+
+template <typename T>
+T __shfl_sync(unsigned mask, T value, int src_lane) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a type wider than 8 bytes");
+  if (mask != 0xffffffffu) {
+    std::fprintf(stderr, "ff_emu: only full-warp shuffles are emulated\n");
+    std::abort();
+  }
+  ff_emu::Block* blk = ff_emu::g_block;
+  const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  blk->slots[tid] = bits;
+  blk->warps[warp]->wait();
+  const uint64_t got = blk->slots[warp * 32 + (src_lane & 31)];
+  blk->warps[warp]->wait();
+  T out;
+  std::memcpy(&out, &got, sizeof(T));
+  return out;
+}
+
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
+  return __shfl_sync(mask, value, ((int)threadIdx.x % 32) ^ lane_mask);
+}
+
+template <typename T>
+T atomicAdd(T* address, T value) {
+  std::lock_guard<std::mutex> lock(ff_emu::g_atomic_mu);
+  const T old = *address;
+  *address = old + value;
+  return old;
+}

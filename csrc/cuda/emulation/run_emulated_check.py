@@ -1,0 +1,203 @@
+"""Runs the CUDA kernels of csrc/cuda on the CPU, under a host emulator, against the reference.
+
+    python csrc/cuda/emulation/run_emulated_check.py [--quick]
+
+For machines without a GPU: compiles fourier_attention_launch.h + fourier_attention_kernels.cuh
+as plain C++ (FF_HOST_EMULATION; every CUDA thread is an OS thread, barriers and shuffles are
+real, shared memory starts as NaN) with the installed torch, in a throw-away module that
+registers those kernels as the CPU implementation of the fourierformer ops. Checks forward,
+backward, masks, causal, dropout and fully masked rows against
+fourierformer_fairseq.ops.fourier_attention_reference in float64, and the float32 sin/cos.
+
+It does not model what only a GPU does (fast-math intrinsics, the memory model, timing); the
+real check is tests/test_cuda_kernels.py on a GPU. Do not import the real extension
+(fourierformer_fairseq._C) in the same process: both define the fourierformer library.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+
+import torch
+from torch.utils.cpp_extension import load_inline
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(CSRC)
+sys.path.insert(0, ROOT)
+
+from fourierformer_fairseq.ops.reference import fourier_attention_reference  # noqa: E402
+
+
+def build():
+    build_dir = os.path.join(tempfile.gettempdir(), "ff_cuda_emulation_build")
+    os.makedirs(build_dir, exist_ok=True)
+    return load_inline(
+        name="ff_cuda_emulation",
+        cpp_sources=[f'#include "{os.path.join(HERE, "emulated_ops.h")}"'],
+        functions=["emulated_sincosf"],
+        extra_include_paths=[CSRC],
+        extra_cflags=["-O2", "-DFF_HOST_EMULATION=1", "-Wall", "-Wno-unknown-pragmas"],
+        extra_ldflags=["-lpthread"],
+        build_directory=build_dir,
+        verbose=False,
+    )
+
+
+def check_sincos(mod):
+    x = torch.cat([
+        torch.linspace(-70000, 70000, 200001, dtype=torch.float64),
+        torch.linspace(-20, 20, 200001, dtype=torch.float64),
+        torch.arange(-2000, 2001, dtype=torch.float64) * math.pi,  # next to the zeros of sin
+        torch.arange(-2000, 2001, dtype=torch.float64) * math.pi / 2,
+        torch.tensor([0.0, 1e-30, 0.2499, 0.25, 0.2501, 1e5, 3e6, 1e9, -1e9]),
+    ]).to(torch.float32)
+    s, c, g, l = mod.emulated_sincosf(x)
+    xd = x.double()
+    sd, cd = torch.sin(xd), torch.cos(xd)
+    # error relative to the float32 spacing of the result (1 ulp of max(|sin|, tiny))
+    ulp_s = ((s.double() - sd).abs() / torch.clamp(sd.abs(), min=2**-60) * 2**23)
+    ulp_c = ((c.double() - cd).abs() / torch.clamp(cd.abs(), min=2**-60) * 2**23)
+    big = xd.abs() > 65536
+    print(f"  ff_sincosf: max ulp sin {ulp_s[~big].max():.2f}, cos {ulp_c[~big].max():.2f} (|x| <= 65536); "
+          f"abs err beyond {max((s.double() - sd)[big].abs().max(), (c.double() - cd)[big].abs().max()):.1e}")
+    assert ulp_s[~big].max() < 4 and ulp_c[~big].max() < 4
+    # g(x) = cot x - 1/x and log|sinc| against float64 (where sin is not clamped)
+    ok = (sd.abs() > 1e-6) & (xd.abs() < 1e6)
+    gd = torch.where(xd.abs() < 1e-3, -xd / 3, cd / sd - 1 / torch.where(xd == 0, torch.ones_like(xd), xd))
+    ld = torch.where(xd == 0, torch.zeros_like(xd), torch.log((sd / torch.where(xd == 0, torch.ones_like(xd), xd)).abs()))
+    gerr = ((g.double() - gd).abs() / (gd.abs() + 1e-2))[ok].max()
+    lerr = ((l.double() - ld).abs() / (ld.abs() + 1e-2))[ok].max()
+    print(f"  g(x) max rel err {gerr:.1e}, log|sinc x| max rel err {lerr:.1e}")
+    assert gerr < 1e-4 and lerr < 2e-5
+
+
+def make_case(B, H, N, M, D, Dv, dtype, *, mask=None, kpm=False, causal=False, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, N, D, generator=g, dtype=torch.float64) * scale
+    k = torch.randn(B, H, M, D, generator=g, dtype=torch.float64) * scale
+    v = torch.randn(B, H, M, Dv, generator=g, dtype=torch.float64)
+    radius = (0.5 + torch.rand(H, D, generator=g, dtype=torch.float64))
+    attn_mask = None
+    if mask == "random":
+        attn_mask = torch.zeros(B, 1, N, M, dtype=torch.float64).masked_fill(
+            torch.rand(B, 1, N, M, generator=g) < 0.3, float("-inf"))
+    elif mask == "float":
+        attn_mask = torch.randn(1, H, N, M, generator=g, dtype=torch.float64)
+    elif mask == "full_row":  # query rows 0 and N-1 see nothing
+        attn_mask = torch.zeros(N, M, dtype=torch.float64)
+        attn_mask[0] = float("-inf")
+        attn_mask[-1] = float("-inf")
+        attn_mask = attn_mask.reshape(1, 1, N, M)
+    key_padding = None
+    if kpm:
+        key_padding = torch.rand(B, M, generator=g) < 0.25
+        key_padding[:, 0] = False
+        if B > 1:
+            key_padding[-1] = True  # a batch whose keys are all padding
+    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), radius=radius, attn_mask=attn_mask,
+                key_padding=key_padding, causal=causal)
+
+
+def run_case(name, case, power, dropout_p=0.0, seed=1234, rtol=1e-9, atol=1e-9):
+    t0 = time.time()
+    q, k, v, radius = case["q"], case["k"], case["v"], case["radius"]
+    dtype = q.dtype
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    kpm = case["key_padding"]
+    key_bias = None if kpm is None else torch.zeros(kpm.shape, dtype=acc).masked_fill(kpm, float("-inf"))
+    attn_mask = None if case["attn_mask"] is None else case["attn_mask"].to(acc)
+    out, lse = torch.ops.fourierformer.fourier_attention_forward(
+        q, k, v, radius.to(acc), float(power), attn_mask, key_bias, case["causal"], dropout_p, seed)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    dq, dk, dv, dr = torch.ops.fourierformer.fourier_attention_backward(
+        dout.to(dtype), q, k, v, radius.to(acc), out, lse, float(power), attn_mask, key_bias, case["causal"],
+        dropout_p, seed)
+
+    # float64 reference with autograd
+    qr, kr, vr, rr = (t.detach().double().requires_grad_(True) for t in (q, k, v, radius))
+    ref = fourier_attention_reference(qr, kr, vr, rr, power=power, attn_mask=case["attn_mask"],
+                                      key_padding_mask=kpm, causal=case["causal"], dropout_p=dropout_p, seed=seed)
+    ref.backward(dout)
+    worst = []
+    for label, got, want in (("out", out, ref), ("dq", dq, qr.grad), ("dk", dk, kr.grad), ("dv", dv, vr.grad),
+                             ("dradius", dr, rr.grad)):
+        got = got.double()
+        assert got.shape == want.shape, (label, got.shape, want.shape)
+        assert torch.isfinite(got).all(), f"{name}: {label} has non-finite values"
+        err = (got - want).abs().max().item()
+        bound = atol + rtol * want.abs().max().item()
+        worst.append(f"{label} {err:.1e}")
+        if not err <= bound:
+            raise AssertionError(f"{name}: {label} max err {err:.3e} > {bound:.3e}")
+    # rows without any visible key: out 0, lse +inf
+    if case["attn_mask"] is not None or kpm is not None:
+        dead = torch.isinf(lse)
+        if dead.any():
+            assert (out[dead] == 0).all(), f"{name}: fully masked rows not zero"
+    print(f"  ok  {name:<44} {', '.join(worst)}  ({time.time() - t0:.1f}s)")
+
+
+def check_empty_shapes():
+    """M = 0 (no keys: out 0, lse +inf, zero grads), N = 0 (zero dk, dv), B = 0."""
+    for B, N, M in ((1, 3, 0), (2, 0, 5), (0, 3, 4)):
+        q = torch.randn(B, 2, N, 4)
+        k = torch.randn(B, 2, M, 4)
+        v = torch.randn(B, 2, M, 3)
+        radius = torch.ones(2, 4)
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(q, k, v, radius, 4.0, None, None, False, 0.0, 0)
+        assert out.shape == (B, 2, N, 3) and lse.shape == (B, 2, N)
+        assert (out == 0).all() and (torch.isinf(lse) | (M > 0)).all()
+        grads = torch.ops.fourierformer.fourier_attention_backward(
+            torch.ones_like(out), q, k, v, radius, out, lse, 4.0, None, None, False, 0.0, 0)
+        for g, like in zip(grads, (q, k, v, radius)):
+            assert g.shape == like.shape and (g == 0).all(), (B, N, M)
+    print("  ok  empty shapes (M = 0, N = 0, B = 0)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer cases")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.time()
+    mod = build()
+    print(f"built the emulation module in {time.time() - t0:.0f}s")
+    check_sincos(mod)
+    check_empty_shapes()
+    f64 = dict(rtol=1e-9, atol=1e-10)
+    f32 = dict(rtol=2e-4, atol=2e-5)
+    cases = [
+        ("f64 B2H2 N7 M7 D16 p4", make_case(2, 2, 7, 7, 16, 16, torch.float64), 4, 0.0, f64),
+        ("f64 N1 M1 D1 p2", make_case(1, 1, 1, 1, 1, 1, torch.float64), 2, 0.0, f64),
+        ("f64 N37 M45 D59 Dv33 p6 mask", make_case(1, 2, 37, 45, 59, 33, torch.float64, mask="random"), 6, 0.0, f64),
+        ("f64 causal N5 M40 kpm", make_case(2, 1, 5, 40, 8, 12, torch.float64, causal=True, kpm=True), 4, 0.0, f64),
+        ("f64 float mask H-broadcast", make_case(2, 3, 9, 33, 4, 5, torch.float64, mask="float"), 2, 0.0, f64),
+        ("f64 dropout 0.3", make_case(1, 2, 19, 35, 6, 7, torch.float64), 4, 0.3, f64),
+        ("f64 fully masked rows", make_case(1, 1, 6, 10, 3, 4, torch.float64, mask="full_row"), 4, 0.0, f64),
+        ("f32 N33 M70 D40 p4", make_case(1, 2, 33, 70, 40, 20, torch.float32), 4, 0.0, f32),
+        ("f32 large |x| (scale 20)", make_case(1, 1, 9, 40, 8, 8, torch.float32, scale=20.0), 2, 0.0,
+         dict(rtol=1e-3, atol=1e-4)),
+        ("f32 causal dropout kpm", make_case(2, 1, 20, 41, 5, 3, torch.float32, causal=True, kpm=True), 4, 0.2, f32),
+    ]
+    if not args.quick:
+        cases += [
+            ("f64 D256 Dv256 N3 M33", make_case(1, 1, 3, 33, 256, 256, torch.float64, scale=0.3), 2, 0.0, f64),
+            ("f32 D129 Dv200 N5 M3", make_case(1, 1, 5, 3, 129, 200, torch.float32, scale=0.3), 2, 0.0, f32),
+            ("f64 M0-like causal N=M=64", make_case(1, 1, 64, 64, 3, 3, torch.float64, causal=True), 4, 0.0, f64),
+            ("f16 N17 M40 D16", make_case(1, 2, 17, 40, 16, 16, torch.float16, scale=0.5), 4, 0.0,
+             dict(rtol=2e-2, atol=2e-3)),
+            ("bf16 N17 M40 D16 mask", make_case(1, 2, 17, 40, 16, 16, torch.bfloat16, scale=0.5, mask="random"), 4,
+             0.0, dict(rtol=5e-2, atol=1e-2)),
+        ]
+    for name, case, power, p, tol in cases:
+        run_case(name, case, power, dropout_p=p, **tol)
+    print(f"all emulated checks passed in {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

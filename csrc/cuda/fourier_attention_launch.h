@@ -1,0 +1,175 @@
+// Host side of the CUDA backend: argument checks, tensor preparation, launch geometry.
+//
+// Written against a `Launcher` (launch(kernel, blocks, shared_bytes, params)) so that the
+// same code drives the real launches (fourier_attention_cuda.cu) and the host emulator
+// (emulation/), which runs it on CPU tensors.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+
+#include <climits>
+#include <optional>
+#include <tuple>
+
+#include "../fourier_attention.h"
+#include "fourier_attention_kernels.cuh"
+
+namespace fourierformer {
+namespace cuda {
+
+inline at::ScalarType accumulation_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+inline void check_cuda_call(const AttentionShape& sh, at::ScalarType dtype, const char* what) {
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble,
+              "fourier_attention (cuda) ", what, ": float32, float16, bfloat16 and float64 are supported, got ",
+              dtype);
+  TORCH_CHECK(sh.D <= kMaxHeadDim && sh.Dv <= kMaxHeadDim, "fourier_attention (cuda) ", what,
+              ": head dims up to ", kMaxHeadDim, " are supported, got D = ", sh.D, ", Dv = ", sh.Dv);
+  TORCH_CHECK(sh.N < INT_MAX / 2 && sh.M < INT_MAX / 2, "fourier_attention (cuda) ", what,
+              ": sequence lengths must be below 2^30, got N = ", sh.N, ", M = ", sh.M);
+}
+
+// Blocks of kWarps rows for `rows` rows per (b, h) slice; checked against the grid limit.
+inline int64_t grid_blocks(const AttentionShape& sh, int64_t rows) {
+  const int64_t blocks = sh.B * sh.H * ((rows + kWarps - 1) / kWarps);
+  TORCH_CHECK(blocks <= INT_MAX, "fourier_attention (cuda): too many (batch, head, row) blocks: ", blocks);
+  return blocks;
+}
+
+template <typename scalar_t, typename acc_t>
+Params<scalar_t, acc_t> make_params(const AttentionShape& sh, const at::Tensor& q, const at::Tensor& k,
+                                    const at::Tensor& v, const at::Tensor& radius, const at::Tensor& mask,
+                                    const at::Tensor& key_bias, double power, bool causal, double dropout_p,
+                                    int64_t seed) {
+  Params<scalar_t, acc_t> p{};
+  p.q = q.data_ptr<scalar_t>();
+  p.k = k.data_ptr<scalar_t>();
+  p.v = v.data_ptr<scalar_t>();
+  p.radius = radius.data_ptr<acc_t>();
+  p.attn_mask = nullptr;
+  p.mask_sb = p.mask_sh = p.mask_row = 0;
+  if (mask.defined()) {
+    p.attn_mask = mask.data_ptr<acc_t>();
+    p.mask_sb = mask_slice_offset(mask, 1, 0);  // 0 where the mask broadcasts over B
+    p.mask_sh = mask_slice_offset(mask, 0, 1);  // 0 where it broadcasts over H
+    p.mask_row = mask.stride(2);
+  }
+  p.key_bias = key_bias.defined() ? key_bias.data_ptr<acc_t>() : nullptr;
+  p.B = (int)sh.B;
+  p.H = (int)sh.H;
+  p.N = (int)sh.N;
+  p.M = (int)sh.M;
+  p.D = (int)sh.D;
+  p.Dv = (int)sh.Dv;
+  p.power = (acc_t)power;
+  p.causal = causal;
+  p.dropout_p = (float)dropout_p;
+  p.keep_scale = acc_t(1) / (acc_t(1) - (acc_t)dropout_p);
+  p.seed = (uint32_t)seed;
+  return p;
+}
+
+struct PreparedInputs {
+  AttentionShape sh;
+  at::ScalarType dtype, acc;
+  at::Tensor q, k, v, radius, mask, key_bias;
+};
+
+inline PreparedInputs prepare_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& radius, double power,
+                                     const std::optional<at::Tensor>& attn_mask,
+                                     const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p,
+                                     const char* what) {
+  PreparedInputs in;
+  in.sh = check_forward_inputs(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p);
+  in.dtype = q.scalar_type();
+  check_cuda_call(in.sh, in.dtype, what);
+  in.acc = accumulation_dtype(in.dtype);
+  in.q = q.contiguous();
+  in.k = k.contiguous();
+  in.v = v.contiguous();
+  in.radius = radius.to(in.acc).contiguous();
+  if (attn_mask.has_value()) in.mask = prepare_mask(*attn_mask, in.acc);
+  if (key_bias.has_value()) in.key_bias = key_bias->to(in.acc).contiguous();
+  return in;
+}
+
+template <typename Launcher>
+std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                const at::Tensor& v_in, const at::Tensor& radius_in, double power,
+                                                const std::optional<at::Tensor>& attn_mask,
+                                                const std::optional<at::Tensor>& key_bias, bool causal,
+                                                double dropout_p, int64_t seed, const Launcher& launch) {
+  const PreparedInputs in =
+      prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "forward");
+  const AttentionShape& sh = in.sh;
+  at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, in.q.options());
+  at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(in.acc));
+  if (sh.B * sh.H * sh.N == 0) return {out, lse};
+  const int64_t blocks = grid_blocks(sh, sh.N);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_forward_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    Params<scalar_t, acc_t> p = make_params<scalar_t, acc_t>(sh, in.q, in.k, in.v, in.radius, in.mask,
+                                                             in.key_bias, power, causal, dropout_p, seed);
+    p.out = out.data_ptr<scalar_t>();
+    p.lse = lse.data_ptr<acc_t>();
+    launch(forward_kernel<scalar_t, acc_t>, blocks, sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
+  });
+  return {out, lse};
+}
+
+template <typename Launcher>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
+    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& radius_in, const at::Tensor& out_in, const at::Tensor& lse_in, double power,
+    const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
+    double dropout_p, int64_t seed, const Launcher& launch) {
+  const PreparedInputs in =
+      prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "backward");
+  const AttentionShape& sh = in.sh;
+  TORCH_CHECK(out_in.dim() == 4 && out_in.size(0) == sh.B && out_in.size(1) == sh.H && out_in.size(2) == sh.N &&
+                  out_in.size(3) == sh.Dv && dout_in.sizes() == out_in.sizes(),
+              "fourier_attention backward: grad_out and out must be (B, H, N, Dv)");
+  TORCH_CHECK(lse_in.dim() == 3 && lse_in.size(0) == sh.B && lse_in.size(1) == sh.H && lse_in.size(2) == sh.N,
+              "fourier_attention backward: lse must be (B, H, N), got ", lse_in.sizes());
+  TORCH_CHECK(out_in.device() == in.q.device() && dout_in.device() == in.q.device() &&
+                  lse_in.device() == in.q.device(),
+              "fourier_attention backward: grad_out, out and lse must be on q's device");
+  const at::Tensor out = out_in.to(in.dtype).contiguous();
+  const at::Tensor dout = dout_in.to(in.dtype).contiguous();
+  const at::Tensor lse = lse_in.to(in.acc).contiguous();
+  at::Tensor dq = at::empty(in.q.sizes(), in.q.options());
+  at::Tensor dk = at::empty(in.k.sizes(), in.k.options());
+  at::Tensor dv = at::empty(in.v.sizes(), in.v.options());
+  at::Tensor dradius = at::zeros({sh.H, sh.D}, in.q.options().dtype(in.acc));
+  at::Tensor delta = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(in.acc));
+  if (sh.B * sh.H > 0) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_backward_cuda", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      Params<scalar_t, acc_t> p = make_params<scalar_t, acc_t>(sh, in.q, in.k, in.v, in.radius, in.mask,
+                                                               in.key_bias, power, causal, dropout_p, seed);
+      p.o = out.data_ptr<scalar_t>();
+      p.dout = dout.data_ptr<scalar_t>();
+      p.lse_in = lse.data_ptr<acc_t>();
+      p.delta = delta.data_ptr<acc_t>();
+      p.dq = dq.data_ptr<scalar_t>();
+      p.dk = dk.data_ptr<scalar_t>();
+      p.dv = dv.data_ptr<scalar_t>();
+      p.dradius = dradius.data_ptr<acc_t>();
+      if (sh.N > 0) {
+        launch(delta_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), 0, p);
+        launch(backward_dq_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), sizeof(acc_t) * dq_smem_elems(p.D, p.Dv),
+               p);
+      }
+      if (sh.M > 0)  // with N = 0 this writes zero dk and dv
+        launch(backward_dkv_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.M),
+               sizeof(acc_t) * dkv_smem_elems(p.D, p.Dv), p);
+    });
+  }
+  return {dq, dk, dv, dradius.to(radius_in.scalar_type())};
+}
+
+}  // namespace cuda
+}  // namespace fourierformer
