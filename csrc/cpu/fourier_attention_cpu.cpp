@@ -32,39 +32,61 @@ size_t backward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv) {
   return (size_t)((Dv + D) * padded(M) + kRowsPerPass * D * kLanes + 4 * D);
 }
 
-// sin and cos of R q (B, H, N, D) and of R k, k and v transposed to (B, H, D|Dv, Mp).
-// R q is formed and its sin and cos evaluated in float64, then rounded once, so the
-// kernel's sin(x) = sin(Rq) cos(Rk) - cos(Rq) sin(Rk) errs by about one float ulp
-// whatever the size of R q (a float32 R q alone would err by ulp(R q)).
+// For a chunk of n (batch, head) slices: sin and cos of R q (n, N, D), and k, sin and cos
+// of R k and v transposed to (n, D|Dv, Mp). R q is formed and its sin and cos evaluated in
+// float64, then rounded once, so the kernel's sin(x) = sin(Rq) cos(Rk) - cos(Rq) sin(Rk)
+// errs by about one float ulp whatever the size of R q (a float32 R q alone would err by
+// ulp(R q)).
 struct Float32Tables {
   at::Tensor q_sin, q_cos, k_t, k_sin_t, k_cos_t, v_t;
   int64_t Mp;
 
-  Float32Tables(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius) {
-    const at::Tensor r64 = radius.to(at::kDouble).unsqueeze(0).unsqueeze(2);  // (1, H, 1, D)
-    Mp = padded(k.size(2));
-    const std::vector<int64_t> pad = {0, Mp - k.size(2)};
-    const at::Tensor qa = q.to(at::kDouble) * r64;
-    q_sin = qa.sin().to(at::kFloat);
-    q_cos = qa.cos().to(at::kFloat);
-    k_t = at::constant_pad_nd(k.transpose(2, 3), pad, 0.0).contiguous();
-    const at::Tensor kb = at::constant_pad_nd((k.to(at::kDouble) * r64).transpose(2, 3), pad, 0.0);
-    k_sin_t = kb.sin().to(at::kFloat).contiguous();
-    k_cos_t = kb.cos().to(at::kFloat).contiguous();
-    v_t = at::constant_pad_nd(v.transpose(2, 3), pad, 0.0).contiguous();
+  // q (n, N, D), k (n, M, D), v (n, M, Dv), radius64 (n, 1, D) float64.
+  Float32Tables(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius64) {
+    Mp = padded(k.size(1));
+    const std::vector<int64_t> pad = {0, Mp - k.size(1)};
+    at::Tensor angle = q.to(at::kDouble).mul_(radius64);
+    q_sin = angle.sin().to(at::kFloat);
+    q_cos = angle.cos_().to(at::kFloat);
+    angle = at::constant_pad_nd(k.to(at::kDouble).mul_(radius64).transpose(1, 2), pad, 0.0);
+    k_sin_t = angle.sin().to(at::kFloat);
+    k_cos_t = angle.cos_().to(at::kFloat);
+    k_t = at::constant_pad_nd(k.transpose(1, 2), pad, 0.0).contiguous();
+    v_t = at::constant_pad_nd(v.transpose(1, 2), pad, 0.0).contiguous();
   }
 
-  void fill(SliceArgs& s, int64_t bh) const {
-    const int64_t N = q_sin.size(2), D = q_sin.size(3), Dv = v_t.size(2);
+  // Points s at slice `index` of the chunk.
+  void fill(SliceArgs& s, int64_t index) const {
+    const int64_t N = q_sin.size(1), D = q_sin.size(2), Dv = v_t.size(1);
     s.Mp = Mp;
-    s.q_sin = q_sin.data_ptr<float>() + bh * N * D;
-    s.q_cos = q_cos.data_ptr<float>() + bh * N * D;
-    s.k_t = k_t.data_ptr<float>() + bh * D * Mp;
-    s.k_sin_t = k_sin_t.data_ptr<float>() + bh * D * Mp;
-    s.k_cos_t = k_cos_t.data_ptr<float>() + bh * D * Mp;
-    s.v_t = v_t.data_ptr<float>() + bh * Dv * Mp;
+    s.q_sin = q_sin.data_ptr<float>() + index * N * D;
+    s.q_cos = q_cos.data_ptr<float>() + index * N * D;
+    s.k_t = k_t.data_ptr<float>() + index * D * Mp;
+    s.k_sin_t = k_sin_t.data_ptr<float>() + index * D * Mp;
+    s.k_cos_t = k_cos_t.data_ptr<float>() + index * D * Mp;
+    s.v_t = v_t.data_ptr<float>() + index * Dv * Mp;
   }
 };
+
+// Runs fn(tables, first_slice, slice_count) over chunks of the B * H slices, sized so the
+// tables of a chunk (float32 and their float64 temporaries) stay near 8 MiB but every
+// thread still has slices to work on.
+template <typename Fn>
+void for_each_table_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
+                          Fn fn) {
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), D = q.size(3), Dv = v.size(3);
+  const int64_t slices = B * H;
+  const int64_t per_slice = 4 * (2 * N * D + (3 * D + Dv) * padded(M)) + 8 * 2 * std::max(N, M) * D;
+  const int64_t chunk = std::min(slices, std::max<int64_t>(at::get_num_threads(), (8 << 20) / per_slice));
+  const at::Tensor q3 = q.view({slices, N, D}), k3 = k.view({slices, M, D}), v3 = v.view({slices, M, Dv});
+  const at::Tensor r3 = radius.to(at::kDouble).repeat({B, 1}).unsqueeze(1);  // (B * H, 1, D)
+  for (int64_t first = 0; first < slices; first += chunk) {
+    const int64_t n = std::min(chunk, slices - first);
+    const Float32Tables tables(q3.narrow(0, first, n), k3.narrow(0, first, n), v3.narrow(0, first, n),
+                               r3.narrow(0, first, n));
+    fn(tables, first, n);
+  }
+}
 
 static const KernelTable& best_kernels() {
   static const KernelTable* table = [] {
@@ -239,20 +261,22 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
 
   if (dtype == at::kFloat) {
     const cpu::KernelTable& kernels = cpu::best_kernels();
-    const cpu::Float32Tables tables(q, k, v, radius);
     const size_t ws_floats = cpu::forward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv);
-    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> ws(ws_floats);
-      for (int64_t bh = begin; bh < end; ++bh) {
-        const int64_t b = bh / sh.H, h = bh % sh.H;
-        cpu::SliceArgs s;
-        fill_common<cpu::SliceArgs, float>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
-        s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
-        s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
-        s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
-        tables.fill(s, bh);
-        kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N, ws.data());
-      }
+    cpu::for_each_table_chunk(q, k, v, radius, [&](const cpu::Float32Tables& tables, int64_t first, int64_t n) {
+      at::parallel_for(first, first + n, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> ws(ws_floats);
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const int64_t b = bh / sh.H, h = bh % sh.H;
+          cpu::SliceArgs s;
+          fill_common<cpu::SliceArgs, float>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
+          s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
+          s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
+          s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
+          tables.fill(s, bh - first);
+          kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N,
+                          ws.data());
+        }
+      });
     });
   } else {
     at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
@@ -295,23 +319,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
 
   if (dtype == at::kFloat) {
     const cpu::KernelTable& kernels = cpu::best_kernels();
-    const cpu::Float32Tables tables(q, k, v, radius);
     const size_t ws_floats = cpu::backward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv);
-    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> ws(ws_floats);
-      for (int64_t bh = begin; bh < end; ++bh) {
-        const int64_t b = bh / sh.H, h = bh % sh.H;
-        cpu::SliceArgs s;
-        fill_common<cpu::SliceArgs, float>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
-        s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
-        s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
-        s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
-        tables.fill(s, bh);
-        kernels.backward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N,
-                         dout.data_ptr<float>() + bh * sh.N * sh.Dv, dq.data_ptr<float>() + bh * sh.N * sh.D,
-                         dk.data_ptr<float>() + bh * sh.M * sh.D, dv.data_ptr<float>() + bh * sh.M * sh.Dv,
-                         dradius_slices.data_ptr<float>() + bh * sh.D, ws.data());
-      }
+    cpu::for_each_table_chunk(q, k, v, radius, [&](const cpu::Float32Tables& tables, int64_t first, int64_t n) {
+      at::parallel_for(first, first + n, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> ws(ws_floats);
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const int64_t b = bh / sh.H, h = bh % sh.H;
+          cpu::SliceArgs s;
+          fill_common<cpu::SliceArgs, float>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
+          s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
+          s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
+          s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
+          tables.fill(s, bh - first);
+          kernels.backward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N,
+                           dout.data_ptr<float>() + bh * sh.N * sh.Dv, dq.data_ptr<float>() + bh * sh.N * sh.D,
+                           dk.data_ptr<float>() + bh * sh.M * sh.D, dv.data_ptr<float>() + bh * sh.M * sh.Dv,
+                           dradius_slices.data_ptr<float>() + bh * sh.D, ws.data());
+        }
+      });
     });
   } else {
     at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
