@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../fourier_attention.h"
@@ -219,26 +220,90 @@ SliceMasks prepare_masks(const std::optional<at::Tensor>& attn_mask, const std::
   return m;
 }
 
+// Everything a call shares across its (batch, head) slices.
+struct CallArgs {
+  AttentionShape sh;
+  at::Tensor q, k, v, radius;
+  SliceMasks masks;
+  double power;
+  bool causal;
+  double dropout_p;
+  int64_t seed;
+};
+
 template <typename Slice, typename T>
-void fill_common(Slice& s, const AttentionShape& sh, const SliceMasks& masks, const at::Tensor& radius, int64_t b,
-                 int64_t h, double power, bool causal, double dropout_p, int64_t seed) {
-  s.radius = radius.data_ptr<T>() + h * sh.D;
+Slice slice_args(const CallArgs& c, int64_t bh) {
+  const AttentionShape& sh = c.sh;
+  const int64_t b = bh / sh.H, h = bh % sh.H;
+  Slice s;
+  s.q = c.q.data_ptr<T>() + bh * sh.N * sh.D;
+  s.k = c.k.data_ptr<T>() + bh * sh.M * sh.D;
+  s.v = c.v.data_ptr<T>() + bh * sh.M * sh.Dv;
+  s.radius = c.radius.data_ptr<T>() + h * sh.D;
   s.N = sh.N;
   s.M = sh.M;
   s.D = sh.D;
   s.Dv = sh.Dv;
-  s.power = (T)power;
+  s.power = (T)c.power;
   s.attn_mask = nullptr;
   s.mask_row_stride = 0;
-  if (masks.attn_mask.defined()) {
-    s.attn_mask = masks.attn_mask.data_ptr<T>() + mask_slice_offset(masks.attn_mask, b, h);
-    s.mask_row_stride = masks.attn_mask.stride(2);
+  if (c.masks.attn_mask.defined()) {
+    s.attn_mask = c.masks.attn_mask.data_ptr<T>() + mask_slice_offset(c.masks.attn_mask, b, h);
+    s.mask_row_stride = c.masks.attn_mask.stride(2);
   }
-  s.key_bias = masks.key_bias.defined() ? masks.key_bias.data_ptr<T>() + b * sh.M : nullptr;
-  s.causal = causal;
-  s.dropout_p = (T)dropout_p;
-  s.seed = (uint32_t)seed;
-  s.bh = (uint32_t)(b * sh.H + h);
+  s.key_bias = c.masks.key_bias.defined() ? c.masks.key_bias.data_ptr<T>() + b * sh.M : nullptr;
+  s.causal = c.causal;
+  s.dropout_p = (T)c.dropout_p;
+  s.seed = (uint32_t)c.seed;
+  s.bh = (uint32_t)bh;
+  return s;
+}
+
+// fn(slice, bh, workspace) for every slice of a float32 call, in parallel.
+template <typename Fn>
+void for_each_float32_slice(const CallArgs& c, size_t ws_floats, Fn fn) {
+  cpu::for_each_table_chunk(c.q, c.k, c.v, c.radius, [&](const cpu::Float32Tables& tables, int64_t first, int64_t n) {
+    at::parallel_for(first, first + n, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> ws(ws_floats);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        cpu::SliceArgs s = slice_args<cpu::SliceArgs, float>(c, bh);
+        tables.fill(s, bh - first);
+        fn(s, bh, ws.data());
+      }
+    });
+  });
+}
+
+// fn(slice, bh) for every slice of a float64 call, in parallel.
+template <typename Fn>
+void for_each_float64_slice(const CallArgs& c, Fn fn) {
+  at::parallel_for(0, c.sh.B * c.sh.H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) fn(slice_args<cpu::ScalarSlice<double>, double>(c, bh), bh);
+  });
+}
+
+template <typename T>
+void backward_slices(const CallArgs& c, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                     at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, at::Tensor& dradius_slices) {
+  const AttentionShape& sh = c.sh;
+  // Runs `kernel` on slice bh's share of every per-slice tensor.
+  auto on_slice = [&](int64_t bh, auto&& kernel) {
+    kernel(out.data_ptr<T>() + bh * sh.N * sh.Dv, lse.data_ptr<T>() + bh * sh.N,
+           dout.data_ptr<T>() + bh * sh.N * sh.Dv, dq.data_ptr<T>() + bh * sh.N * sh.D,
+           dk.data_ptr<T>() + bh * sh.M * sh.D, dv.data_ptr<T>() + bh * sh.M * sh.Dv,
+           dradius_slices.data_ptr<T>() + bh * sh.D);
+  };
+  if constexpr (std::is_same_v<T, float>) {
+    const cpu::KernelTable& kernels = cpu::best_kernels();
+    for_each_float32_slice(c, cpu::backward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv),
+                           [&](const cpu::SliceArgs& s, int64_t bh, float* ws) {
+                             on_slice(bh, [&](auto... p) { kernels.backward(s, p..., ws); });
+                           });
+  } else {
+    for_each_float64_slice(c, [&](const cpu::ScalarSlice<double>& s, int64_t bh) {
+      on_slice(bh, [&](auto... p) { s.backward(p...); });
+    });
+  }
 }
 
 }  // namespace
@@ -252,44 +317,21 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
               "fourier_attention (cpu): float32 and float64 are supported, got ", dtype);
-  at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  at::Tensor radius = radius_in.to(dtype).contiguous();
-  SliceMasks masks = prepare_masks(attn_mask, key_bias, dtype);
-  at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, q.options());
-  at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, q.options());
-  const int64_t slices = sh.B * sh.H;
-
+  const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
+                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed};
+  at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, c.q.options());
+  at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, c.q.options());
   if (dtype == at::kFloat) {
     const cpu::KernelTable& kernels = cpu::best_kernels();
-    const size_t ws_floats = cpu::forward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv);
-    cpu::for_each_table_chunk(q, k, v, radius, [&](const cpu::Float32Tables& tables, int64_t first, int64_t n) {
-      at::parallel_for(first, first + n, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> ws(ws_floats);
-        for (int64_t bh = begin; bh < end; ++bh) {
-          const int64_t b = bh / sh.H, h = bh % sh.H;
-          cpu::SliceArgs s;
-          fill_common<cpu::SliceArgs, float>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
-          s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
-          s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
-          s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
-          tables.fill(s, bh - first);
-          kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N,
-                          ws.data());
-        }
-      });
-    });
+    for_each_float32_slice(c, cpu::forward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv),
+                           [&](const cpu::SliceArgs& s, int64_t bh, float* ws) {
+                             kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv,
+                                             lse.data_ptr<float>() + bh * sh.N, ws);
+                           });
   } else {
-    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+    for_each_float64_slice(c, [&](const cpu::ScalarSlice<double>& s, int64_t bh) {
       std::vector<double> row;
-      for (int64_t bh = begin; bh < end; ++bh) {
-        const int64_t b = bh / sh.H, h = bh % sh.H;
-        cpu::ScalarSlice<double> s;
-        fill_common<cpu::ScalarSlice<double>, double>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
-        s.q = q.data_ptr<double>() + bh * sh.N * sh.D;
-        s.k = k.data_ptr<double>() + bh * sh.M * sh.D;
-        s.v = v.data_ptr<double>() + bh * sh.M * sh.Dv;
-        s.forward(out.data_ptr<double>() + bh * sh.N * sh.Dv, lse.data_ptr<double>() + bh * sh.N, row);
-      }
+      s.forward(out.data_ptr<double>() + bh * sh.N * sh.Dv, lse.data_ptr<double>() + bh * sh.N, row);
     });
   }
   return {out, lse};
@@ -308,52 +350,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
   TORCH_CHECK(dout_in.sizes() == out_in.sizes() && out_in.size(0) == sh.B && out_in.size(2) == sh.N &&
                   out_in.size(3) == sh.Dv,
               "fourier_attention backward: grad_out and out must be (B, H, N, Dv)");
-  at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  at::Tensor out = out_in.to(dtype).contiguous(), dout = dout_in.to(dtype).contiguous();
-  at::Tensor lse = lse_in.to(dtype).contiguous();
-  at::Tensor radius = radius_in.to(dtype).contiguous();
-  SliceMasks masks = prepare_masks(attn_mask, key_bias, dtype);
-  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-  at::Tensor dradius_slices = at::empty({sh.B, sh.H, sh.D}, q.options());
-  const int64_t slices = sh.B * sh.H;
-
-  if (dtype == at::kFloat) {
-    const cpu::KernelTable& kernels = cpu::best_kernels();
-    const size_t ws_floats = cpu::backward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv);
-    cpu::for_each_table_chunk(q, k, v, radius, [&](const cpu::Float32Tables& tables, int64_t first, int64_t n) {
-      at::parallel_for(first, first + n, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> ws(ws_floats);
-        for (int64_t bh = begin; bh < end; ++bh) {
-          const int64_t b = bh / sh.H, h = bh % sh.H;
-          cpu::SliceArgs s;
-          fill_common<cpu::SliceArgs, float>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
-          s.q = q.data_ptr<float>() + bh * sh.N * sh.D;
-          s.k = k.data_ptr<float>() + bh * sh.M * sh.D;
-          s.v = v.data_ptr<float>() + bh * sh.M * sh.Dv;
-          tables.fill(s, bh - first);
-          kernels.backward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv, lse.data_ptr<float>() + bh * sh.N,
-                           dout.data_ptr<float>() + bh * sh.N * sh.Dv, dq.data_ptr<float>() + bh * sh.N * sh.D,
-                           dk.data_ptr<float>() + bh * sh.M * sh.D, dv.data_ptr<float>() + bh * sh.M * sh.Dv,
-                           dradius_slices.data_ptr<float>() + bh * sh.D, ws.data());
-        }
-      });
-    });
-  } else {
-    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t bh = begin; bh < end; ++bh) {
-        const int64_t b = bh / sh.H, h = bh % sh.H;
-        cpu::ScalarSlice<double> s;
-        fill_common<cpu::ScalarSlice<double>, double>(s, sh, masks, radius, b, h, power, causal, dropout_p, seed);
-        s.q = q.data_ptr<double>() + bh * sh.N * sh.D;
-        s.k = k.data_ptr<double>() + bh * sh.M * sh.D;
-        s.v = v.data_ptr<double>() + bh * sh.M * sh.Dv;
-        s.backward(out.data_ptr<double>() + bh * sh.N * sh.Dv, lse.data_ptr<double>() + bh * sh.N,
-                   dout.data_ptr<double>() + bh * sh.N * sh.Dv, dq.data_ptr<double>() + bh * sh.N * sh.D,
-                   dk.data_ptr<double>() + bh * sh.M * sh.D, dv.data_ptr<double>() + bh * sh.M * sh.Dv,
-                   dradius_slices.data_ptr<double>() + bh * sh.D);
-      }
-    });
-  }
+  const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
+                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed};
+  const at::Tensor out = out_in.to(dtype).contiguous(), dout = dout_in.to(dtype).contiguous();
+  const at::Tensor lse = lse_in.to(dtype).contiguous();
+  at::Tensor dq = at::empty_like(c.q), dk = at::empty_like(c.k), dv = at::empty_like(c.v);
+  at::Tensor dradius_slices = at::empty({sh.B, sh.H, sh.D}, c.q.options());
+  if (dtype == at::kFloat)
+    backward_slices<float>(c, out, lse, dout, dq, dk, dv, dradius_slices);
+  else
+    backward_slices<double>(c, out, lse, dout, dq, dk, dv, dradius_slices);
   return {dq, dk, dv, dradius_slices.sum(0)};
 }
 
