@@ -47,11 +47,12 @@ struct Float32Tables {
     Mp = padded(k.size(1));
     const std::vector<int64_t> pad = {0, Mp - k.size(1)};
     at::Tensor angle = q.to(at::kDouble).mul_(radius64);
-    q_sin = angle.sin().to(at::kFloat);
-    q_cos = angle.cos_().to(at::kFloat);
-    angle = at::constant_pad_nd(k.to(at::kDouble).mul_(radius64).transpose(1, 2), pad, 0.0);
-    k_sin_t = angle.sin().to(at::kFloat);
-    k_cos_t = angle.cos_().to(at::kFloat);
+    q_sin = angle.sin().to(at::kFloat).contiguous();
+    q_cos = angle.cos_().to(at::kFloat).contiguous();
+    // (constant_pad_nd with no padding returns its input, here a transposed view)
+    angle = at::constant_pad_nd(k.to(at::kDouble).mul_(radius64).transpose(1, 2), pad, 0.0).contiguous();
+    k_sin_t = angle.sin().to(at::kFloat).contiguous();
+    k_cos_t = angle.cos_().to(at::kFloat).contiguous();
     k_t = at::constant_pad_nd(k.transpose(1, 2), pad, 0.0).contiguous();
     v_t = at::constant_pad_nd(v.transpose(1, 2), pad, 0.0).contiguous();
   }
