@@ -36,13 +36,13 @@ def extension_modules():
         )
     sources = [os.path.relpath(p, ROOT) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True))]
     macros = [("FF_TORCH_VERSION", f'"{torch.__version__}"')]
-    cxx = ["-O3", "-std=c++17", "-fopenmp", "-Wno-psabi"]
+    cxx = ["-O3", "-fopenmp", "-Wno-psabi"]  # the C++ standard is the one torch asks for
     extra = {"cxx": cxx}
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
         sources += [os.path.relpath(p, ROOT) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))]
         macros += [("FF_CUDA_VERSION", f'"{torch.version.cuda}"'), ("FF_WITH_CUDA", "1")]
-        extra["nvcc"] = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"]
+        extra["nvcc"] = ["-O3", "-lineinfo"]
         builder = cpp_extension.CUDAExtension
     else:
         builder = cpp_extension.CppExtension

@@ -1,0 +1,72 @@
+"""Let torch's ``weights_only`` loader read fairseq checkpoints: a narrow allowlist, nothing else.
+
+Since torch 2.6, ``torch.load`` defaults to ``weights_only=True``: a restricted unpickler that
+builds tensors, plain containers and primitives, and refuses every other class unless it is
+allowlisted. fairseq-fixed's ``checkpoint_utils.load_checkpoint_to_cpu`` calls
+``torch.load(f, map_location="cpu")`` without ``weights_only``, so on torch 2.13 it gets the
+restricted loader, and the checkpoints fairseq-train writes hold a few other objects:
+
+* ``argparse.Namespace``: ``cfg.model`` of every ``--arch`` (argparse) model, and ``args`` in
+  older checkpoints. Every training checkpoint has one, so without this nothing loads
+  ("Unsupported global: GLOBAL argparse.Namespace").
+* numpy arrays and scalars (``numpy.ndarray``, ``numpy.dtype`` and its numeric dtype classes,
+  ``numpy._core.multiarray._reconstruct`` / ``scalar``, also under their numpy-1.x name
+  ``numpy.core.multiarray``): the saved validation meters, e.g. ``_bleu_counts`` with ``--eval-bleu``.
+
+``allow_fairseq_checkpoints()`` adds exactly these to the allowlist with
+``torch.serialization.add_safe_globals``. That is all it does: ``torch.load`` is not wrapped or
+patched, ``weights_only`` stays True, and any other class in a file is still refused.
+Importing ``fourierformer_fairseq`` (what ``--user-dir`` does) calls it once.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import List
+
+import torch
+
+_NUMPY_DTYPES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64",
+)
+
+_allowed = False
+
+
+def _numpy_globals() -> List[object]:
+    try:
+        import numpy as np
+    except ImportError:  # no numpy: checkpoints cannot hold numpy objects either
+        return []
+    core = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+    multiarray = core.multiarray
+    found: List[object] = [np.ndarray, np.dtype, multiarray._reconstruct, multiarray.scalar]
+    # numpy >= 1.25 pickles a dtype through its class (numpy.dtypes.Int64DType, ...)
+    found += [type(np.dtype(name)) for name in _NUMPY_DTYPES if type(np.dtype(name)) is not np.dtype]
+    if multiarray.__name__ != "numpy.core.multiarray":
+        # files written under numpy 1.x name the same functions numpy.core.multiarray.*
+        found += [
+            (multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+            (multiarray.scalar, "numpy.core.multiarray.scalar"),
+        ]
+    return found
+
+
+def fairseq_checkpoint_globals() -> List[object]:
+    """The non-tensor globals in fairseq checkpoints, in the form ``add_safe_globals`` takes."""
+    return [argparse.Namespace] + _numpy_globals()
+
+
+def allow_fairseq_checkpoints() -> None:
+    """Allowlist :func:`fairseq_checkpoint_globals` for ``torch.load(weights_only=True)``; idempotent."""
+    global _allowed
+    if _allowed:
+        return
+    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
+    if add_safe_globals is None:  # torch < 2.4: torch.load does not default to weights_only
+        return
+    add_safe_globals(fairseq_checkpoint_globals())
+    _allowed = True
+
+
+__all__ = ["allow_fairseq_checkpoints", "fairseq_checkpoint_globals"]

@@ -1,0 +1,157 @@
+"""FourierFormer language models: fairseq's ``transformer_lm`` with Fourier attention.
+
+Registered model ``fourierformer_lm`` (``transformer_lm``'s options plus ``--fourier-*``) and
+the paper's WikiText-103 models (Nguyen et al. 2022, after Schlag et al. 2021; not fairseq's
+big ``transformer_lm_wiki103``):
+
+    fourierformer_lm_wiki103_small    16 layers, d 128, 8 heads, ffn 2048, context 256, p = 4, R0 = 2.0
+    fourierformer_lm_wiki103_medium   16 layers, d 256, 8 heads, ffn 2048, context 384, p = 4, R0 = 2.0
+
+and their softmax twins at identical sizes, registered on stock ``transformer_lm``:
+
+    softmax_lm_wiki103_small, softmax_lm_wiki103_medium
+
+The context sets ``--max-target-positions``; train and evaluate with ``--tokens-per-sample``
+equal to it (256 / 384). Adaptive input / softmax stay off unless asked for
+(``--adaptive-input --adaptive-input-cutoff ... --adaptive-softmax-cutoff ... --tie-adaptive-weights``),
+so the archs also run on small vocabularies.
+"""
+
+from dataclasses import dataclass, field
+
+from fairseq import options
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig
+from fairseq.models.transformer_lm import (
+    DEFAULT_MAX_TARGET_POSITIONS,
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+    base_lm_architecture,
+)
+from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
+from fairseq.utils import safe_getattr
+
+from fourierformer_fairseq.modules.fourier_multihead_attention import RADIUS_SHAPES
+from fourierformer_fairseq.ops.inputs import PHIS
+
+from .fourier_attention_options import FourierAttentionOptions, set_fourier_defaults
+from .fourierformer_transformer import FourierTransformerDecoder
+
+LM_SITES = ("decoder",)
+
+
+@dataclass
+class FourierFormerLanguageModelConfig(TransformerLanguageModelConfig):
+    fourier_power: int = field(
+        default=4, metadata={"help": "p of phi(x) = x^p in the Fourier attention weights prod_d phi(sinc(R (q_d - k_d)))"}
+    )
+    fourier_phi: ChoiceEnum(PHIS) = field(
+        default="power", metadata={"help": "phi applied to sinc: power (x^p, the paper's), abs, relu or sigmoid"}
+    )
+    fourier_radius_init: float = field(default=2.0, metadata={"help": "initial value of the learnable radius R"})
+    fourier_radius_shape: ChoiceEnum(RADIUS_SHAPES) = field(
+        default="scalar", metadata={"help": "one learnable radius per layer (scalar), per head, or per head and feature"}
+    )
+    fourier_attention: str = field(
+        default="all",
+        metadata={"help": "which attentions are Fourier: 'decoder' (= 'all', the only one in a language model) or 'none'"},
+    )
+
+
+@register_model("fourierformer_lm", dataclass=FourierFormerLanguageModelConfig)
+class FourierFormerLanguageModel(TransformerLanguageModel):
+    """fairseq's Transformer language model with Fourier integral self-attention."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}
+
+    @classmethod
+    def build_model(cls, args, task):
+        """``TransformerLanguageModel.build_model`` with the Fourier decoder.
+
+        Mirrors the stock method step for step (same modules built in the same order), so a
+        FourierFormer LM and its softmax twin initialise identically under one seed.
+        """
+        fourier = FourierAttentionOptions.from_args(args, LM_SITES)
+        if args.decoder_layers_to_keep:
+            args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
+        if safe_getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
+
+        if args.character_embeddings:
+            embed_tokens = CharacterTokenEmbedder(
+                task.source_dictionary,
+                eval(args.character_filters),
+                args.character_embedding_dim,
+                args.decoder_embed_dim,
+                args.char_embedder_highway_layers,
+            )
+        elif args.adaptive_input:
+            embed_tokens = AdaptiveInput(
+                len(task.source_dictionary),
+                task.source_dictionary.pad(),
+                args.decoder_input_dim,
+                args.adaptive_input_factor,
+                args.decoder_embed_dim,
+                options.eval_str_list(args.adaptive_input_cutoff, type=int),
+                args.quant_noise_pq,
+                args.quant_noise_pq_block_size,
+            )
+        else:
+            embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
+
+        if args.tie_adaptive_weights:
+            if not args.adaptive_input:
+                raise ValueError("--tie-adaptive-weights needs --adaptive-input")
+            if args.adaptive_input_factor != args.adaptive_softmax_factor:
+                raise ValueError("--tie-adaptive-weights needs --adaptive-input-factor == --adaptive-softmax-factor")
+            if args.adaptive_softmax_cutoff != args.adaptive_input_cutoff:
+                raise ValueError(
+                    f"--tie-adaptive-weights needs --adaptive-softmax-cutoff == --adaptive-input-cutoff, "
+                    f"got {args.adaptive_softmax_cutoff} != {args.adaptive_input_cutoff}"
+                )
+            if args.decoder_input_dim != args.decoder_output_dim:
+                raise ValueError("--tie-adaptive-weights needs --decoder-input-dim == --decoder-output-dim")
+
+        decoder = FourierTransformerDecoder(
+            TransformerConfig.from_namespace(args), task.target_dictionary, embed_tokens, fourier, no_encoder_attn=True
+        )
+        return cls(decoder)
+
+
+def paper_lm_sizes(args, embed_dim: int, context: int) -> None:
+    """The paper's WikiText-103 LM shape (shared by the Fourier models and their softmax twins)."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 16)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", embed_dim)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 2048)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
+    # present but None when the language_modeling task left it unset
+    if safe_getattr(args, "max_target_positions", None) is None:
+        args.max_target_positions = context
+    args.dropout = safe_getattr(args, "dropout", 0.1)
+    args.attention_dropout = safe_getattr(args, "attention_dropout", 0.0)
+    base_lm_architecture(args)
+
+
+@register_model_architecture("fourierformer_lm", "fourierformer_lm_wiki103_small")
+def fourierformer_lm_wiki103_small(args):
+    set_fourier_defaults(args, power=4, radius_init=2.0)
+    paper_lm_sizes(args, embed_dim=128, context=256)
+
+
+@register_model_architecture("fourierformer_lm", "fourierformer_lm_wiki103_medium")
+def fourierformer_lm_wiki103_medium(args):
+    set_fourier_defaults(args, power=4, radius_init=2.0)
+    paper_lm_sizes(args, embed_dim=256, context=384)
+
+
+@register_model_architecture("transformer_lm", "softmax_lm_wiki103_small")
+def softmax_lm_wiki103_small(args):
+    paper_lm_sizes(args, embed_dim=128, context=256)
+
+
+@register_model_architecture("transformer_lm", "softmax_lm_wiki103_medium")
+def softmax_lm_wiki103_medium(args):
+    paper_lm_sizes(args, embed_dim=256, context=384)

@@ -1,0 +1,341 @@
+"""``FourierMultiheadAttention``: fairseq's ``MultiheadAttention`` with Fourier integral attention.
+
+A drop-in subclass: same constructor arguments, same ``forward`` contract (self-attention,
+causal decoder self-attention, encoder-decoder attention, ``key_padding_mask``, additive
+``attn_mask``, ``incremental_state`` / ``static_kv`` caching that beam search reorders,
+``need_weights`` / ``need_head_weights``), same parameter names (``q_proj``, ``k_proj``,
+``v_proj``, ``out_proj``, ``bias_k``, ``bias_v``) plus one learnable ``radius``.
+
+Only scoring and normalisation change: instead of ``softmax(q k^T / sqrt(d))`` the weights
+are ``prod_d phi(sinc(R_d (q_d - k_d)))`` normalised over the keys, computed by
+:func:`fourierformer_fairseq.ops.fourier_attention`. Everything else is fairseq's:
+the projections are the inherited modules, and the incremental cache goes through the
+inherited ``_get_input_buffer`` / ``_set_input_buffer`` / ``_append_prev_key_padding_mask``
+(so ``reorder_incremental_state`` reorders it for beam search), bias_k / bias_v through
+``_add_bias`` and ``add_zero_attn`` through ``_append_zero_attn``. The cache has the
+stock layout, ``prev_key`` / ``prev_value`` of shape (batch, heads, seq, head_dim).
+
+Queries are not multiplied by ``head_dim ** -0.5``: the radius is the (learnable) scale.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+
+from fairseq.modules.multihead_attention import MultiheadAttention
+
+from fourierformer_fairseq.ops import fourier_attention
+from fourierformer_fairseq.ops.inputs import PHIS, causal_bias, prepare_inputs
+from fourierformer_fairseq.ops.reference import log_weights
+
+RADIUS_SHAPES = ("scalar", "head", "feature")
+
+
+def radius_parameter_shape(radius_shape: str, num_heads: int, head_dim: int) -> Tuple[int, ...]:
+    """Shape of the learnable radius: () scalar, (H, 1) per head, (H, D) per head and feature."""
+    if radius_shape == "scalar":
+        return ()
+    if radius_shape == "head":
+        return (num_heads, 1)
+    if radius_shape == "feature":
+        return (num_heads, head_dim)
+    raise ValueError(f"radius_shape must be one of {RADIUS_SHAPES}, got {radius_shape!r}")
+
+
+class FourierMultiheadAttention(MultiheadAttention):
+    """Multi-head Fourier integral attention (FourierFormer, Nguyen et al. 2022).
+
+    Args beyond fairseq's ``MultiheadAttention``:
+        power: p in phi(x) = x^p (phi="power"); even p runs on the fused kernels.
+        phi: "power", "abs", "relu" or "sigmoid".
+        radius_init: initial value of every entry of the radius R.
+        radius_shape: "scalar" (one R per layer), "head" (one per head) or
+            "feature" (one per head and feature).
+        backend: passed to ``fourier_attention`` ("auto", "cpu", "cuda", "reference").
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        kdim=None,
+        vdim=None,
+        dropout=0.0,
+        bias=True,
+        add_bias_kv=False,
+        add_zero_attn=False,
+        self_attention=False,
+        encoder_decoder_attention=False,
+        dictionary=None,
+        q_noise=0.0,
+        qn_block_size=8,
+        xformers_att_config: Optional[str] = None,
+        xformers_blocksparse_layout: Optional[torch.Tensor] = None,
+        xformers_blocksparse_blocksize: Optional[int] = 16,
+        *,
+        power: int = 4,
+        phi: str = "power",
+        radius_init: float = 1.0,
+        radius_shape: str = "scalar",
+        backend: str = "auto",
+    ):
+        if xformers_att_config is not None:
+            raise ValueError(
+                "FourierMultiheadAttention computes its own attention and cannot use xFormers "
+                "(got xformers_att_config); drop --encoder/--decoder-xformers-att-config"
+            )
+        if phi not in PHIS:
+            raise ValueError(f"phi must be one of {PHIS}, got {phi!r}")
+        if isinstance(power, bool) or int(power) != power or power < 1:
+            raise ValueError(f"power must be a positive integer, got {power!r}")
+        radius_init = float(radius_init)
+        if not radius_init > 0:
+            raise ValueError(f"radius_init must be positive, got {radius_init}")
+        super().__init__(
+            embed_dim,
+            num_heads,
+            kdim=kdim,
+            vdim=vdim,
+            dropout=dropout,
+            bias=bias,
+            add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn,
+            self_attention=self_attention,
+            encoder_decoder_attention=encoder_decoder_attention,
+            dictionary=dictionary,
+            q_noise=q_noise,
+            qn_block_size=qn_block_size,
+        )
+        self.power = int(power)
+        self.phi = phi
+        self.radius_shape = radius_shape
+        self.radius_init = radius_init
+        self.backend = backend
+        shape = radius_parameter_shape(radius_shape, num_heads, self.head_dim)
+        self.radius = Parameter(torch.full(shape, radius_init))
+
+    def extra_repr(self) -> str:
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, power={self.power}, phi={self.phi!r}, "
+            f"radius_shape={self.radius_shape!r}, radius_init={self.radius_init}"
+        )
+
+    # ------------------------------------------------------------------ projections
+
+    def _project(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        bsz: int,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        """q, k, v in (time, batch, channels), as the stock forward projects them."""
+        q = self.q_proj(query)
+        if self.self_attention:
+            return q, self.k_proj(query), self.v_proj(query), key_padding_mask
+        if self.encoder_decoder_attention:
+            if key is None:  # static keys already cached
+                assert value is None
+                return q, None, None, key_padding_mask
+            if self.beam_size > 1 and bsz == key.size(1):
+                # beamable enc-dec attention: the encoder output is repeated beam_size times; keep one copy
+                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0, :]
+            return q, self.k_proj(key), self.v_proj(key), key_padding_mask
+        assert key is not None and value is not None
+        return q, self.k_proj(key), self.v_proj(value), key_padding_mask
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(time, batch, heads * head_dim) -> (batch, heads, time, head_dim)."""
+        return x.contiguous().view(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Input shape: Time x Batch x Channel; the contract of ``MultiheadAttention.forward``.
+
+        Returns ``(attn, attn_weights)``: attn (tgt_len, batch, embed_dim); attn_weights None
+        unless need_weights: (batch, tgt_len, src_len) averaged over heads, or
+        (heads, batch, tgt_len, src_len) with need_head_weights. ``before_softmax=True`` returns
+        the unnormalised log-weights (batch * heads, tgt_len, src_len) and the values instead.
+        """
+        if need_head_weights:
+            need_weights = True
+        tgt_len, bsz, embed_dim = query.size()
+        if not self.skip_embed_dim_check:
+            assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+        if key is not None:
+            assert value is not None
+
+        saved_state: Optional[Dict[str, Optional[Tensor]]] = None
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if "prev_key" in saved_state and static_kv:
+                # encoder-decoder attention after the first step: keys/values come from the cache
+                assert self.encoder_decoder_attention and not self.self_attention
+                key = value = None
+
+        q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask, bsz)
+        if self.bias_k is not None and k is not None:
+            # (with static cached keys, k is None and the bias column is already in the cache)
+            assert self.bias_v is not None and v is not None
+            k, v, key_padding_mask, attn_mask = self._add_bias(
+                k, v, key_padding_mask=key_padding_mask, attn_mask=attn_mask, bsz=bsz
+            )
+
+        q = self._split_heads(q)
+        kv_bsz = bsz
+        if k is not None:
+            kv_bsz = k.size(1)
+            k = self._split_heads(k)
+        if v is not None:
+            v = self._split_heads(v)
+
+        if saved_state is not None:
+            # the stock cache: (kv_batch, heads, seq, head_dim) tensors and a (kv_batch, seq) padding mask
+            if "prev_key" in saved_state:
+                prev_key = saved_state["prev_key"]
+                assert prev_key is not None
+                kv_bsz = prev_key.size(0)
+                prev_key = prev_key.reshape(kv_bsz, self.num_heads, -1, self.head_dim)
+                k = prev_key if static_kv else torch.cat([prev_key, k], dim=2)
+            if "prev_value" in saved_state:
+                prev_value = saved_state["prev_value"]
+                assert prev_value is not None and prev_value.size(0) == kv_bsz
+                prev_value = prev_value.reshape(kv_bsz, self.num_heads, -1, self.head_dim)
+                v = prev_value if static_kv else torch.cat([prev_value, v], dim=2)
+            assert k is not None and v is not None
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                batch_size=kv_bsz,
+                src_len=k.size(2),
+                static_kv=static_kv,
+            )
+            saved_state["prev_key"] = k
+            saved_state["prev_value"] = v
+            saved_state["prev_key_padding_mask"] = key_padding_mask
+            incremental_state = self._set_input_buffer(incremental_state, saved_state)
+        assert k is not None and v is not None
+
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None  # fairseq's fork/join placeholder for "no mask"
+        if key_padding_mask is not None:
+            assert key_padding_mask.size(0) == kv_bsz and key_padding_mask.size(1) == k.size(2)
+        if self.add_zero_attn:
+            k, v, key_padding_mask, attn_mask = self._append_zero_attn(
+                k=k, v=v, key_padding_mask=key_padding_mask, attn_mask=attn_mask
+            )
+
+        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+            key_padding_mask = key_padding_mask != 0  # the cache keeps float 0/1 masks
+        if attn_mask is not None and not (attn_mask.is_floating_point() or attn_mask.dtype == torch.bool):
+            attn_mask = attn_mask != 0  # byte masks: nonzero = masked
+        causal = False
+        if attn_mask is not None and self._is_future_mask(attn_mask, tgt_len, k.size(2)):
+            # fairseq's decoder future mask: let the kernel skip the masked keys instead of adding -inf
+            attn_mask, causal = None, True
+
+        if before_softmax:
+            return self._log_weights(q, k, v, key_padding_mask, attn_mask, causal)
+
+        dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
+        beam = bsz // kv_bsz
+        if beam != 1:
+            # beamable enc-dec attention: the beam_size queries of each sentence share its keys
+            q, attn_mask = self._fold_beam(q, attn_mask, kv_bsz, beam)
+        result = fourier_attention(
+            q,
+            k,
+            v,
+            self.radius,
+            power=self.power,
+            phi=self.phi,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+            dropout_p=dropout_p,
+            need_weights=need_weights,
+            backend=self.backend,
+        )
+        out, weights = result if need_weights else (result, None)
+        if beam != 1:
+            out = self._unfold_beam(out, kv_bsz, beam)
+            weights = None if weights is None else self._unfold_beam(weights, kv_bsz, beam)
+
+        attn = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.num_heads * self.head_dim)
+        attn = self.out_proj(attn)
+        attn_weights: Optional[Tensor] = None
+        if weights is not None:
+            attn_weights = weights.transpose(0, 1)  # (heads, batch, tgt, src), as stock returns them
+            if not need_head_weights:
+                attn_weights = attn_weights.mean(dim=0)
+        return attn, attn_weights
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _is_future_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
+        if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (tgt_len, src_len) or tgt_len > src_len:
+            return False
+        if attn_mask.dtype == torch.bool:
+            expected = torch.isinf(causal_bias(tgt_len, src_len, attn_mask.device))
+        else:
+            expected = causal_bias(tgt_len, src_len, attn_mask.device, attn_mask.dtype)
+        return torch.equal(attn_mask, expected)
+
+    @staticmethod
+    def _fold_beam(q: Tensor, attn_mask: Optional[Tensor], kv_bsz: int, beam: int):
+        """(kv_bsz * beam, H, N, D) -> (kv_bsz, H, beam * N, D); a 2-D mask is tiled to match."""
+        _, H, N, D = q.shape
+        q = q.view(kv_bsz, beam, H, N, D).transpose(1, 2).reshape(kv_bsz, H, beam * N, D)
+        if attn_mask is not None:
+            if attn_mask.dim() != 2:
+                raise ValueError(
+                    "beamable encoder-decoder attention takes a 2-D (tgt_len, src_len) attn_mask, "
+                    f"got shape {tuple(attn_mask.shape)}"
+                )
+            attn_mask = attn_mask.repeat(beam, 1)
+        return q, attn_mask
+
+    @staticmethod
+    def _unfold_beam(x: Tensor, kv_bsz: int, beam: int) -> Tensor:
+        """(kv_bsz, H, beam * N, X) -> (kv_bsz * beam, H, N, X)."""
+        _, H, BN, X = x.shape
+        return x.view(kv_bsz, H, beam, BN // beam, X).transpose(1, 2).reshape(kv_bsz * beam, H, BN // beam, X)
+
+    def _log_weights(self, q, k, v, key_padding_mask, attn_mask, causal):
+        """``before_softmax``: the log-weights sum_d log phi(sinc(R_d (q_d - k_d))) plus masks."""
+        if q.size(0) != k.size(0):
+            k = k.repeat_interleave(q.size(0) // k.size(0), dim=0)
+            v = v.repeat_interleave(q.size(0) // v.size(0), dim=0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.repeat_interleave(q.size(0) // key_padding_mask.size(0), dim=0)
+        inp = prepare_inputs(
+            q, k, v, self.radius, power=self.power, phi=self.phi, attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask, causal=causal,
+        )
+        if not inp.log_domain:
+            raise ValueError(
+                f"before_softmax=True needs non-negative weights (phi='power' with even power, or abs/relu/sigmoid); "
+                f"got phi={self.phi!r}, power={self.power}"
+            )
+        B, H, N, M = q.size(0), q.size(1), q.size(2), k.size(2)
+        return log_weights(inp).reshape(B * H, N, M), v.reshape(B * H, M, -1)

@@ -1,0 +1,208 @@
+"""Test helpers in the style of fairseq's own tests/utils.py: tiny dummy data, one-epoch runs
+through the real ``fairseq_cli`` entry points (``train.main``, ``generate.main``, ...)."""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import List, Optional, Sequence
+
+import torch
+from fairseq import options
+from fairseq.data import Dictionary
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.distributed import utils as distributed_utils
+from fairseq.models import ARCH_MODEL_REGISTRY
+
+import fourierformer_fairseq
+
+USER_DIR = fourierformer_fairseq.USER_DIR
+
+# shrunk dims for the smoke tests: every arch keeps its own attention and options
+TRANSLATION_DIMS = [
+    "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]
+# (fairseq drops a last batch whose size is not a multiple of --required-batch-size-multiple, default 8;
+# the tiny valid/test sets here would lose most of their blocks, so the helpers pass 1)
+LM_DIMS = [
+    "--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+    "--decoder-attention-heads", "2", "--tokens-per-sample", "32",
+]
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def create_dummy_data(data_dir: str, num_examples: int = 60, maxlen: int = 12, seed: int = 0) -> None:
+    """{train,valid,test}.in/.out: random letters; the target is the reversed source (learnable)."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrst"
+    for split, n in (("train", num_examples), ("valid", num_examples // 4), ("test", num_examples // 4)):
+        with open(os.path.join(data_dir, f"{split}.in"), "w") as fin, \
+                open(os.path.join(data_dir, f"{split}.out"), "w") as fout:
+            for _ in range(n):
+                words = [rng.choice(letters) for _ in range(rng.randint(2, maxlen))]
+                fin.write(" ".join(words) + "\n")
+                fout.write(" ".join(reversed(words)) + "\n")
+
+
+def preprocess_translation_data(data_dir: str, extra_flags: Sequence[str] = ()) -> None:
+    from fairseq_cli import preprocess
+
+    parser = options.get_preprocessing_parser()
+    args = parser.parse_args([
+        "--source-lang", "in", "--target-lang", "out",
+        "--trainpref", os.path.join(data_dir, "train"),
+        "--validpref", os.path.join(data_dir, "valid"),
+        "--testpref", os.path.join(data_dir, "test"),
+        "--thresholdtgt", "0", "--thresholdsrc", "0",
+        "--destdir", data_dir, *extra_flags,
+    ])
+    preprocess.main(args)
+
+
+def preprocess_lm_data(data_dir: str) -> None:
+    from fairseq_cli import preprocess
+
+    parser = options.get_preprocessing_parser()
+    args = parser.parse_args([
+        "--only-source",
+        "--trainpref", os.path.join(data_dir, "train.out"),
+        "--validpref", os.path.join(data_dir, "valid.out"),
+        "--testpref", os.path.join(data_dir, "test.out"),
+        "--destdir", data_dir,
+    ])
+    preprocess.main(args)
+
+
+# ----------------------------------------------------------------------------- CLI mains
+
+
+def _forget_best_checkpoint_score():
+    """fairseq keeps the best validation score on a function attribute; forget it between runs in one process."""
+    from fairseq import checkpoint_utils
+
+    if hasattr(checkpoint_utils.save_checkpoint, "best"):
+        del checkpoint_utils.save_checkpoint.best
+
+
+def train_translation_model(data_dir: str, save_dir: str, arch: str, extra_flags: Sequence[str] = (),
+                            max_epoch: int = 1, dims: Sequence[str] = TRANSLATION_DIMS) -> None:
+    from fairseq_cli import train
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        "--user-dir", USER_DIR, "--task", "translation", data_dir,
+        "--save-dir", save_dir, "--arch", arch, *dims,
+        "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "500",
+        "--max-epoch", str(max_epoch), "--no-progress-bar", "--num-workers", "0",
+        "--source-lang", "in", "--target-lang", "out", "--seed", "1", *extra_flags,
+    ])
+    _forget_best_checkpoint_score()
+    distributed_utils.call_main(convert_namespace_to_omegaconf(args), train.main)
+
+
+def train_language_model(data_dir: str, save_dir: str, arch: str, extra_flags: Sequence[str] = (),
+                         max_epoch: int = 1, dims: Sequence[str] = LM_DIMS) -> None:
+    from fairseq_cli import train
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        "--user-dir", USER_DIR, "--task", "language_modeling", data_dir,
+        "--save-dir", save_dir, "--arch", arch, *dims,
+        "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "500",
+        "--max-epoch", str(max_epoch), "--no-progress-bar", "--num-workers", "0",
+        "--seed", "1", "--required-batch-size-multiple", "1", *extra_flags,
+    ])
+    _forget_best_checkpoint_score()
+    distributed_utils.call_main(convert_namespace_to_omegaconf(args), train.main)
+
+
+def generate_main(data_dir: str, checkpoint: str, extra_flags: Sequence[str] = ()) -> None:
+    """Prints fairseq-generate's output (S-/H-/A- lines and the BLEU line) to stdout."""
+    from fairseq_cli import generate
+
+    parser = options.get_generation_parser()
+    args = options.parse_args_and_arch(parser, [
+        "--user-dir", USER_DIR, data_dir, "--path", checkpoint,
+        "--beam", "3", "--batch-size", "8", "--max-len-b", "20", "--gen-subset", "valid",
+        # fairseq drops a last batch that is not a multiple of this (default 8): translate every sentence
+        "--required-batch-size-multiple", "1",
+        "--no-progress-bar", "--num-workers", "0", "--source-lang", "in", "--target-lang", "out", *extra_flags,
+    ])
+    generate.main(args)
+
+
+def validate_main(data_dir: str, checkpoint: str, extra_flags: Sequence[str] = ()) -> None:
+    from fairseq_cli import validate
+
+    parser = options.get_validation_parser()
+    args = options.parse_args_and_arch(parser, [
+        "--user-dir", USER_DIR, data_dir, "--path", checkpoint,
+        "--task", "translation", "--source-lang", "in", "--target-lang", "out",
+        "--valid-subset", "valid", "--max-tokens", "500", "--no-progress-bar", "--num-workers", "0", *extra_flags,
+    ])
+    validate.main(convert_namespace_to_omegaconf(args))
+
+
+def eval_lm_main(data_dir: str, checkpoint: str, extra_flags: Sequence[str] = ()) -> dict:
+    """fairseq-eval-lm's main; returns its {"loss", "perplexity"}."""
+    from fairseq_cli import eval_lm
+
+    parser = options.get_eval_lm_parser()
+    args = options.parse_args_and_arch(parser, [
+        "--user-dir", USER_DIR, data_dir, "--path", checkpoint,
+        "--tokens-per-sample", "32", "--max-tokens", "500", "--no-progress-bar", "--num-workers", "0",
+        "--required-batch-size-multiple", "1",
+        *extra_flags,
+    ])
+    return eval_lm.main(convert_namespace_to_omegaconf(args))
+
+
+def run_cli(tool: str, args: Sequence[str], stdin: Optional[str] = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """A stock console script (fairseq-generate, ...) in a fresh process; fails the test on a non-zero exit."""
+    exe = os.path.join(os.path.dirname(sys.executable), tool)
+    cmd = [exe] if os.path.exists(exe) else [tool]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    proc = subprocess.run(cmd + list(args), input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, f"{tool} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+# ----------------------------------------------------------------------------- in-process models
+
+
+def dummy_dictionary(size: int = 20) -> Dictionary:
+    d = Dictionary()
+    for i in range(size):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def build_model(arch: str, extra: Sequence[str] = (), dims: Sequence[str] = TRANSLATION_DIMS, task: str = "translation",
+                dictionary: Optional[Dictionary] = None):
+    """A model of ``arch`` from command-line style options, on a dummy dictionary (no data)."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, ["unused-data-dir", "--task", task, "--arch", arch, *dims, *extra])
+    d = dictionary or dummy_dictionary()
+    fake_task = SimpleNamespace(source_dictionary=d, target_dictionary=d)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, fake_task), args
+
+
+def random_tokens(d: Dictionary, lengths: List[int], pad_left: bool, generator: torch.Generator) -> torch.Tensor:
+    """(B, max(lengths)) token ids ending in eos, padded left or right."""
+    T = max(lengths)
+    out = torch.full((len(lengths), T), d.pad(), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        seq = torch.randint(d.nspecial, len(d), (n,), generator=generator)
+        seq[-1] = d.eos()
+        if pad_left:
+            out[i, T - n:] = seq
+        else:
+            out[i, :n] = seq
+    return out

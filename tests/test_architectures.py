@@ -1,0 +1,367 @@
+"""The registered architectures: their sizes, their twins, decoding and the stock command-line tools.
+
+Fast tests build models in-process; the ``slow`` ones run one epoch of the real
+``fairseq_cli`` mains (train / generate / validate / eval_lm) on tiny dummy data, as
+fairseq's own tests do, and start the stock console scripts in fresh processes.
+"""
+import os
+import re
+
+import pytest
+import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.modules.multihead_attention import MultiheadAttention
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_helpers import (
+    LM_DIMS,
+    TRANSLATION_DIMS,
+    build_model,
+    create_dummy_data,
+    eval_lm_main,
+    generate_main,
+    preprocess_lm_data,
+    preprocess_translation_data,
+    random_tokens,
+    run_cli,
+    train_language_model,
+    train_translation_model,
+    validate_main,
+    USER_DIR,
+)
+from fourierformer_fairseq.models import FOURIER_ARCHS, SOFTMAX_TWINS
+from fourierformer_fairseq.modules import FourierMultiheadAttention
+
+TRANSLATION_ARCHS = ["fourierformer_iwslt_de_en", "transformer_iwslt_de_en"]
+LM_ARCHS = [
+    "fourierformer_lm_wiki103_small",
+    "fourierformer_lm_wiki103_medium",
+    "softmax_lm_wiki103_small",
+    "softmax_lm_wiki103_medium",
+    "fourierformer_lm",  # the dataclass model's own name is an arch too (dataclass defaults)
+]
+
+
+def plugin_archs():
+    """Every arch name this plugin registers (on its own models or, for twins, on stock ones)."""
+    return {
+        name for name, fn in ARCH_CONFIG_REGISTRY.items()
+        if fn.__module__.startswith("fourierformer_fairseq")
+        or ARCH_MODEL_REGISTRY[name].__module__.startswith("fourierformer_fairseq")
+    }
+
+
+def fourier_modules(model):
+    return {n: m for n, m in model.named_modules() if isinstance(m, FourierMultiheadAttention)}
+
+
+def attention_modules(model):
+    return {n: m for n, m in model.named_modules() if isinstance(m, MultiheadAttention)}
+
+
+# ============================================================================ definitions
+
+
+def test_every_registered_arch_is_covered_by_the_cli_tests():
+    assert plugin_archs() <= set(TRANSLATION_ARCHS) | set(LM_ARCHS)
+    assert set(FOURIER_ARCHS) | set(SOFTMAX_TWINS.values()) <= set(TRANSLATION_ARCHS) | set(LM_ARCHS)
+
+
+SPEC = {
+    "fourierformer_iwslt_de_en": dict(encoder_layers=6, decoder_layers=6, encoder_embed_dim=512, decoder_embed_dim=512,
+                                      encoder_attention_heads=4, decoder_attention_heads=4,
+                                      encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024,
+                                      fourier_power=2, fourier_radius_init=1.0),
+    "fourierformer_lm_wiki103_small": dict(decoder_layers=16, decoder_embed_dim=128, decoder_attention_heads=8,
+                                           decoder_ffn_embed_dim=2048, max_target_positions=256,
+                                           fourier_power=4, fourier_radius_init=2.0),
+    "fourierformer_lm_wiki103_medium": dict(decoder_layers=16, decoder_embed_dim=256, decoder_attention_heads=8,
+                                            decoder_ffn_embed_dim=2048, max_target_positions=384,
+                                            fourier_power=4, fourier_radius_init=2.0),
+}
+
+
+def parsed_args(arch, extra=()):
+    from fairseq import options
+
+    task = "translation" if "iwslt" in arch else "language_modeling"
+    return options.parse_args_and_arch(options.get_training_parser(), ["unused", "--task", task, "--arch", arch, *extra])
+
+
+@pytest.mark.parametrize("arch", FOURIER_ARCHS)
+def test_arch_sizes_and_softmax_twin(arch):
+    args = parsed_args(arch)
+    for key, value in SPEC[arch].items():
+        assert getattr(args, key) == value, key
+    assert args.fourier_phi == "power" and args.fourier_radius_shape == "scalar" and args.fourier_attention == "all"
+    twin = vars(parsed_args(SOFTMAX_TWINS[arch]))
+    for key, value in vars(args).items():
+        if not key.startswith("fourier_") and key not in ("arch", "_name"):
+            assert twin.get(key) == value, f"{arch} and {SOFTMAX_TWINS[arch]} differ in {key}"
+    if "lm" in arch:  # adaptive input / softmax available by flag, off by default
+        assert not args.adaptive_input and args.adaptive_softmax_cutoff is None
+
+
+@pytest.mark.parametrize("arch", FOURIER_ARCHS)
+def test_fourier_model_and_twin_initialise_identically(arch):
+    """Same sizes, same parameter names (plus one radius per attention), same initial weights under one seed."""
+    dims = TRANSLATION_DIMS if "iwslt" in arch else LM_DIMS
+    task = "translation" if "iwslt" in arch else "language_modeling"
+    torch.manual_seed(3)
+    fourier, _ = build_model(arch, dims=dims, task=task)
+    torch.manual_seed(3)
+    softmax, _ = build_model(SOFTMAX_TWINS[arch], dims=dims, task=task)
+    fp, sp = dict(fourier.named_parameters()), dict(softmax.named_parameters())
+    radii = {n for n in fp if n.endswith(".radius")}
+    assert len(radii) == len(fourier_modules(fourier)) == len(attention_modules(softmax)) > 0
+    assert set(fp) - radii == set(sp)
+    for name, p in sp.items():
+        assert torch.equal(fp[name], p), name
+    assert not fourier_modules(softmax)
+
+
+def test_fourier_attention_sites_and_radius_shape():
+    model, _ = build_model("fourierformer_iwslt_de_en",
+                           extra=["--fourier-attention", "encoder,cross", "--fourier-radius-shape", "head"])
+    kinds = {n: type(m).__name__ for n, m in attention_modules(model).items()}
+    assert kinds["encoder.layers.0.self_attn"] == "FourierMultiheadAttention"
+    assert kinds["decoder.layers.1.encoder_attn"] == "FourierMultiheadAttention"
+    assert kinds["decoder.layers.0.self_attn"] == "MultiheadAttention"
+    assert model.encoder.layers[0].self_attn.radius.shape == (2, 1)
+    none, _ = build_model("fourierformer_iwslt_de_en", extra=["--fourier-attention", "none"])
+    assert not fourier_modules(none)
+    lm, _ = build_model("fourierformer_lm_wiki103_small", dims=LM_DIMS, task="language_modeling",
+                        extra=["--fourier-power", "2", "--fourier-phi", "abs", "--fourier-radius-init", "0.5",
+                               "--fourier-radius-shape", "feature"])
+    attn = lm.decoder.layers[0].self_attn
+    assert (attn.power, attn.phi, attn.radius.shape) == (2, "abs", (2, 8)) and torch.all(attn.radius == 0.5)
+
+
+@pytest.mark.parametrize("arch,extra,message", [
+    ("fourierformer_iwslt_de_en", ["--fourier-attention", "encoder,attic"], "subset of encoder,decoder,cross"),
+    ("fourierformer_lm_wiki103_small", ["--fourier-attention", "cross"], "has no decoder encoder-decoder attention"),
+    ("fourierformer_iwslt_de_en", ["--fourier-radius-init", "-1"], "must be positive"),
+    ("fourierformer_iwslt_de_en", ["--fourier-power", "0"], "positive integer"),
+])
+def test_bad_options_give_clear_errors(arch, extra, message):
+    dims = TRANSLATION_DIMS if "iwslt" in arch else LM_DIMS
+    task = "translation" if "iwslt" in arch else "language_modeling"
+    with pytest.raises(ValueError, match=message):
+        build_model(arch, extra=extra, dims=dims, task=task)
+
+
+def test_bad_choice_is_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        parsed_args("fourierformer_iwslt_de_en", ["--fourier-phi", "cosine"])
+    assert "--fourier-phi: invalid choice" in capsys.readouterr().err
+
+
+# ============================================================================ decoding
+
+
+def eval_model(arch="fourierformer_iwslt_de_en", extra=(), seed=0):
+    torch.manual_seed(seed)
+    model, _ = build_model(arch, extra=["--dropout", "0.0", *extra])
+    return model.eval()
+
+
+@pytest.mark.parametrize("extra", [
+    [],
+    ["--fourier-power", "4", "--fourier-radius-shape", "head"],
+    ["--fourier-radius-shape", "feature", "--fourier-phi", "relu", "--fourier-power", "1"],
+])
+def test_incremental_decoding_equals_full_forward(extra):
+    model = eval_model(extra=extra)
+    d = model.decoder.dictionary
+    g = torch.Generator().manual_seed(0)
+    src = random_tokens(d, [7, 5, 3], pad_left=True, generator=g)
+    prev = random_tokens(d, [6, 6, 6], pad_left=False, generator=g)
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=src.ne(d.pad()).sum(1))
+        full, full_extra = model.decoder(prev, encoder_out=enc)
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state) for t in range(prev.size(1))]
+    incremental = torch.cat([out for out, _ in steps], dim=1)
+    torch.testing.assert_close(incremental, full, rtol=0, atol=1e-5)
+    attn = torch.cat([extra["attn"][0] for _, extra in steps], dim=1)
+    torch.testing.assert_close(attn, full_extra["attn"][0], rtol=0, atol=1e-5)
+
+
+def test_language_model_incremental_equals_full_forward():
+    torch.manual_seed(0)
+    model, _ = build_model("fourierformer_lm_wiki103_small", dims=LM_DIMS, task="language_modeling")
+    model.eval()
+    d = model.decoder.dictionary
+    tokens = random_tokens(d, [9, 9], pad_left=False, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state = {}
+        steps = [model(tokens[:, : t + 1], incremental_state=state)[0] for t in range(tokens.size(1))]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
+
+
+def test_beam_search_scores_equal_full_forward_rescoring():
+    """Beam search (incremental cache, beam reordering, beamable encoder attention) scores each
+    hypothesis exactly as a teacher-forced full forward pass does."""
+    model = eval_model()
+    d = model.decoder.dictionary
+    src = random_tokens(d, [6, 4], pad_left=True, generator=torch.Generator().manual_seed(2))
+    model.prepare_for_inference_(type("Cfg", (), {"generation": type("G", (), {"beam": 3})()})())
+    generator = SequenceGenerator([model], d, beam_size=3, max_len_b=8)
+    with torch.no_grad():
+        hypos = generator.forward({"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}})
+        for i, sentence_hypos in enumerate(hypos):
+            for hypo in sentence_hypos:
+                tokens = hypo["tokens"].unsqueeze(0)
+                prev = torch.cat([tokens.new_full((1, 1), d.eos()), tokens[:, :-1]], dim=1)
+                keep = src[i].ne(d.pad())
+                s = src[i][keep].unsqueeze(0)
+                logits, _ = model(s, torch.tensor([s.size(1)]), prev)
+                lprobs = model.get_normalized_probs((logits, None), log_probs=True)
+                expected = lprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).squeeze(0)
+                torch.testing.assert_close(hypo["positional_scores"], expected, rtol=0, atol=1e-4)
+
+
+def test_padded_batch_equals_single_sentences():
+    model = eval_model()
+    d = model.decoder.dictionary
+    g = torch.Generator().manual_seed(4)
+    src = random_tokens(d, [8, 5, 2], pad_left=True, generator=g)
+    tgt_lengths = [6, 3, 5]
+    prev = random_tokens(d, tgt_lengths, pad_left=False, generator=g)
+    with torch.no_grad():
+        batch, extra = model(src, src.ne(d.pad()).sum(1), prev)
+        for i, n in enumerate(tgt_lengths):
+            s = src[i][src[i].ne(d.pad())].unsqueeze(0)
+            single, single_extra = model(s, torch.tensor([s.size(1)]), prev[i: i + 1, :n])
+            torch.testing.assert_close(batch[i: i + 1, :n], single, rtol=0, atol=1e-5)
+            # the alignment puts zero weight on padded source positions
+            pad = src[i].eq(d.pad())
+            assert torch.all(extra["attn"][0][i, :, pad] == 0)
+            torch.testing.assert_close(extra["attn"][0][i, :n, ~pad], single_extra["attn"][0][0], rtol=0, atol=1e-5)
+
+
+def test_training_mode_skips_unrequested_attention_weights():
+    model = eval_model()
+    d = model.decoder.dictionary
+    src = random_tokens(d, [5, 4], pad_left=True, generator=torch.Generator().manual_seed(5))
+    prev = random_tokens(d, [4, 4], pad_left=False, generator=torch.Generator().manual_seed(6))
+    lengths = src.ne(d.pad()).sum(1)
+    assert model.eval()(src, lengths, prev)[1]["attn"][0] is not None
+    assert model.train()(src, lengths, prev)[1]["attn"][0] is None
+    assert model.train()(src, lengths, prev, alignment_layer=1)[1]["attn"][0] is not None
+
+
+# ============================================================================ command line
+
+
+@pytest.fixture(scope="module")
+def translation_data(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("translation_data"))
+    create_dummy_data(data_dir)
+    preprocess_translation_data(data_dir)
+    return data_dir
+
+
+@pytest.fixture(scope="module")
+def lm_data(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("lm_data"))
+    create_dummy_data(data_dir, num_examples=80)
+    preprocess_lm_data(data_dir)
+    return data_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", TRANSLATION_ARCHS)
+def test_translation_arch_trains_validates_and_generates(arch, translation_data, tmp_path, capsys):
+    save_dir = str(tmp_path)
+    train_translation_model(translation_data, save_dir, arch)
+    checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
+    assert os.path.exists(checkpoint) and os.path.exists(os.path.join(save_dir, "checkpoint_best.pt"))
+    validate_main(translation_data, checkpoint)
+    capsys.readouterr()
+    generate_main(translation_data, checkpoint, ["--print-alignment"])
+    out = capsys.readouterr().out
+    assert re.search(r"Generate valid with beam=3: BLEU4 = [0-9.]+", out)
+    alignments = [line for line in out.splitlines() if line.startswith("A-")]
+    assert len(alignments) == 15 and all(re.fullmatch(r"A-\d+\t(\d+-\d+ ?)+", a) for a in alignments)
+
+
+@pytest.mark.slow
+def test_radius_is_learned_and_training_resumes_from_checkpoint_last(translation_data, tmp_path, caplog):
+    save_dir = str(tmp_path)
+    train_translation_model(translation_data, save_dir, "fourierformer_iwslt_de_en",
+                            ["--fourier-radius-shape", "head"])
+    checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
+    state = torch.load(checkpoint)  # weights_only=True: the plugin's allowlist makes this work
+    radii = {k: v for k, v in state["model"].items() if k.endswith(".radius")}
+    assert len(radii) == 6  # 2 encoder self, 2 decoder self, 2 cross
+    for name, radius in radii.items():
+        assert radius.shape == (2, 1) and not torch.allclose(radius, torch.ones_like(radius)), name
+    updates = state["optimizer_history"][-1]["num_updates"]
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        train_translation_model(translation_data, save_dir, "fourierformer_iwslt_de_en",
+                                ["--fourier-radius-shape", "head"], max_epoch=2)
+    # fairseq reports the epoch it resumes into
+    assert f"Loaded checkpoint {checkpoint} (epoch 2 @ {updates} updates)" in caplog.text
+    resumed = torch.load(checkpoint)
+    assert resumed["optimizer_history"][-1]["num_updates"] == 2 * updates
+    assert os.path.exists(os.path.join(save_dir, "checkpoint2.pt"))
+
+
+@pytest.mark.slow
+def test_checkpoint_loads_in_fresh_stock_processes(translation_data, tmp_path):
+    """fairseq-generate / -interactive / -validate, new processes, torch.load with weights_only=True."""
+    save_dir = str(tmp_path)
+    train_translation_model(translation_data, save_dir, "fourierformer_iwslt_de_en")
+    checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
+    common = ["--user-dir", USER_DIR, "--path", checkpoint, "--source-lang", "in", "--target-lang", "out"]
+    gen = run_cli("fairseq-generate", [translation_data, *common, "--beam", "2", "--gen-subset", "test",
+                                       "--print-alignment", "--batch-size", "8",
+                                       "--required-batch-size-multiple", "1"])
+    assert re.search(r"Generate test with beam=2: BLEU4 = [0-9.]+", gen.stdout)
+    assert re.search(r"^A-\d+\t\d+-\d+", gen.stdout, re.M)
+    inter = run_cli("fairseq-interactive", [translation_data, *common, "--beam", "2"], stdin="a b c\nd e\n")
+    hyps = [line for line in inter.stdout.splitlines() if line.startswith("H-")]
+    assert [h.split("\t")[0] for h in hyps] == ["H-0", "H-1"]
+    val = run_cli("fairseq-validate", [translation_data, "--user-dir", USER_DIR, "--path", checkpoint,
+                                       "--task", "translation", "--valid-subset", "test", "--max-tokens", "500"])
+    assert "valid on 'test' subset" in val.stdout + val.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", LM_ARCHS)
+def test_language_model_arch_trains_and_evaluates(arch, lm_data, tmp_path):
+    save_dir = str(tmp_path)
+    train_language_model(lm_data, save_dir, arch)
+    checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
+    plain = eval_lm_main(lm_data, checkpoint)
+    windowed = eval_lm_main(lm_data, checkpoint, ["--context-window", "16"])
+    for result in (plain, windowed):
+        assert 1.0 < result["perplexity"] < float("inf")
+    # the sliding window gives every scored token context, so it cannot do much worse
+    assert windowed["loss"] < plain["loss"] + 0.5
+
+
+@pytest.mark.slow
+def test_language_model_with_adaptive_input_and_softmax(lm_data, tmp_path):
+    save_dir = str(tmp_path)
+    cutoffs = ["--adaptive-input", "--adaptive-input-cutoff", "8,16", "--adaptive-softmax-cutoff", "8,16",
+               "--tie-adaptive-weights", "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
+    train_language_model(lm_data, save_dir, "fourierformer_lm_wiki103_small", cutoffs)
+    checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
+    state = torch.load(checkpoint)
+    assert any("adaptive_softmax" in k for k in state["model"])
+    assert eval_lm_main(lm_data, checkpoint)["perplexity"] > 1.0
+
+
+@pytest.mark.slow
+def test_language_model_checkpoint_in_fresh_fairseq_eval_lm(lm_data, tmp_path):
+    save_dir = str(tmp_path)
+    train_language_model(lm_data, save_dir, "fourierformer_lm_wiki103_small")
+    proc = run_cli("fairseq-eval-lm", [lm_data, "--user-dir", USER_DIR, "--path",
+                                       os.path.join(save_dir, "checkpoint_best.pt"), "--tokens-per-sample", "32",
+                                       "--context-window", "16", "--max-tokens", "500",
+                                       "--required-batch-size-multiple", "1"])
+    assert re.search(r"Loss \(base 2\): [0-9.]+, Perplexity: [0-9.]+", proc.stdout + proc.stderr)

@@ -1,0 +1,72 @@
+"""The weights_only allowlist (checkpoint_compat) and the plugin's import guard, each in a fresh process."""
+import subprocess
+import sys
+import textwrap
+
+SAVE_FAIRSEQ_LIKE_STATE = """
+import argparse, datetime, zipfile, numpy as np, torch
+state = {
+    "cfg": {"model": argparse.Namespace(arch="fourierformer_iwslt_de_en", fourier_power=2)},
+    "extra_state": {"metrics": {"valid": [(10, "_bleu_counts", "AverageMeter",
+                                           {"val": np.array([7, 3]), "sum": np.float64(2.5)})]}},
+    "model": {"w": torch.ones(2)},
+}
+torch.save(state, "{path}/ckpt.pt")
+torch.save({"when": datetime.date(2024, 1, 1)}, "{path}/other.pt")
+# the same file as numpy 1.x names it (numpy.core instead of numpy._core)
+with zipfile.ZipFile("{path}/ckpt.pt") as src, zipfile.ZipFile("{path}/np1.pt", "w") as dst:
+    for item in src.infolist():
+        data = src.read(item.filename)
+        if item.filename.endswith("data.pkl"):
+            data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+        dst.writestr(item, data)
+"""
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_fairseq_checkpoint_objects_load_with_weights_only_and_nothing_else_does(tmp_path):
+    run_python(SAVE_FAIRSEQ_LIKE_STATE.replace("{path}", str(tmp_path)))
+    proc = run_python(f"""
+        import pickle, torch
+        def load(name):
+            try:
+                return torch.load("{tmp_path}/" + name)  # torch 2.13: weights_only=True by default
+            except pickle.UnpicklingError as e:
+                return "refused: " + str(e).splitlines()[0]
+        before = load("ckpt.pt")
+        import fourierformer_fairseq  # what --user-dir does
+        after = load("ckpt.pt")
+        np1 = load("np1.pt")
+        other = load("other.pt")
+        print("BEFORE", before if isinstance(before, str) else "loaded")
+        print("AFTER", after["cfg"]["model"].fourier_power, after["extra_state"]["metrics"]["valid"][0][3]["val"].tolist())
+        print("NP1", np1 if isinstance(np1, str) else np1["extra_state"]["metrics"]["valid"][0][3]["sum"])
+        print("OTHER", other if isinstance(other, str) else "loaded")
+    """)
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0].isupper())
+    assert lines["BEFORE"].startswith("refused")
+    assert lines["AFTER"] == "2 [7, 3]"
+    assert lines["NP1"] == "2.5"
+    assert lines["OTHER"].startswith("refused"), "the allowlist must stay narrow"
+
+
+def test_ops_import_without_fairseq():
+    proc = run_python("""
+        import importlib.machinery as machinery, sys
+        find = machinery.PathFinder.find_spec
+        def hide_fairseq(name, path=None, target=None):
+            return None if name.split(".")[0] in ("fairseq", "fairseq_cli") else find(name, path, target)
+        machinery.PathFinder.find_spec = hide_fairseq
+        import torch
+        import fourierformer_fairseq
+        from fourierformer_fairseq.ops import fourier_attention
+        q = torch.randn(1, 1, 3, 4)
+        out = fourier_attention(q, q, q, torch.tensor(1.0))
+        print(fourierformer_fairseq.FAIRSEQ_AVAILABLE, "fairseq" in sys.modules, tuple(out.shape))
+    """)
+    assert proc.stdout.strip().splitlines()[-1] == "False False (1, 1, 3, 4)"

@@ -1,0 +1,266 @@
+"""The fused CUDA kernels (csrc/cuda) against the pure-PyTorch reference.
+
+Needs a CUDA device and an extension compiled with CUDA; skipped entirely otherwise.
+
+Accuracy rule: the error of the kernel (relative Frobenius norm against the float64
+reference) is at most twice that of the reference run in the same precision on the GPU,
+plus a small tolerance per dtype.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+
+
+def _cuda_kernels_missing() -> str:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    from fourierformer_fairseq.ops.extension import extension_status
+
+    status = extension_status()
+    if not status.loaded:
+        return f"extension not loaded: {status.reason}"
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("fourierformer::fourier_attention_forward", "CUDA"):
+        return "the extension has no CUDA kernels (built without CUDA)"
+    return ""
+
+
+_REASON = _cuda_kernels_missing()
+if _REASON:
+    pytest.skip(_REASON, allow_module_level=True)
+
+from fourierformer_fairseq.ops import fourier_attention, fourier_attention_reference  # noqa: E402
+
+DEV = torch.device("cuda")
+NAMES = ("out", "dq", "dk", "dv", "dradius")
+# Allowed error on top of 2x the same-precision reference's.
+ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+# Bound used where that reference is not finite itself (the float16 reference's gradients
+# overflow). dradius gets more room: it sums dx (q - k) over b, i, j (and d for a scalar or
+# per-head radius) with heavy cancellation, and the backward takes Delta_i = dO_i . O_i from
+# the output as stored in float16 / bfloat16 (as flash attention does), whose rounding no
+# longer cancels there.
+FALLBACK = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+FALLBACK_DRADIUS = {torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 2e-1}
+
+
+def _radius(kind: str, H: int, D: int, g: torch.Generator) -> torch.Tensor:
+    shape = {"scalar": (), "head": (H, 1), "feature": (D,), "full": (H, D)}[kind]
+    return 0.5 + torch.rand(shape, generator=g, dtype=torch.float64)
+
+
+def _masks(kind: str, B: int, H: int, N: int, M: int, g: torch.Generator):
+    """(attn_mask, key_padding_mask) on the GPU for a mask kind."""
+    if kind == "none":
+        return None, None
+    if kind == "bool":  # (N, M), True = not attended
+        m = torch.rand(N, M, generator=g) < 0.3
+        m[:, 0] = False
+        return m.to(DEV), None
+    if kind == "float":  # additive (B*H, N, M) with finite values and -inf
+        m = torch.randn(B * H, N, M, generator=g, dtype=torch.float64)
+        m = m.masked_fill(torch.rand(B * H, N, M, generator=g) < 0.2, float("-inf"))
+        return m.float().double().to(DEV), None  # values the kernel's float32 mask holds exactly
+    if kind == "padding":  # key_padding_mask (B, M)
+        m = torch.rand(B, M, generator=g) < 0.25
+        m[:, 0] = False
+        return None, m.to(DEV)
+    if kind == "batch4d":  # (B, 1, N, M) bool plus padding
+        m = torch.rand(B, 1, N, M, generator=g) < 0.2
+        p = torch.rand(B, M, generator=g) < 0.2
+        p[:, -1] = False
+        return m.to(DEV), p.to(DEV)
+    raise ValueError(kind)
+
+
+def _problem(B, H, N, M, D, Dv, radius_kind, mask_kind, seed, dtype=torch.float32, scale=1.0):
+    """Inputs as float64 holding values exactly representable in dtype (radius: in float32), so
+    that every run sees the same numbers and errors measure the arithmetic only."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rounded(t, to=dtype):
+        return t.to(to).double()
+
+    base = {
+        "q": rounded(torch.randn(B, H, N, D, generator=g, dtype=torch.float64) * scale),
+        "k": rounded(torch.randn(B, H, M, D, generator=g, dtype=torch.float64) * scale),
+        "v": rounded(torch.randn(B, H, M, Dv, generator=g, dtype=torch.float64)),
+        "radius": rounded(_radius(radius_kind, H, D, g), torch.float32),
+        "dout": rounded(torch.randn(B, H, N, Dv, generator=g, dtype=torch.float64)),
+    }
+    base["attn_mask"], base["key_padding_mask"] = _masks(mask_kind, B, H, N, M, g)
+    return base
+
+
+def _run(fn, base, dtype, radius_dtype, **kw):
+    """Output and gradients (q, k, v, radius) of fn, as float64."""
+    q, k, v = (base[n].to(DEV, dtype, copy=True).requires_grad_(True) for n in ("q", "k", "v"))
+    radius = base["radius"].to(DEV, radius_dtype, copy=True).requires_grad_(True)
+    out = fn(q, k, v, radius, attn_mask=base["attn_mask"], key_padding_mask=base["key_padding_mask"], **kw)
+    out.backward(base["dout"].to(DEV, out.dtype))
+    return [t.detach().double() for t in (out, q.grad, k.grad, v.grad, radius.grad)]
+
+
+def _cuda(q, k, v, radius, **kw):
+    return fourier_attention(q, k, v, radius, backend="cuda", **kw)
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def _check(got, same, ref, dtype, what):
+    for name, g, s, r in zip(NAMES, got, same, ref):
+        assert g.shape == r.shape, f"{what}: {name} shape {tuple(g.shape)} != {tuple(r.shape)}"
+        assert torch.isfinite(g).all(), f"{what}: {name} is not finite"
+        if r.norm() == 0:
+            assert g.abs().max() <= 1e-6, f"{what}: {name} should be zero"
+            continue
+        e_kernel, e_same = _rel(g, r), _rel(s, r)
+        fallback = (FALLBACK_DRADIUS if name == "dradius" else FALLBACK)[dtype]
+        bound = 2 * e_same + ATOL[dtype] if math.isfinite(e_same) else fallback
+        assert e_kernel <= bound, (
+            f"{what}: {name}: kernel error {e_kernel:.2e} > {bound:.2e} "
+            f"(the {dtype} reference's error is {e_same:.2e})"
+        )
+
+
+# (B, H, N, M, D, Dv, radius, power, causal, mask, dtype)
+CASES = [
+    (1, 1, 1, 1, 1, 1, "scalar", 2, False, "none", torch.float32),
+    (2, 2, 7, 7, 16, 16, "head", 4, False, "bool", torch.float32),
+    (2, 2, 7, 97, 16, 24, "full", 4, True, "none", torch.float32),
+    (1, 2, 97, 97, 59, 59, "feature", 6, False, "float", torch.float32),
+    (2, 2, 97, 256, 128, 64, "full", 4, True, "padding", torch.float32),
+    (1, 2, 256, 256, 128, 128, "head", 2, False, "batch4d", torch.float32),
+    (2, 1, 256, 7, 59, 33, "scalar", 4, False, "padding", torch.float32),
+    (1, 2, 1, 256, 1, 5, "full", 6, True, "none", torch.float32),
+    (1, 1, 7, 97, 256, 256, "full", 2, False, "none", torch.float32),
+    (2, 2, 97, 97, 16, 16, "full", 4, True, "bool", torch.float16),
+    (1, 2, 256, 97, 59, 64, "feature", 6, False, "float", torch.float16),
+    (2, 2, 7, 256, 128, 128, "head", 4, True, "padding", torch.float16),
+    (2, 2, 97, 97, 16, 16, "full", 4, False, "batch4d", torch.bfloat16),
+    (1, 2, 97, 256, 128, 64, "scalar", 2, True, "none", torch.bfloat16),
+    (2, 1, 256, 256, 59, 32, "full", 6, False, "bool", torch.bfloat16),
+]
+
+
+def _case_id(c):
+    B, H, N, M, D, Dv, radius, power, causal, mask, dtype = c
+    kind = "causal" if causal else "full"
+    return f"{str(dtype).split('.')[-1]}-N{N}-M{M}-D{D}-Dv{Dv}-{radius}-p{power}-{kind}-{mask}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_matches_reference(case):
+    B, H, N, M, D, Dv, radius_kind, power, causal, mask_kind, dtype = case
+    seed = zlib.crc32(_case_id(case).encode()) % 1000
+    base = _problem(B, H, N, M, D, Dv, radius_kind, mask_kind, seed, dtype=dtype, scale=0.5)
+    kw = dict(power=power, causal=causal)
+    ref = _run(fourier_attention_reference, base, torch.float64, torch.float64, **kw)
+    same = _run(fourier_attention_reference, base, dtype, torch.float32, **kw)
+    got = _run(_cuda, base, dtype, torch.float32, **kw)
+    _check(got, same, ref, dtype, _case_id(case))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_large_arguments(dtype):
+    """|x| up to ~100: sinc next to its zeros, where approximate sin would be wrong."""
+    base = _problem(1, 2, 33, 65, 8, 8, "full", "none", seed=3, dtype=dtype, scale=20.0)
+    ref = _run(fourier_attention_reference, base, torch.float64, torch.float64, power=2)
+    same = _run(fourier_attention_reference, base, dtype, torch.float32, power=2)
+    got = _run(_cuda, base, dtype, torch.float32, power=2)
+    _check(got, same, ref, dtype, f"large arguments {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fully_masked_rows_are_zero(dtype):
+    B, H, N, M, D = 2, 2, 9, 13, 16
+    base = _problem(B, H, N, M, D, D, "full", "none", seed=5, dtype=dtype)
+    attn_mask = torch.zeros(N, M, dtype=torch.bool)
+    attn_mask[2] = True  # query 2 sees no key
+    padding = torch.zeros(B, M, dtype=torch.bool)
+    padding[1] = True  # batch 1 has only padding
+    base["attn_mask"], base["key_padding_mask"] = attn_mask.to(DEV), padding.to(DEV)
+    out, dq, dk, dv, dradius = _run(_cuda, base, dtype, torch.float32, power=4)
+    for t in (out, dq, dk, dv, dradius):
+        assert torch.isfinite(t).all()
+    assert (out[:, :, 2] == 0).all() and (out[1] == 0).all()
+    assert (dq[:, :, 2] == 0).all() and (dq[1] == 0).all()
+    assert (dk[1] == 0).all() and (dv[1] == 0).all()
+    ref = _run(fourier_attention_reference, base, torch.float64, torch.float64, power=4)
+    same = _run(fourier_attention_reference, base, dtype, torch.float32, power=4)
+    _check([out, dq, dk, dv, dradius], same, ref, dtype, f"fully masked rows {dtype}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_matches_reference(causal):
+    B, H, N, M, D, Dv, p, seed = 2, 2, 37, 50, 16, 12, 0.3, 1234
+    base = _problem(B, H, N, M, D, Dv, "full", "padding", seed=11)
+    ref = _run(fourier_attention_reference, base, torch.float64, torch.float64, power=4, causal=causal,
+               dropout_p=p, seed=seed)
+    # the op itself, with an explicit seed
+    q, k, v = (base[n].to(DEV, torch.float32) for n in ("q", "k", "v"))
+    radius = base["radius"].to(DEV, torch.float32)
+    key_bias = torch.zeros(B, M, device=DEV).masked_fill(base["key_padding_mask"], float("-inf"))
+    out, lse = torch.ops.fourierformer.fourier_attention_forward(q, k, v, radius, 4.0, None, key_bias, causal, p, seed)
+    assert _rel(out.double(), ref[0]) < 1e-5
+    dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
+        base["dout"].to(DEV, torch.float32), q, k, v, radius, out, lse, 4.0, None, key_bias, causal, p, seed)
+    for name, g, r in zip(NAMES[1:], (dq, dk, dv, dradius), ref[1:]):
+        assert _rel(g.double(), r) < 1e-4, name
+    # the public API draws its seed from torch's CPU generator, as the reference does
+    torch.manual_seed(77)
+    got = _run(_cuda, base, torch.float32, torch.float32, power=4, causal=causal, dropout_p=p)
+    torch.manual_seed(77)
+    ref = _run(fourier_attention_reference, base, torch.float64, torch.float64, power=4, causal=causal, dropout_p=p)
+    for name, g, r in zip(NAMES, got, ref):
+        assert _rel(g, r) < 1e-4, name
+
+
+def test_float64_op_matches_cpu_backend():
+    """float64 is not offered by the public API on CUDA, but the op takes it."""
+    base = _problem(2, 2, 19, 41, 24, 10, "full", "none", seed=13)
+    args = [base[n] for n in ("q", "k", "v")] + [base["radius"]]
+    mask = torch.zeros(2, 1, 19, 41, dtype=torch.float64).masked_fill(torch.rand(2, 1, 19, 41) < 0.3, float("-inf"))
+    extra = (6.0, mask, None, True, 0.1, 99)
+    out_c, lse_c = torch.ops.fourierformer.fourier_attention_forward(*args, *extra)
+    cuda_args = [t.to(DEV) for t in args]
+    out_g, lse_g = torch.ops.fourierformer.fourier_attention_forward(*cuda_args, 6.0, mask.to(DEV), None, True, 0.1, 99)
+    assert out_g.dtype == torch.float64 and lse_g.dtype == torch.float64
+    torch.testing.assert_close(out_g.cpu(), out_c, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(lse_g.cpu(), lse_c, rtol=1e-12, atol=1e-12)
+    dout = base["dout"]
+    grads_c = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:3], args[3], out_c, lse_c, *extra)
+    grads_g = torch.ops.fourierformer.fourier_attention_backward(
+        dout.to(DEV), *cuda_args[:3], cuda_args[3], out_g, lse_g, 6.0, mask.to(DEV), None, True, 0.1, 99)
+    for gc, gg in zip(grads_c, grads_g):
+        torch.testing.assert_close(gg.cpu(), gc, rtol=1e-9, atol=1e-10)
+
+
+def test_noncontiguous_inputs_and_side_stream():
+    base = _problem(2, 3, 17, 29, 16, 16, "head", "none", seed=17)
+    q = base["q"].to(DEV, torch.float32).transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, N, D) views
+    k = base["k"].to(DEV, torch.float32).transpose(2, 3).contiguous().transpose(2, 3)
+    v = base["v"].to(DEV, torch.float32)
+    radius = base["radius"].to(DEV, torch.float32)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    expected = fourier_attention(q.contiguous(), k.contiguous(), v, radius, backend="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got = fourier_attention(q, k, v, radius, backend="cuda")
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_head_dim_limit():
+    q = torch.randn(1, 1, 3, 257, device=DEV)
+    radius = torch.ones(1, 257, device=DEV)
+    with pytest.raises(RuntimeError, match="head dims"):
+        torch.ops.fourierformer.fourier_attention_forward(q, q, q, radius, 4.0, None, None, False, 0.0, 0)

@@ -1,0 +1,97 @@
+"""The quickstart: its synthetic corpus (fast) and the whole pipeline in --small mode (slow)."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from fourierformer_fairseq.quickstart.corpus import (
+    DEFINITE,
+    INDEFINITE,
+    VERB_SUFFIX,
+    Grammar,
+    NounPhrase,
+    make_splits,
+)
+from fourierformer_fairseq.quickstart.runner import MARKER, QuickstartError, prepare_out_dir
+
+
+def test_corpus_is_reproducible_and_held_out_sentences_are_unseen():
+    a = make_splits(300, 40, 40, seed=5)
+    assert a == make_splits(300, 40, 40, seed=5)
+    assert a != make_splits(300, 40, 40, seed=6)
+    assert [len(a[s]) for s in ("train", "valid", "test")] == [300, 40, 40]
+    train_sources = {s for s, _ in a["train"]}
+    held_out = [s for s, _ in a["valid"] + a["test"]]
+    assert len(set(held_out)) == len(held_out) and not train_sources & set(held_out)
+
+
+def test_translation_rules():
+    g = Grammar(seed=1)
+    gender = g.gender["cat"]
+    subject = NounPhrase("cat", "pl", True, ["big", "red"])
+    obj = NounPhrase("dog", "sg", False, [])
+    place = ("near", NounPhrase("river", "sg", True, ["old"]))
+    assert g.english(subject, "see", "present", False, obj, place) == "the big red cats see a dog near the old river"
+    assert g.english(subject, "see", "past", True, obj, None) == "the big red cats did not see a dog"
+    words = g.fourieran(subject, "see", "past", True, obj, place).split()
+    # subject NP: determiner agreeing in gender and number, plural noun, adjectives mirrored and agreeing
+    assert words[0] == DEFINITE[(gender, "pl")]
+    assert words[1] == g.noun_stem["cat"] + "i"
+    assert words[2].startswith(g.adjective_stem["red"]) and words[3].startswith(g.adjective_stem["big"])
+    # postpositional phrase before the object, verb last with tense and subject-number suffix, negation before it
+    assert words[7] == g.postposition["near"]
+    assert words[8] == INDEFINITE[(g.gender["dog"], "sg")]
+    assert words[-2:] == ["ne", g.verb_stem["see"] + VERB_SUFFIX[("past", "pl")]]
+
+
+def test_target_is_not_a_word_by_word_copy():
+    """Reordering is real: the target verb is last, the English verb is not."""
+    g = Grammar(seed=2)
+    verb_forms = {g.verb_stem[v] + suffix for v in g.verb_stem for suffix in VERB_SUFFIX.values()}
+    pairs = make_splits(200, 1, 1, seed=2)["train"]
+    assert all(t.split()[-1] in verb_forms for _, t in pairs)
+    assert sum(len(s.split()) != len(t.split()) for s, t in pairs) > 20
+
+
+def test_out_dir_made_by_someone_else_is_never_cleared(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    with pytest.raises(QuickstartError, match="was not made by the quickstart"):
+        prepare_out_dir(str(tmp_path))
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+    own = tmp_path / "own"
+    prepare_out_dir(str(own))
+    (own / "checkpoints").mkdir()
+    (own / "notes.txt").write_text("not ours to delete")
+    prepare_out_dir(str(own))  # a rerun clears only the quickstart's own entries
+    assert (own / MARKER).exists() and not (own / "checkpoints").exists() and (own / "notes.txt").exists()
+
+
+@pytest.mark.slow
+def test_quickstart_small_mode_end_to_end(tmp_path):
+    out_dir = tmp_path / "qs"
+    env = dict(os.environ)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fourierformer_fairseq.quickstart", "--small", "--out-dir", str(out_dir)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    # progress while it runs, from both trainings
+    for name in ("fourierformer", "softmax"):
+        assert re.search(rf"\] {name}\s+epoch\s+\d+\s+done\s+valid loss [0-9.]+", out), name
+    scores = dict(re.findall(r"^  (fourierformer|softmax)\s+BLEU\s+([0-9.]+)", out, re.M))
+    assert set(scores) == {"fourierformer", "softmax"}
+    summary = json.loads((out_dir / "summary.json").read_text())
+    for name, bleu in scores.items():
+        model = summary["models"][name]
+        assert 0.0 <= float(bleu) <= 100.0 and abs(model["bleu"] - float(bleu)) < 0.01
+        assert os.path.exists(model["checkpoint"]) and model["checkpoint"] in out
+        assert os.path.exists(model["train_log"]) and os.path.exists(model["generate_log"])
+        with open(model["translations"]) as f:
+            assert len(f.read().splitlines()) == summary["sizes"]["test"]
+    commands = (out_dir / "commands.sh").read_text()
+    assert commands.count("fairseq-train") == 2 and commands.count("fairseq-generate") == 2
+    assert "--arch fourierformer_iwslt_de_en" in commands and "--arch transformer_iwslt_de_en" in commands
