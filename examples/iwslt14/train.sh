@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Train FourierFormer or its softmax twin on IWSLT'14 De-En with fairseq's IWSLT hyper-parameters.
+set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/lib.sh"
+
+MODEL=fourier
+SEEDS="1"
+DATA="data-bin/iwslt14.tokenized.de-en"
+RUNS="runs/iwslt14"
+NAME=""
+MAX_EPOCH=50
+MAX_UPDATE=0
+KEEP_LAST=10
+EVAL_BLEU=1
+SMALL=0
+MAX_TOKENS=4096
+LR=5e-4
+WARMUP=""
+EXTRA=()
+
+usage() {
+    cat <<EOF
+Usage: examples/iwslt14/train.sh [options] [-- extra fairseq-train arguments]
+
+Trains on IWSLT'14 De-En (prepared by examples/iwslt14/prepare.sh) with fairseq's IWSLT
+recipe: Adam (0.9, 0.98), lr 5e-4, inverse_sqrt with 4,000 warm-up updates, dropout 0.3,
+weight decay 1e-4, label smoothing 0.1, 4,096 tokens a batch, shared decoder in/out
+embeddings, BLEU (beam 5) on valid for the best checkpoint. One run per seed:
+RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/.
+
+Options:
+  --model fourier|softmax|ARCH  fourier = fourierformer_iwslt_de_en (p=2, radius init 1.0),
+                           softmax = transformer_iwslt_de_en; or any registered arch (default: $MODEL)
+  --seeds "1 2 3"          seeds, one run each, in turn (default: $SEEDS)
+  --data DIR               binarised data (default: $DATA)
+  --runs DIR               runs folder (default: $RUNS)
+  --name NAME              run name (default: the model, plus the Fourier options given)
+  --max-epoch N            (default: $MAX_EPOCH; checkpoints of the last $KEEP_LAST epochs are kept for averaging)
+  --max-update N           stop after N updates instead (0: no limit; default: $MAX_UPDATE)
+  --keep-last N            epoch checkpoints kept (default: $KEEP_LAST)
+  --max-tokens N           tokens a batch (default: $MAX_TOKENS)
+  --lr X                   peak learning rate (default: $LR)
+  --warmup N               warm-up updates (default: 4000)
+  --no-eval-bleu           pick the best checkpoint by valid loss (no beam search each epoch)
+  --small                  small mode: a 1-layer, 32-dim model, 3 epochs (minutes on a CPU)
+  -h, --help               this help
+Anything after -- goes to fairseq-train, e.g. -- --fourier-phi abs --fourier-radius-init 2.0
+
+Examples:
+  examples/iwslt14/train.sh --model fourier --seeds "1 2 3"
+  examples/iwslt14/train.sh --model softmax --seeds "1 2 3"
+  examples/iwslt14/train.sh --model fourier --name phi_abs -- --fourier-phi abs
+EOF
+}
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --model) MODEL="${2:?}"; shift 2 ;;
+        --seeds) SEEDS="${2:?}"; shift 2 ;;
+        --data) DATA="${2:?}"; shift 2 ;;
+        --runs) RUNS="${2:?}"; shift 2 ;;
+        --name) NAME="${2:?}"; shift 2 ;;
+        --max-epoch) MAX_EPOCH="${2:?}"; shift 2 ;;
+        --max-update) MAX_UPDATE="${2:?}"; shift 2 ;;
+        --keep-last) KEEP_LAST="${2:?}"; shift 2 ;;
+        --max-tokens) MAX_TOKENS="${2:?}"; shift 2 ;;
+        --lr) LR="${2:?}"; shift 2 ;;
+        --warmup) WARMUP="${2:?}"; shift 2 ;;
+        --no-eval-bleu) EVAL_BLEU=0; shift ;;
+        --small) SMALL=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; EXTRA=("$@"); break ;;
+        *) usage >&2; die "unknown option '$1' (fairseq-train arguments go after --)" ;;
+    esac
+done
+
+case "$MODEL" in
+    fourier) ARCH=fourierformer_iwslt_de_en ;;
+    softmax) ARCH=transformer_iwslt_de_en ;;
+    *) ARCH="$MODEL" ;;
+esac
+if [[ -z "$NAME" ]]; then
+    NAME="$MODEL"
+    for ((i = 0; i < ${#EXTRA[@]}; i++)); do
+        case "${EXTRA[$i]}" in
+            --fourier-phi|--fourier-radius-init|--fourier-radius-shape|--fourier-power)
+                NAME="${NAME}_${EXTRA[$i]#--fourier-}${EXTRA[$((i + 1))]:-}" ;;
+        esac
+    done
+    NAME="${NAME//-/_}"
+fi
+
+need fairseq-train "pip install fairseq-fixed==0.12.3.1"
+[[ -f "$DATA/dict.de.txt" && -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA: run examples/iwslt14/prepare.sh first"
+[[ -d "$USER_DIR" ]] || die "plugin folder $USER_DIR not found (set FOURIERFORMER_USER_DIR)"
+
+SIZE=()
+if [[ $SMALL == 1 ]]; then
+    SIZE=(--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32
+          --encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --encoder-attention-heads 2 --decoder-attention-heads 2)
+    MAX_EPOCH=3 KEEP_LAST=3 EVAL_BLEU=0 MAX_TOKENS=2048
+    WARMUP="${WARMUP:-10}"
+fi
+WARMUP="${WARMUP:-4000}"
+STOP=(--max-epoch "$MAX_EPOCH")
+[[ $MAX_UPDATE != 0 ]] && STOP+=(--max-update "$MAX_UPDATE")
+
+BLEU=()
+if [[ $EVAL_BLEU == 1 ]]; then
+    BLEU=(--eval-bleu --eval-bleu-args '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}'
+          --eval-bleu-detok moses --eval-bleu-remove-bpe
+          --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
+fi
+DEVICE=()
+has_cuda || DEVICE=(--cpu)
+
+for SEED in $SEEDS; do
+    RUN="$RUNS/${NAME}_seed${SEED}"
+    mkdir -p "$RUN/checkpoints"
+    write_meta "$RUN/meta.json" task=iwslt14 model="$MODEL" arch="$ARCH" seed="$SEED" name="$NAME" \
+        data="$DATA" small="$SMALL" -- "${EXTRA[@]}"
+    say "training $ARCH seed $SEED -> $RUN (log: $RUN/train.log)"
+    start=$(date +%s)
+    set +e
+    fairseq-train "$DATA" --user-dir "$USER_DIR" \
+        --arch "$ARCH" --share-decoder-input-output-embed "${SIZE[@]}" \
+        --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
+        --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
+        --dropout 0.3 --weight-decay 0.0001 \
+        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+        --max-tokens "$MAX_TOKENS" "${STOP[@]}" "${BLEU[@]}" "${DEVICE[@]}" \
+        --seed "$SEED" --save-dir "$RUN/checkpoints" --keep-last-epochs "$KEEP_LAST" \
+        --log-format simple --log-interval 50 "${EXTRA[@]}" 2>&1 | tee "$RUN/train.log" \
+        | grep --line-buffered -E "valid on|done training|Error|error:|Traceback" >&2
+    rc=${PIPESTATUS[0]}
+    set -e
+    [[ $rc == 0 ]] || die "fairseq-train failed for seed $SEED (exit $rc); see $RUN/train.log"
+    say "seed $SEED done in $(( $(date +%s) - start ))s: $RUN"
+done

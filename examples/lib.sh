@@ -1,0 +1,42 @@
+# Helpers shared by the examples/*/ recipes (sourced, not run).
+# shellcheck shell=bash
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+USER_DIR="${FOURIERFORMER_USER_DIR:-$REPO_ROOT/fourierformer_fairseq}"
+PYTHON="${PYTHON:-python3}"
+
+die() { echo "$(basename "$0"): error: $*" >&2; exit 1; }
+say() { echo "[$(basename "$(dirname "$0")")/$(basename "$0")] $*" >&2; }
+
+need() {  # need CMD HINT
+    command -v "$1" >/dev/null 2>&1 || die "$1 not found${2:+: $2}"
+}
+
+# write_meta FILE key=value ... [-- extra args]: a meta.json describing a run, for make_tables.py
+write_meta() {
+    local file="$1"; shift
+    "$PYTHON" - "$file" "$@" <<'PY'
+import json, sys
+path, rest = sys.argv[1], sys.argv[2:]
+meta, extra = {}, []
+if "--" in rest:
+    i = rest.index("--")
+    rest, extra = rest[:i], rest[i + 1:]
+for kv in rest:
+    k, _, v = kv.partition("=")
+    meta[k] = int(v) if v.lstrip("-").isdigit() else v
+meta["extra_args"] = extra
+# the ablation knobs of the paper's Tables 7/8, when given on the command line
+keys = {"--fourier-phi": "phi", "--fourier-radius-init": "radius_init", "--fourier-radius-shape": "radius_shape",
+        "--fourier-power": "power", "--fourier-attention": "fourier_attention"}
+for i, a in enumerate(extra):
+    name, eq, val = a.partition("=")
+    if name in keys:
+        meta[keys[name]] = val if eq else (extra[i + 1] if i + 1 < len(extra) else "")
+with open(path, "w") as fh:
+    json.dump(meta, fh, indent=1, sort_keys=True)
+PY
+}
+
+# has_cuda: 0 when torch sees a GPU
+has_cuda() { "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }

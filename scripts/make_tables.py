@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""Write the FourierFormer paper's tables in markdown from the logs of many runs.
+
+    python scripts/make_tables.py --runs runs/ [--head-redundancy runs/head_*.json]
+                                  [--benchmark runs/benchmark.json] [--out tables.md]
+
+Reads every run folder under --runs written by examples/*/train.sh (meta.json) and
+evaluated by examples/*/evaluate.sh (results-test.json / results-lm.json, or, when those
+are missing, the raw logs generate-test.txt / eval-{valid,test}.log), groups the runs
+by model and settings, and writes mean +- std over seeds (sample std; n = runs), with the
+paper's number in a column beside ours (scripts/paper_numbers.json; "—" where not filled in):
+
+  Table 1   WikiText-103 valid / test perplexity, small and medium, softmax vs Fourier
+  Table 5   IWSLT'14 De-En BLEU (tokenised, beam 5) and sacreBLEU (detokenised)
+  Table 6   head redundancy (from head_redundancy.py JSON files)
+  Table 7   ablation over phi (Fourier runs grouped by --fourier-phi)
+  Table 8   ablation over the radius (grouped by --fourier-radius-init / -shape)
+  Table 9   efficiency (from benchmark_model.py JSON)
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+from collections import defaultdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULTS = {  # the architectures' defaults, for runs that did not set an option
+    "iwslt14": {"phi": "power", "power": 2, "radius_init": 1.0, "radius_shape": "scalar"},
+    "wikitext103": {"phi": "power", "power": 4, "radius_init": 2.0, "radius_shape": "scalar"},
+}
+DASH = "—"
+
+
+# --------------------------------------------------------------------------- reading runs
+def _float(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def read_bleu_from_generate(path: str):
+    """The tokenised BLEU of a fairseq-generate output ('Generate test with beam=5: BLEU4 = 34.42, ...')."""
+    if not os.path.exists(path):
+        return None
+    found = None
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            m = re.search(r"Generate \S+ with beam=\d+: BLEU4? = ([0-9.]+)", line)
+            if m:
+                found = float(m.group(1))
+    return found
+
+
+def read_ppl_from_eval_log(path: str):
+    if not os.path.exists(path):
+        return None
+    m = re.findall(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)", open(path, encoding="utf-8", errors="replace").read())
+    return float(m[-1][1]) if m else None
+
+
+def read_run(folder: str) -> dict | None:
+    meta_path = os.path.join(folder, "meta.json")
+    if not os.path.exists(meta_path):
+        return None
+    meta = json.load(open(meta_path))
+    task = meta.get("task")
+    run = dict(meta)
+    run["folder"] = folder
+    for k, v in DEFAULTS.get(task, {}).items():
+        if run.get(k) in (None, ""):
+            run[k] = v
+    run["radius_init"] = _float(run.get("radius_init"))
+    if task == "iwslt14":
+        res_path = os.path.join(folder, "results-test.json")
+        if os.path.exists(res_path):
+            res = json.load(open(res_path))
+            run["bleu"] = _float(res.get("bleu_tok"))
+            run["sacrebleu"] = _float(res.get("sacrebleu"))
+            run["sacrebleu_signature"] = res.get("sacrebleu_signature")
+        else:
+            run["bleu"] = read_bleu_from_generate(os.path.join(folder, "generate-test.txt"))
+    elif task == "wikitext103":
+        res_path = os.path.join(folder, "results-lm.json")
+        res = json.load(open(res_path)) if os.path.exists(res_path) else {}
+        for sub in ("valid", "test"):
+            v = _float(res.get(f"{sub}_ppl"))
+            if v is None:
+                v = read_ppl_from_eval_log(os.path.join(folder, f"eval-{sub}.log"))
+            run[f"{sub}_ppl"] = v
+        run["eval_stride"] = res.get("stride")
+    return run
+
+
+def collect(roots: list[str]) -> list[dict]:
+    runs = []
+    for root in roots:
+        for meta in sorted(glob.glob(os.path.join(root, "**", "meta.json"), recursive=True)):
+            r = read_run(os.path.dirname(meta))
+            if r:
+                runs.append(r)
+    return runs
+
+
+# --------------------------------------------------------------------------- formatting
+def mean_std(values):
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return None, None, 0
+    m = sum(vals) / len(vals)
+    if len(vals) == 1:
+        return m, None, 1
+    var = sum((v - m) ** 2 for v in vals) / (len(vals) - 1)
+    return m, math.sqrt(var), len(vals)
+
+
+def fmt(m, s, digits=2):
+    if m is None:
+        return DASH
+    if s is None:
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def fmt_paper(x, digits=2):
+    if x is None:
+        return DASH
+    if isinstance(x, float) and (abs(x) < 1e-3 and x != 0):
+        return f"{x:.2e}"
+    return f"{x:.{digits}f}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def data_name(run: dict) -> str:
+    """The data set a run trained on: the basename of its data folder (e.g. iwslt14.tokenized.de-en)."""
+    d = str(run.get("data") or "").rstrip("/")
+    return os.path.basename(d) or DASH
+
+
+# --------------------------------------------------------------------------- tables
+def default_setting(run: dict) -> bool:
+    d = DEFAULTS.get(run.get("task"), {})
+    return all(str(run.get(k)) == str(v) for k, v in d.items() if k in ("phi", "radius_shape")) and \
+        (run.get("radius_init") == d.get("radius_init"))
+
+
+def table1(runs, paper) -> str | None:
+    lm = [r for r in runs if r.get("task") == "wikitext103" and (r.get("model") == "softmax" or default_setting(r))]
+    if not lm:
+        return None
+    groups = defaultdict(list)
+    for r in lm:
+        groups[(data_name(r), r.get("model"), r.get("size"))].append(r)
+    rows = []
+    order = {"small": 0, "medium": 1}
+    for (data, model, size), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][2], 9), kv[0][1] != "softmax", kv[0][1])):
+        v, t = mean_std([r["valid_ppl"] for r in rs]), mean_std([r["test_ppl"] for r in rs])
+        p = paper.get("table1_wikitext103", {}).get(f"{model} {size}", {})
+        strides = sorted({str(r.get("eval_stride")) for r in rs if r.get("eval_stride") is not None})
+        rows.append([f"{model} {size}", data, fmt(v[0], v[1]), fmt(t[0], t[1]), str(max(v[2], t[2])),
+                     fmt_paper(p.get("valid_ppl")), fmt_paper(p.get("test_ppl")), ",".join(strides) or DASH])
+    return "### Table 1: WikiText-103 perplexity (lower is better)\n\n" + table(
+        ["model", "data", "valid PPL (ours)", "test PPL (ours)", "seeds", "valid PPL (paper)", "test PPL (paper)", "eval stride"], rows)
+
+
+def table5(runs, paper) -> str | None:
+    mt = [r for r in runs if r.get("task") == "iwslt14" and (r.get("model") == "softmax" or default_setting(r))]
+    if not mt:
+        return None
+    groups = defaultdict(list)
+    for r in mt:
+        groups[(data_name(r), r.get("model"))].append(r)
+    rows, sigs = [], set()
+    for (data, model), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "softmax", kv[0][1])):
+        b, s = mean_std([r.get("bleu") for r in rs]), mean_std([r.get("sacrebleu") for r in rs])
+        sigs |= {r["sacrebleu_signature"] for r in rs if r.get("sacrebleu_signature")}
+        p = paper.get("table5_iwslt14", {}).get(model, {})
+        rows.append([model, data, fmt(b[0], b[1]), fmt(s[0], s[1]), str(max(b[2], s[2])), fmt_paper(p.get("bleu"))])
+    text = "### Table 5: IWSLT'14 De-En BLEU (higher is better)\n\n" + table(
+        ["model", "data", "BLEU, tokenised (ours)", "sacreBLEU, detokenised (ours)", "seeds", "BLEU (paper)"], rows)
+    if sigs:
+        text += "\n\nsacreBLEU signature: " + "; ".join(f"`{s}`" for s in sorted(sigs))
+    return text
+
+
+def ablation(runs, keys: tuple, title: str, paper_key: str, paper) -> str | None:
+    fr = [r for r in runs if r.get("model") not in ("softmax",) and r.get("task") in DEFAULTS]
+    if not fr:
+        return None
+    # only useful when more than one setting of the keys was run for some task
+    by_task = defaultdict(lambda: defaultdict(list))
+    for r in fr:
+        others_default = all(str(r.get(k)) == str(DEFAULTS[r["task"]][k]) for k in ("phi", "radius_init", "radius_shape") if k not in keys)
+        if not others_default:
+            continue
+        by_task[(r["task"], r.get("size"))][tuple(r.get(k) for k in keys)].append(r)
+    parts = []
+    for (task, size), groups in sorted(by_task.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        if len(groups) < 2:
+            continue
+        rows = []
+        for setting, rs in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+            p = paper.get(paper_key, {}).get(f"{task} {size or ''}".strip() + " " + " ".join(map(str, setting)), {})
+            name = ", ".join(f"{k}={v}" for k, v in zip(keys, setting))
+            if task == "wikitext103":
+                v, t = mean_std([r["valid_ppl"] for r in rs]), mean_std([r["test_ppl"] for r in rs])
+                rows.append([name, fmt(v[0], v[1]), fmt(t[0], t[1]), str(max(v[2], t[2])),
+                             fmt_paper(p.get("valid_ppl")), fmt_paper(p.get("test_ppl"))])
+            else:
+                b = mean_std([r.get("bleu") for r in rs])
+                rows.append([name, fmt(b[0], b[1]), str(b[2]), fmt_paper(p.get("bleu"))])
+        what = f"WikiText-103 {size}" if task == "wikitext103" else "IWSLT'14 De-En"
+        header = (["setting", "valid PPL (ours)", "test PPL (ours)", "seeds", "valid PPL (paper)", "test PPL (paper)"]
+                  if task == "wikitext103" else ["setting", "BLEU (ours)", "seeds", "BLEU (paper)"])
+        parts.append(f"### {title}, {what}\n\n" + table(header, rows))
+    return "\n\n".join(parts) if parts else None
+
+
+def table6(files, paper) -> str | None:
+    rows = []
+    for f in files:
+        d = json.load(open(f))
+        name = d.get("label") or d.get("model") or os.path.basename(f)
+        p = paper.get("table6_head_redundancy", {}).get(name, {})
+        rows.append([name, f"{d['mean']:.4g}", f"{d['var']:.4g}", str(d.get("layers", DASH)), str(d.get("batches", DASH)),
+                     fmt_paper(p.get("mean")), fmt_paper(p.get("var"))])
+    if not rows:
+        return None
+    return "### Table 6: head redundancy, layer-averaged pairwise L2 distance between heads' attention maps (higher = less redundant)\n\n" + table(
+        ["model", "mean (ours)", "variance (ours)", "layers", "batches", "mean (paper)", "variance (paper)"], rows)
+
+
+def table9(files, paper) -> str | None:
+    rows = []
+    for f in files:
+        d = json.load(open(f))
+        for m in d.get("models", []):
+            rows.append([m["name"], d.get("device", DASH), str(d.get("batch_size", DASH)), str(d.get("context", DASH)),
+                         f"{m['train_ms_per_sample']:.2f}", f"{m['infer_ms_per_sample']:.2f}",
+                         f"{m['train_peak_mem_mb']:.0f}", f"{m['infer_peak_mem_mb']:.0f}"])
+    if not rows:
+        return None
+    return "### Table 9: efficiency of the small LM (same batch)\n\n" + table(
+        ["model", "device", "batch", "context", "train ms/sample", "inference ms/sample", "train peak MB", "inference peak MB"], rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", nargs="+", default=["runs"], help="folders searched for run folders (meta.json)")
+    p.add_argument("--head-redundancy", nargs="*", default=[], help="head_redundancy.py JSON outputs")
+    p.add_argument("--benchmark", nargs="*", default=[], help="benchmark_model.py JSON outputs")
+    p.add_argument("--paper", default=os.path.join(HERE, "paper_numbers.json"))
+    p.add_argument("--out", help="markdown file (default: stdout)")
+    args = p.parse_args(argv)
+
+    paper = json.load(open(args.paper)) if os.path.exists(args.paper) else {}
+    runs = collect(args.runs)
+    parts = [f"<!-- written by scripts/make_tables.py from {len(runs)} runs under {', '.join(args.runs)} -->"]
+    for t in (table1(runs, paper), table5(runs, paper),
+              table6(args.head_redundancy, paper),
+              ablation(runs, ("phi",), "Table 7: ablation over phi", "table7_phi", paper),
+              ablation(runs, ("radius_init", "radius_shape"), "Table 8: ablation over the radius", "table8_radius", paper),
+              table9(args.benchmark, paper)):
+        if t:
+            parts.append(t)
+    missing = [r["folder"] for r in runs if (r.get("task") == "iwslt14" and r.get("bleu") is None)
+               or (r.get("task") == "wikitext103" and r.get("valid_ppl") is None and r.get("test_ppl") is None)]
+    if missing:
+        parts.append("Runs without evaluation results (run evaluate.sh on them): " + ", ".join(f"`{m}`" for m in missing))
+    if len(parts) == 1:
+        parts.append(f"No runs with meta.json found under {', '.join(args.runs)}.")
+    text = "\n\n".join(parts) + "\n"
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as fh:
+            fh.write(text)
+        print(f"make_tables: {len(runs)} runs -> {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

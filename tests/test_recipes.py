@@ -1,0 +1,310 @@
+"""The examples/ recipes in their small modes, on tiny generated data (no network, no ../shared).
+
+Unit tests of the Python text pipeline run fast; the end-to-end runs of the shell recipes
+(prepare -> train -> evaluate) are marked slow (fairseq's command-line tools, a minute or
+two each on a CPU).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IWSLT = os.path.join(REPO, "examples", "iwslt14")
+WIKI = os.path.join(REPO, "examples", "wikitext103")
+TEST_SETS = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")
+
+sacremoses = pytest.importorskip("sacremoses")
+pytest.importorskip("subword_nmt")
+
+
+def load_prepare_text():
+    spec = importlib.util.spec_from_file_location("prepare_text", os.path.join(IWSLT, "prepare_text.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+P = load_prepare_text()
+
+# --------------------------------------------------------------------------- tiny data
+DE = "der die das und ist ein eine nicht mit über für wir sie haben große Welt Straße Häuser Menschen Zeit heute".split()
+EN = "the a and is not with about for we they have big world street houses people time today".split()
+
+
+def sentence(rng, words, n):
+    w = [rng.choice(words) for _ in range(n)]
+    w[0] = w[0].capitalize()
+    s = " ".join(w)
+    extra = rng.random()
+    if extra < 0.2:
+        s += ', "' + rng.choice(words) + '"'
+    elif extra < 0.3:
+        s += " & " + rng.choice(words) + " (5,300)"
+    elif extra < 0.4:
+        s += " usw"
+    return s + rng.choice([".", "?", "!", "..."])
+
+
+def pair(rng, n=None):
+    n = n or rng.randint(3, 12)
+    return sentence(rng, DE, n), sentence(rng, EN, n)
+
+
+def write_fake_iwslt(folder: str, n_train: int = 230, n_seg: int = 6, seed: int = 0) -> dict:
+    """A fake de-en archive folder: train.tags.de-en.{de,en} and the five XML dev/test sets."""
+    rng = random.Random(seed)
+    os.makedirs(folder, exist_ok=True)
+    de_lines, en_lines = [], []
+    for talk in range(n_train // 10):
+        head = [("<url>http://www.ted.com/talks/x%d.html</url>" % talk,) * 2,
+                ("<keywords>talks, test</keywords>",) * 2,
+                ("<speaker>Jemand</speaker>", "<speaker>Someone</speaker>"),
+                ("<talkid>%d</talkid>" % talk,) * 2,
+                ("<title>Titel %d</title>" % talk, "<title>Title %d</title>" % talk),
+                ("<description>Über %d.</description>" % talk, "<description>About %d.</description>" % talk)]
+        for d, e in head:
+            de_lines.append(d)
+            en_lines.append(e)
+        for _ in range(10):
+            d, e = pair(rng)
+            de_lines.append(d)
+            en_lines.append(e)
+    # one pair that clean-corpus must drop (ratio > 1.5) and one too long (> 175 tokens)
+    de_lines.append("Ja .")
+    en_lines.append("yes yes yes yes yes yes yes yes")
+    de_lines.append(" ".join(["Wort"] * 180))
+    en_lines.append(" ".join(["word"] * 180))
+    for lang, lines in (("de", de_lines), ("en", en_lines)):
+        with open(os.path.join(folder, f"train.tags.de-en.{lang}"), "w", encoding="utf-8") as fh:
+            fh.writelines(x + "\n" for x in lines)
+    counts = {}
+    for name in TEST_SETS:
+        pairs = [pair(rng) for _ in range(n_seg)]
+        # a typographic apostrophe, which the canonical pipeline maps to ' in dev/test only
+        pairs[0] = ("Das ist’s .", "That’s it .")
+        for li, lang in enumerate(("de", "en")):
+            body = "\n".join(f'<seg id="{i + 1}"> {p[li]} </seg>' for i, p in enumerate(pairs))
+            xml = (f'<?xml version="1.0" encoding="UTF-8"?>\n<mteval>\n<srcset setid="x" srclang="german">\n'
+                   f'<doc docid="1" genre="lectures">\n<url>http://x</url>\n<talkid>1</talkid>\n'
+                   f'<title>T</title>\n{body}\n</doc>\n</srcset>\n</mteval>\n')
+            with open(os.path.join(folder, f"IWSLT14.{name}.de-en.{lang}.xml"), "w", encoding="utf-8") as fh:
+                fh.write(xml)
+        counts[name] = n_seg
+    return {"train_tag_pairs": len(de_lines), "test_counts": counts}
+
+
+def make_tgz(folder: str, out: str) -> str:
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(folder, arcname="de-en")
+    return out
+
+
+def run(cmd, **kw):
+    env = dict(os.environ)
+    env.setdefault("PYTHON", sys.executable)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
+
+
+def lines(path):
+    with open(path, encoding="utf-8") as fh:
+        return fh.read().split("\n")[:-1]
+
+
+# --------------------------------------------------------------------------- unit tests
+def test_tokenize_matches_moses_head_rules():
+    # tokenizer.perl (current Moses): the period of the line's last word is always split off
+    assert P.tokenize_line("en", "I moved to the U.S.") == "I moved to the U.S ."
+    assert P.tokenize_line("de", "Das kostet 70.") == "Das kostet 70 ."
+    assert P.tokenize_line("de", "Dr. Müller kam.") == "Dr. Müller kam ."
+    # HTML escaping, as tokenizer.perl without -no-escape
+    assert P.tokenize_line("en", 'He said "a & b" [x] |') == "He said &quot; a &amp; b &quot; &#91; x &#93; &#124;"
+    assert P.tokenize_line("en", "don't") == "don &apos;t"
+    assert P.tokenize_line("en", "   ") == "   "
+
+
+def test_clean_corpus_like_clean_corpus_n():
+    src = ["a b c", "", "a  b ", "x " * 200, "a", "one two three four"]
+    tgt = ["a b c", "x", "a b", "y", "a b c d", "eins zwei drei vier"]
+    s, t = P.clean_corpus(src, tgt, 1, 175, 1.5)
+    assert s == ["a b c", "a b", "one two three four"]
+    assert t == ["a b c", "a b", "eins zwei drei vier"]
+
+
+def test_xml_and_train_tags(tmp_path):
+    info = write_fake_iwslt(str(tmp_path / "de-en"), n_train=20)
+    segs = P.xml_segments(str(tmp_path / "de-en" / "IWSLT14.TED.dev2010.de-en.en.xml"))
+    assert len(segs) == 6 and segs[0] == "That's it ." and not segs[1].startswith(" ")
+    tags = P.train_tags_lines(str(tmp_path / "de-en" / "train.tags.de-en.de"))
+    assert not any("<url>" in x or "<talkid>" in x or "<keywords>" in x for x in tags)
+    assert "Titel 0" in tags and "<speaker>Jemand</speaker>" in tags  # as the canonical grep/sed
+    assert info["train_tag_pairs"] - len(tags) == 3 * (20 // 10)
+
+
+def test_prepare_text_iwslt_splits(tmp_path):
+    write_fake_iwslt(str(tmp_path / "orig" / "de-en"), n_train=230)
+    out = tmp_path / "text"
+    assert P.main(["--corpus", "iwslt14", "--orig", str(tmp_path / "orig"), "--out", str(out),
+                   "--bpe-merges", "50", "--workers", "1"]) == 0
+    stats = json.load(open(out / "stats.json"))
+    tr, va = lines(out / "tmp" / "train.de"), lines(out / "tmp" / "valid.de")
+    # every 23rd cleaned pair goes to valid
+    assert len(va) == (len(tr) + len(va)) // 23
+    assert stats["test.de"] == stats["test.en"] == 5 * 6
+    test = lines(out / "tmp" / "test.en")
+    assert test[0] == "that &apos;s it ." and all(x == x.lower() for x in test)
+    # canonical order: dev2010, TEDX.dev2012, tst2010, tst2011, tst2012
+    dev = lines(out / "tmp" / "IWSLT14.TED.dev2010.de-en.en")
+    tedx = lines(out / "tmp" / "IWSLT14.TEDX.dev2012.de-en.en")
+    assert test[:6] == dev and test[6:12] == tedx
+    assert len(lines(out / "raw" / "test.en")) == 30 and lines(out / "raw" / "test.en")[0] == "That’s it ."
+    assert lines(out / "code")[0].startswith("#version")
+    bpe = lines(out / "train.en")
+    assert len(bpe) == len(lines(out / "tmp" / "train.en"))
+    assert any("@@" in x for x in bpe)
+
+
+# --------------------------------------------------------------------------- shell recipes
+@pytest.mark.parametrize("script", ["iwslt14/prepare.sh", "iwslt14/train.sh", "iwslt14/evaluate.sh",
+                                    "wikitext103/prepare.sh", "wikitext103/train.sh", "wikitext103/evaluate.sh",
+                                    "cpu_scale/run.sh"])
+def test_help(script):
+    r = run(["bash", os.path.join(REPO, "examples", script), "--help"])
+    assert r.returncode == 0, r.stderr
+    assert "Usage" in r.stdout
+
+
+def test_unknown_option_is_an_error():
+    r = run(["bash", os.path.join(IWSLT, "prepare.sh"), "--frobnicate"])
+    assert r.returncode != 0 and "unknown option" in r.stderr
+
+
+def test_prepare_missing_raw_is_a_clear_error(tmp_path):
+    r = run(["bash", os.path.join(IWSLT, "prepare.sh"), "--raw", str(tmp_path / "nope.tgz"), "--out", str(tmp_path / "o")])
+    assert r.returncode != 0 and "does not exist" in r.stderr
+
+
+def test_prepare_checksum_mismatch_fails(tmp_path):
+    write_fake_iwslt(str(tmp_path / "de-en"), n_train=20)
+    tgz = make_tgz(str(tmp_path / "de-en"), str(tmp_path / "de-en.tgz"))
+    r = run(["bash", os.path.join(IWSLT, "prepare.sh"), "--raw", tgz, "--out", str(tmp_path / "o"), "--md5", "0" * 32])
+    assert r.returncode != 0 and "MD5 mismatch" in r.stderr
+
+
+@pytest.mark.slow
+def test_iwslt_small_end_to_end(tmp_path):
+    """prepare (offline, archive with a verified checksum) -> train (both twins) -> evaluate -> tables."""
+    write_fake_iwslt(str(tmp_path / "src" / "de-en"), n_train=400)
+    tgz = make_tgz(str(tmp_path / "src" / "de-en"), str(tmp_path / "de-en.tgz"))
+    md5 = hashlib.md5(open(tgz, "rb").read()).hexdigest()
+    data = tmp_path / "data-bin"
+    r = run(["bash", os.path.join(IWSLT, "prepare.sh"), "--raw", tgz, "--md5", md5, "--out", str(data),
+             "--small", "--bpe-merges", "60", "--workers", "1"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "checksum OK" in r.stderr
+    for f in ("dict.de.txt", "dict.en.txt", "train.de-en.de.bin", "valid.de-en.en.idx", "test.de-en.en.bin"):
+        assert (data / f).exists(), f
+    # the folder form of --raw works too (offline)
+    r2 = run(["bash", os.path.join(IWSLT, "prepare.sh"), "--raw", str(tmp_path / "src"), "--out", str(tmp_path / "d2"),
+              "--small", "--bpe-merges", "60", "--workers", "1"])
+    assert r2.returncode == 0, r2.stderr[-3000:]
+
+    models = ["softmax", "fourier"]
+    runs = tmp_path / "runs"
+    for m in models:
+        r = run(["bash", os.path.join(IWSLT, "train.sh"), "--model", m, "--small", "--seeds", "3",
+                 "--data", str(data), "--runs", str(runs)])
+        assert r.returncode == 0, r.stderr[-3000:]
+        run_dir = runs / f"{m}_seed3"
+        assert (run_dir / "checkpoints" / "checkpoint_last.pt").exists()
+        meta = json.load(open(run_dir / "meta.json"))
+        assert meta["seed"] == 3 and meta["task"] == "iwslt14"
+        r = run(["bash", os.path.join(IWSLT, "evaluate.sh"), "--small", "--data", str(data), str(run_dir)])
+        assert r.returncode == 0, r.stderr[-3000:]
+        res = json.load(open(run_dir / "results-test.json"))
+        assert res["bleu_tok"] is not None and res["sacrebleu"] is not None
+        assert res["sacrebleu_signature"].startswith("nrefs:1|case:lc")
+        assert res["sacrebleu_references"].startswith("raw references")
+        assert res["sentences"] == 5 * 6  # every test sentence translated
+        assert (run_dir / "checkpoints" / "checkpoint_avg2.pt").exists()
+    r = run([sys.executable, os.path.join(REPO, "scripts", "make_tables.py"), "--runs", str(runs)])
+    assert r.returncode == 0, r.stderr
+    assert "Table 5" in r.stdout and "34.42" in r.stdout
+
+
+def write_fake_wiki(folder: str, n_train=400, n_valid=40, seed=0):
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(60)] + ["the", "of", ",", ".", "<unk>", "@-@"]
+    os.makedirs(folder, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        with open(os.path.join(folder, f"wiki.{split}.tokens"), "w") as fh:
+            for i in range(n):
+                if i % 15 == 0:
+                    fh.write(f" = Heading {i} = \n")
+                else:
+                    fh.write(" " + " ".join(rng.choice(words) for _ in range(rng.randint(5, 30))) + " \n")
+
+
+@pytest.mark.slow
+def test_wikitext_small_end_to_end(tmp_path):
+    write_fake_wiki(str(tmp_path / "raw"))
+    data = tmp_path / "data-bin"
+    r = run(["bash", os.path.join(WIKI, "prepare.sh"), "--raw", str(tmp_path / "raw"), "--out", str(data), "--small"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (data / "dict.txt").exists() and (data / "valid.bin").exists() and not (data / "test.bin").exists()
+    assert "skipping the test split" in r.stderr
+
+    models = ["softmax", "fourier"]
+    runs = tmp_path / "runs"
+    for m in models:
+        r = run(["bash", os.path.join(WIKI, "train.sh"), "--model", m, "--size", "small", "--small", "--seeds", "1",
+                 "--data", str(data), "--runs", str(runs)])
+        assert r.returncode == 0, r.stderr[-3000:]
+        run_dir = runs / f"{m}_small_seed1"
+        r = run(["bash", os.path.join(WIKI, "evaluate.sh"), "--small", "--data", str(data), str(run_dir)])
+        assert r.returncode == 0, r.stderr[-3000:]
+        res = json.load(open(run_dir / "results-lm.json"))
+        assert res["valid_ppl"] > 1 and res["context"] == 32 and "test_ppl" not in res
+    r = run([sys.executable, os.path.join(REPO, "scripts", "make_tables.py"), "--runs", str(runs)])
+    assert r.returncode == 0, r.stderr
+    assert "Table 1" in r.stdout and "softmax small" in r.stdout
+
+
+@pytest.mark.slow
+def test_reproduce_small_tables_offline(tmp_path):
+    """examples/reproduce.sh, the one command per table, in small mode from local raw files:
+    table 5 (IWSLT: prepare, both twins, evaluate) and table 6 (WikiText: prepare, both small LMs,
+    evaluate, head redundancy with its PNG)."""
+    write_fake_iwslt(str(tmp_path / "iwslt" / "de-en"), n_train=400)
+    write_fake_wiki(str(tmp_path / "wiki"))
+    runs = tmp_path / "runs"
+    r = run(["bash", os.path.join(REPO, "examples", "reproduce.sh"), "--small", "--seeds", "1",
+             "--iwslt-raw", str(tmp_path / "iwslt"), "--wikitext-raw", str(tmp_path / "wiki"),
+             "--data-root", str(tmp_path / "data-bin"), "--runs", str(runs), "table5", "table6"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    table5 = (runs / "table5.md").read_text()
+    assert "Table 5" in table5 and "34.42" in table5 and "34.68" in table5
+    for model in ("softmax", "fourier"):
+        res = json.load(open(runs / "iwslt14" / f"{model}_seed1" / "results-test.json"))
+        assert res["bleu_tok"] is not None and res["sentences"] == 5 * 6
+        assert (runs / "wikitext103" / f"{model}_small_seed1" / "results-lm.json").exists()
+        hr = json.load(open(runs / f"head_redundancy_{model}_small.json"))
+        assert hr["mean"] > 0
+        assert (runs / f"attention_maps_{model}_small.png").stat().st_size > 1000
+    table6 = (runs / "table6.md").read_text()
+    assert "Table 6" in table6 and "7.45" in table6 and "6.20" in table6
+    # a second call reuses the evaluated runs instead of training again
+    r = run(["bash", os.path.join(REPO, "examples", "reproduce.sh"), "--small", "--seeds", "1",
+             "--iwslt-raw", str(tmp_path / "iwslt"), "--data-root", str(tmp_path / "data-bin"),
+             "--runs", str(runs), "table5"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "already evaluated" in r.stderr
