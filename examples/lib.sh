@@ -40,3 +40,34 @@ PY
 
 # has_cuda: 0 when torch sees a GPU
 has_cuda() { "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
+
+# verify_checksums FILE MD5 SHA256: prints both sums of FILE; fails when a non-empty expected one differs
+verify_checksums() {
+    local f="$1" md5="$2" sha256="$3" got
+    got=$(md5sum "$f" | cut -d' ' -f1)
+    say "md5    $got  $f"
+    [[ -z "$md5" || "$got" == "$md5" ]] \
+        || die "MD5 mismatch for $f: expected $md5, got $got (a changed or broken download; pass --md5 '' to skip if you trust it)"
+    got=$(sha256sum "$f" | cut -d' ' -f1)
+    say "sha256 $got  $f"
+    [[ -z "$sha256" || "$got" == "$sha256" ]] || die "SHA-256 mismatch for $f: expected $sha256, got $got"
+    if [[ -z "$md5$sha256" ]]; then say "no checksum set: not verified"; else say "checksum OK"; fi
+}
+
+# download URL FILE: fetches URL to FILE with a progress bar (curl or wget), unless FILE is already there
+download() {
+    local url="$1" dest="$2"
+    if [[ -s "$dest" ]]; then
+        say "$dest already downloaded"
+        return 0
+    fi
+    say "downloading $url -> $dest"
+    if command -v curl >/dev/null; then
+        curl -L --fail --progress-bar -o "$dest.part" "$url" || die "download failed: $url (offline? use --raw PATH)"
+    elif command -v wget >/dev/null; then
+        wget --progress=bar:force -O "$dest.part" "$url" || die "download failed: $url (offline? use --raw PATH)"
+    else
+        die "needs curl or wget to download (or use --raw PATH)"
+    fi
+    mv "$dest.part" "$dest"
+}

@@ -200,6 +200,28 @@ def test_prepare_checksum_mismatch_fails(tmp_path):
     assert r.returncode != 0 and "MD5 mismatch" in r.stderr
 
 
+@pytest.mark.skipif(not (shutil.which("curl") or shutil.which("wget")), reason="needs curl or wget")
+def test_prepare_download_path(tmp_path):
+    """The online path, with a file:// URL: download, checksum, extraction, a second call reuses the file."""
+    write_fake_iwslt(str(tmp_path / "src" / "de-en"), n_train=60)
+    tgz = make_tgz(str(tmp_path / "src" / "de-en"), str(tmp_path / "de-en.tgz"))
+    md5 = hashlib.md5(open(tgz, "rb").read()).hexdigest()
+    env = dict(os.environ, IWSLT14_URL="file://" + tgz, PYTHON=sys.executable)
+    out = tmp_path / "data"
+    args = ["--small", "--bpe-merges", "30", "--workers", "1"]
+    cmd = ["bash", os.path.join(IWSLT, "prepare.sh"), "--out", str(out), "--md5", md5] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "downloading file://" in r.stderr and "checksum OK" in r.stderr
+    assert (out / "de-en.tgz").exists() and (out / "dict.en.txt").exists()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "already downloaded" in r.stderr
+    # a wrong checksum of the downloaded file stops the pipeline
+    r = subprocess.run(["bash", os.path.join(IWSLT, "prepare.sh"), "--out", str(out), "--md5", "f" * 32] + args,
+                       capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "MD5 mismatch" in r.stderr
+
+
 @pytest.mark.slow
 def test_iwslt_small_end_to_end(tmp_path):
     """prepare (offline, archive with a verified checksum) -> train (both twins) -> evaluate -> tables."""

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PYTHON="${PYTHON:-python3}"
+source "$HERE/../lib.sh"
 
 URL="${IWSLT14_URL:-http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz}"
 # MD5 of de-en.tgz at the URL above. Taken from a third-party script that downloads the same
@@ -63,8 +63,6 @@ Examples:
 EOF
 }
 
-die() { echo "prepare.sh: error: $*" >&2; exit 1; }
-say() { echo "[prepare.sh] $*" >&2; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -98,20 +96,7 @@ command -v fairseq-preprocess >/dev/null || die "fairseq-preprocess not found: p
 TEXT="$OUT/text"
 mkdir -p "$TEXT"
 
-verify() {  # verify FILE: checks MD5 / SHA-256 when set, prints both
-    local f="$1" got
-    got=$(md5sum "$f" | cut -d' ' -f1)
-    say "md5    $got  $f"
-    if [[ -n "$MD5" && "$got" != "$MD5" ]]; then
-        die "MD5 mismatch for $f: expected $MD5, got $got (a changed or broken download; pass --md5 '' to skip if you trust it)"
-    fi
-    got=$(sha256sum "$f" | cut -d' ' -f1)
-    say "sha256 $got  $f"
-    if [[ -n "$SHA256" && "$got" != "$SHA256" ]]; then
-        die "SHA-256 mismatch for $f: expected $SHA256, got $got"
-    fi
-    [[ -z "$MD5" && -z "$SHA256" ]] && say "no checksum set: not verified" || say "checksum OK"
-}
+verify() { verify_checksums "$1" "$MD5" "$SHA256"; }
 
 extract() {  # extract ARCHIVE DEST
     say "extracting $1 -> $2"
@@ -133,19 +118,7 @@ if [[ $CORPUS == iwslt14 ]]; then
         fi
     else
         GZ="$OUT/de-en.tgz"
-        if [[ ! -s "$GZ" ]]; then
-            say "downloading $URL -> $GZ"
-            if command -v curl >/dev/null; then
-                curl -L --fail --progress-bar -o "$GZ.part" "$URL" || die "download failed: $URL (offline? use --raw PATH)"
-            elif command -v wget >/dev/null; then
-                wget --progress=bar:force -O "$GZ.part" "$URL" || die "download failed: $URL (offline? use --raw PATH)"
-            else
-                die "needs curl or wget to download (or use --raw PATH)"
-            fi
-            mv "$GZ.part" "$GZ"
-        else
-            say "$GZ already downloaded"
-        fi
+        download "$URL" "$GZ"
         verify "$GZ"
         rm -rf "$ORIG"; extract "$GZ" "$ORIG"
     fi

@@ -59,14 +59,7 @@ done
 [[ $SMALL == 1 && $MAX_TRAIN_LINES == 0 ]] && MAX_TRAIN_LINES=2000
 need fairseq-preprocess "pip install fairseq-fixed==0.12.3.1"
 
-verify() {
-    local f="$1" got
-    got=$(md5sum "$f" | cut -d' ' -f1); say "md5    $got  $f"
-    [[ -z "$MD5" || "$got" == "$MD5" ]] || die "MD5 mismatch for $f: expected $MD5, got $got (pass --md5 '' to skip)"
-    got=$(sha256sum "$f" | cut -d' ' -f1); say "sha256 $got  $f"
-    [[ -z "$SHA256" || "$got" == "$SHA256" ]] || die "SHA-256 mismatch for $f: expected $SHA256, got $got"
-    [[ -z "$MD5$SHA256" ]] && say "no checksum set: not verified" || say "checksum OK"
-}
+verify() { verify_checksums "$1" "$MD5" "$SHA256"; }
 
 unpack_zip() {  # unpack_zip ZIP DEST
     say "extracting $1 -> $2"
@@ -87,19 +80,7 @@ if [[ -n "$RAW" ]]; then
     fi
 else
     ZIP="$OUT/wikitext-103-v1.zip"
-    if [[ ! -s "$ZIP" ]]; then
-        say "downloading $URL -> $ZIP"
-        if command -v curl >/dev/null; then
-            curl -L --fail --progress-bar -o "$ZIP.part" "$URL" || die "download failed: $URL (offline? use --raw PATH)"
-        elif command -v wget >/dev/null; then
-            wget --progress=bar:force -O "$ZIP.part" "$URL" || die "download failed: $URL (offline? use --raw PATH)"
-        else
-            die "needs curl or wget to download (or use --raw PATH)"
-        fi
-        mv "$ZIP.part" "$ZIP"
-    else
-        say "$ZIP already downloaded"
-    fi
+    download "$URL" "$ZIP"
     verify "$ZIP"
     rm -rf "$OUT/unpacked"; unpack_zip "$ZIP" "$OUT/unpacked"; SRC_DIR="$OUT/unpacked"
 fi
