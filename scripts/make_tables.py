@@ -154,38 +154,48 @@ def default_setting(run: dict) -> bool:
         (run.get("radius_init") == d.get("radius_init"))
 
 
+def setting_label(run: dict) -> str:
+    """'' for a softmax run or a Fourier run at its architecture's defaults, else e.g. ' (radius_init=0.5)'."""
+    if run.get("model") == "softmax" or default_setting(run):
+        return ""
+    d = DEFAULTS.get(run.get("task"), {})
+    changed = [f"{k}={run.get(k)}" for k in ("phi", "radius_init", "radius_shape")
+               if (float(run[k]) != float(d[k]) if k == "radius_init" else str(run.get(k)) != str(d[k]))]
+    return f" ({', '.join(changed)})"
+
+
 def table1(runs, paper) -> str | None:
-    lm = [r for r in runs if r.get("task") == "wikitext103" and (r.get("model") == "softmax" or default_setting(r))]
+    lm = [r for r in runs if r.get("task") == "wikitext103"]
     if not lm:
         return None
     groups = defaultdict(list)
-    for r in lm:
-        groups[(data_name(r), r.get("model"), r.get("size"))].append(r)
+    for r in lm:  # runs off the defaults get a row of their own, named by what they changed
+        groups[(data_name(r), r.get("model"), r.get("size"), setting_label(r))].append(r)
     rows = []
     order = {"small": 0, "medium": 1}
-    for (data, model, size), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][2], 9), kv[0][1] != "softmax", kv[0][1])):
+    for (data, model, size, label), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][2], 9), kv[0][1] != "softmax", kv[0][1], kv[0][3])):
         v, t = mean_std([r["valid_ppl"] for r in rs]), mean_std([r["test_ppl"] for r in rs])
-        p = paper.get("table1_wikitext103", {}).get(f"{model} {size}", {})
+        p = {} if label else paper.get("table1_wikitext103", {}).get(f"{model} {size}", {})
         strides = sorted({str(r.get("eval_stride")) for r in rs if r.get("eval_stride") is not None})
-        rows.append([f"{model} {size}", data, fmt(v[0], v[1]), fmt(t[0], t[1]), str(max(v[2], t[2])),
+        rows.append([f"{model} {size}{label}", data, fmt(v[0], v[1]), fmt(t[0], t[1]), str(max(v[2], t[2])),
                      fmt_paper(p.get("valid_ppl")), fmt_paper(p.get("test_ppl")), ",".join(strides) or DASH])
     return "### Table 1: WikiText-103 perplexity (lower is better)\n\n" + table(
         ["model", "data", "valid PPL (ours)", "test PPL (ours)", "seeds", "valid PPL (paper)", "test PPL (paper)", "eval stride"], rows)
 
 
 def table5(runs, paper) -> str | None:
-    mt = [r for r in runs if r.get("task") == "iwslt14" and (r.get("model") == "softmax" or default_setting(r))]
+    mt = [r for r in runs if r.get("task") == "iwslt14"]
     if not mt:
         return None
     groups = defaultdict(list)
-    for r in mt:
-        groups[(data_name(r), r.get("model"))].append(r)
+    for r in mt:  # runs off the defaults get a row of their own, named by what they changed
+        groups[(data_name(r), r.get("model"), setting_label(r))].append(r)
     rows, sigs = [], set()
-    for (data, model), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "softmax", kv[0][1])):
+    for (data, model, label), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "softmax", kv[0][1], kv[0][2])):
         b, s = mean_std([r.get("bleu") for r in rs]), mean_std([r.get("sacrebleu") for r in rs])
         sigs |= {r["sacrebleu_signature"] for r in rs if r.get("sacrebleu_signature")}
-        p = paper.get("table5_iwslt14", {}).get(model, {})
-        rows.append([model, data, fmt(b[0], b[1]), fmt(s[0], s[1]), str(max(b[2], s[2])), fmt_paper(p.get("bleu"))])
+        p = {} if label else paper.get("table5_iwslt14", {}).get(model, {})
+        rows.append([model + label, data, fmt(b[0], b[1]), fmt(s[0], s[1]), str(max(b[2], s[2])), fmt_paper(p.get("bleu"))])
     text = "### Table 5: IWSLT'14 De-En BLEU (higher is better)\n\n" + table(
         ["model", "data", "BLEU, tokenised (ours)", "sacreBLEU, detokenised (ours)", "seeds", "BLEU (paper)"], rows)
     if sigs:

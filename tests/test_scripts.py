@@ -84,6 +84,10 @@ def test_make_tables_all_tables(tmp_path):
     assert "| 34.68 |" in text and "| 34.42 |" in text
     assert "| fourier small | — | 32.00 | 34.30 | 1 |" in text  # parsed from the raw eval logs
     assert "phi=abs" in text and "radius_init=1.0, radius_shape=head" in text
+    # Table 1 keeps runs off the defaults apart, named by what they changed, with no paper number
+    table1 = text.split("### Table 5")[0]
+    assert "| fourier small (phi=abs) | — | 40.00 | 41.00 | 1 | — | — |" in table1
+    assert "| fourier small (radius_init=1.0, radius_shape=head) | — | 35.00 | 36.00 | 1 | — | — |" in table1
     assert "unevaluated_seed1" in text
     assert "nrefs:1|case:lc|x" in text
 
