@@ -37,10 +37,14 @@ def last_checkpoints(folder: str, n: int, by_update: bool) -> list[str]:
 
 
 def average(paths: list[str]) -> dict:
+    # the same narrow allow-list that lets stock fairseq-generate load these checkpoints
+    from fourierformer_fairseq.checkpoint_compat import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
     newest = None
     sums: "collections.OrderedDict[str, torch.Tensor]" = collections.OrderedDict()
     for path in paths:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu")  # weights_only where torch defaults to it
         model = state["model"]
         if not sums:
             for k, v in model.items():

@@ -148,20 +148,14 @@ def data_name(run: dict) -> str:
 
 
 # --------------------------------------------------------------------------- tables
-def default_setting(run: dict) -> bool:
-    d = DEFAULTS.get(run.get("task"), {})
-    return all(str(run.get(k)) == str(v) for k, v in d.items() if k in ("phi", "radius_shape")) and \
-        (run.get("radius_init") == d.get("radius_init"))
-
-
 def setting_label(run: dict) -> str:
     """'' for a softmax run or a Fourier run at its architecture's defaults, else e.g. ' (radius_init=0.5)'."""
-    if run.get("model") == "softmax" or default_setting(run):
-        return ""
     d = DEFAULTS.get(run.get("task"), {})
+    if run.get("model") == "softmax" or not d:
+        return ""
     changed = [f"{k}={run.get(k)}" for k in ("phi", "radius_init", "radius_shape")
-               if (float(run[k]) != float(d[k]) if k == "radius_init" else str(run.get(k)) != str(d[k]))]
-    return f" ({', '.join(changed)})"
+               if (run.get(k) != d[k] if k == "radius_init" else str(run.get(k)) != str(d[k]))]
+    return f" ({', '.join(changed)})" if changed else ""
 
 
 def table1(runs, paper) -> str | None:
