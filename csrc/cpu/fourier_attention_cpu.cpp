@@ -16,80 +16,6 @@
 namespace fourierformer {
 namespace cpu {
 
-namespace {
-constexpr int64_t kLanes = 16;
-int64_t padded(int64_t m) { return (m + kLanes - 1) / kLanes * kLanes; }
-}  // namespace
-
-constexpr int64_t kRowsPerPass = 4;  // kRows of fourier_cpu_kernel.inc
-
-size_t forward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv) {
-  (void)N, (void)Dv;
-  return (size_t)(kRowsPerPass * padded(M) + 4 * D);
-}
-
-size_t backward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv) {
-  (void)N;
-  return (size_t)((Dv + D) * padded(M) + kRowsPerPass * D * kLanes + 4 * D);
-}
-
-// For a chunk of n (batch, head) slices: sin and cos of R q (n, N, D), and k, sin and cos
-// of R k and v transposed to (n, D|Dv, Mp). R q is formed and its sin and cos evaluated in
-// float64, then rounded once, so the kernel's sin(x) = sin(Rq) cos(Rk) - cos(Rq) sin(Rk)
-// errs by about one float ulp whatever the size of R q (a float32 R q alone would err by
-// ulp(R q)).
-struct Float32Tables {
-  at::Tensor q_sin, q_cos, k_t, k_sin_t, k_cos_t, v_t;
-  int64_t Mp;
-
-  // q (n, N, D), k (n, M, D), v (n, M, Dv), radius64 (n, 1, D) float64.
-  Float32Tables(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius64) {
-    Mp = padded(k.size(1));
-    const std::vector<int64_t> pad = {0, Mp - k.size(1)};
-    at::Tensor angle = q.to(at::kDouble).mul_(radius64);
-    q_sin = angle.sin().to(at::kFloat).contiguous();
-    q_cos = angle.cos_().to(at::kFloat).contiguous();
-    // (constant_pad_nd with no padding returns its input, here a transposed view)
-    angle = at::constant_pad_nd(k.to(at::kDouble).mul_(radius64).transpose(1, 2), pad, 0.0).contiguous();
-    k_sin_t = angle.sin().to(at::kFloat).contiguous();
-    k_cos_t = angle.cos_().to(at::kFloat).contiguous();
-    k_t = at::constant_pad_nd(k.transpose(1, 2), pad, 0.0).contiguous();
-    v_t = at::constant_pad_nd(v.transpose(1, 2), pad, 0.0).contiguous();
-  }
-
-  // Points s at slice `index` of the chunk.
-  void fill(SliceArgs& s, int64_t index) const {
-    const int64_t N = q_sin.size(1), D = q_sin.size(2), Dv = v_t.size(1);
-    s.Mp = Mp;
-    s.q_sin = q_sin.data_ptr<float>() + index * N * D;
-    s.q_cos = q_cos.data_ptr<float>() + index * N * D;
-    s.k_t = k_t.data_ptr<float>() + index * D * Mp;
-    s.k_sin_t = k_sin_t.data_ptr<float>() + index * D * Mp;
-    s.k_cos_t = k_cos_t.data_ptr<float>() + index * D * Mp;
-    s.v_t = v_t.data_ptr<float>() + index * Dv * Mp;
-  }
-};
-
-// Runs fn(tables, first_slice, slice_count) over chunks of the B * H slices, sized so the
-// tables of a chunk (float32 and their float64 temporaries) stay near 8 MiB but every
-// thread still has slices to work on.
-template <typename Fn>
-void for_each_table_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
-                          Fn fn) {
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), D = q.size(3), Dv = v.size(3);
-  const int64_t slices = B * H;
-  const int64_t per_slice = 4 * (2 * N * D + (3 * D + Dv) * padded(M)) + 8 * 2 * std::max(N, M) * D;
-  const int64_t chunk = std::min(slices, std::max<int64_t>(at::get_num_threads(), (8 << 20) / per_slice));
-  const at::Tensor q3 = q.view({slices, N, D}), k3 = k.view({slices, M, D}), v3 = v.view({slices, M, Dv});
-  const at::Tensor r3 = radius.to(at::kDouble).repeat({B, 1}).unsqueeze(1);  // (B * H, 1, D)
-  for (int64_t first = 0; first < slices; first += chunk) {
-    const int64_t n = std::min(chunk, slices - first);
-    const Float32Tables tables(q3.narrow(0, first, n), k3.narrow(0, first, n), v3.narrow(0, first, n),
-                               r3.narrow(0, first, n));
-    fn(tables, first, n);
-  }
-}
-
 static const KernelTable& best_kernels() {
   static const KernelTable* table = [] {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -260,18 +186,13 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   return s;
 }
 
-// fn(slice, bh, workspace) for every slice of a float32 call, in parallel.
+// fn(slice, bh, workspace) for every slice of a float32 call, in parallel; each thread
+// has one workspace of ws_floats floats.
 template <typename Fn>
 void for_each_float32_slice(const CallArgs& c, size_t ws_floats, Fn fn) {
-  cpu::for_each_table_chunk(c.q, c.k, c.v, c.radius, [&](const cpu::Float32Tables& tables, int64_t first, int64_t n) {
-    at::parallel_for(first, first + n, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> ws(ws_floats);
-      for (int64_t bh = begin; bh < end; ++bh) {
-        cpu::SliceArgs s = slice_args<cpu::SliceArgs, float>(c, bh);
-        tables.fill(s, bh - first);
-        fn(s, bh, ws.data());
-      }
-    });
+  at::parallel_for(0, c.sh.B * c.sh.H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> ws(ws_floats);
+    for (int64_t bh = begin; bh < end; ++bh) fn(slice_args<cpu::SliceArgs, float>(c, bh), bh, ws.data());
   });
 }
 
@@ -296,7 +217,7 @@ void backward_slices(const CallArgs& c, const at::Tensor& out, const at::Tensor&
   };
   if constexpr (std::is_same_v<T, float>) {
     const cpu::KernelTable& kernels = cpu::best_kernels();
-    for_each_float32_slice(c, cpu::backward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv),
+    for_each_float32_slice(c, kernels.backward_workspace(sh.N, sh.M, sh.D, sh.Dv),
                            [&](const cpu::SliceArgs& s, int64_t bh, float* ws) {
                              on_slice(bh, [&](auto... p) { kernels.backward(s, p..., ws); });
                            });
@@ -324,7 +245,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
   at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, c.q.options());
   if (dtype == at::kFloat) {
     const cpu::KernelTable& kernels = cpu::best_kernels();
-    for_each_float32_slice(c, cpu::forward_workspace_floats(sh.N, sh.M, sh.D, sh.Dv),
+    for_each_float32_slice(c, kernels.forward_workspace(sh.N, sh.M, sh.D, sh.Dv),
                            [&](const cpu::SliceArgs& s, int64_t bh, float* ws) {
                              kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv,
                                              lse.data_ptr<float>() + bh * sh.N, ws);

@@ -11,23 +11,14 @@
 namespace fourierformer {
 namespace cpu {
 
-// One (b, h) slice. Rows are contiguous: q (N, D), k (M, D), v (M, Dv).
-// The caller computes the tables: sin and cos of R q and R k are evaluated in float64 and
-// rounded once; the key-side tables are transposed and zero-padded to Mp (a multiple of
-// 16) columns.
+// One (b, h) slice. Rows are contiguous: q (N, D), k (M, D), v (M, Dv). The kernels build
+// their own tables (sin and cos of R q and R k, transposed keys and values) in the workspace.
 struct SliceArgs {
   const float* q;
   const float* k;
   const float* v;
   const float* radius;  // (D,)
   int64_t N, M, D, Dv;
-  int64_t Mp;
-  const float* q_sin;    // (N, D): sin(R_d q_id)
-  const float* q_cos;    // (N, D)
-  const float* k_t;      // (D, Mp): k_jd
-  const float* k_sin_t;  // (D, Mp): sin(R_d k_jd)
-  const float* k_cos_t;  // (D, Mp)
-  const float* v_t;      // (Dv, Mp)
   float power;
   // Additive mask element (i, j) at attn_mask[i * mask_row_stride + j]; nullptr if none.
   const float* attn_mask;
@@ -39,12 +30,12 @@ struct SliceArgs {
   uint32_t bh;  // b * H + h, the dropout counter
 };
 
-// Floats of scratch memory one slice needs (no N x M term: at most a few rows of M).
-size_t forward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv);
-size_t backward_workspace_floats(int64_t N, int64_t M, int64_t D, int64_t Dv);
-
 struct KernelTable {
   const char* isa;
+  // Floats of scratch memory one slice needs: its tables, O((N + M) D), and a few rows of M
+  // (no N x M term).
+  size_t (*forward_workspace)(int64_t N, int64_t M, int64_t D, int64_t Dv);
+  size_t (*backward_workspace)(int64_t N, int64_t M, int64_t D, int64_t Dv);
   // out (N, Dv), lse (N,): log of the softmax normaliser, +inf for fully masked rows.
   void (*forward)(const SliceArgs&, float* out, float* lse, float* workspace);
   // dq (N, D), dk (M, D), dv (M, Dv) are written; dradius (D,) is written (this slice's share).

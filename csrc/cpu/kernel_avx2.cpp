@@ -17,7 +17,7 @@ namespace avx2 {
 
 #include "fourier_cpu_kernel.inc"
 
-extern const KernelTable kKernels = {"avx2", forward_slice, backward_slice};
+extern const KernelTable kKernels = {"avx2", forward_workspace, backward_workspace, forward_slice, backward_slice};
 
 }  // namespace avx2
 }  // namespace cpu

@@ -4,6 +4,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "../fourier_element_math.h"
 #include "fourier_cpu_kernel.h"
 
@@ -15,9 +19,11 @@ namespace fourierformer {
 namespace cpu {
 namespace avx512 {
 
+#define FF_KERNEL_AVX512 1
 #include "fourier_cpu_kernel.inc"
+#undef FF_KERNEL_AVX512
 
-extern const KernelTable kKernels = {"avx512", forward_slice, backward_slice};
+extern const KernelTable kKernels = {"avx512", forward_workspace, backward_workspace, forward_slice, backward_slice};
 
 }  // namespace avx512
 }  // namespace cpu

@@ -17,7 +17,7 @@ namespace generic {
 
 #include "fourier_cpu_kernel.inc"
 
-extern const KernelTable kKernels = {"generic", forward_slice, backward_slice};
+extern const KernelTable kKernels = {"generic", forward_workspace, backward_workspace, forward_slice, backward_slice};
 
 }  // namespace generic
 }  // namespace cpu
