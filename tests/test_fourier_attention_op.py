@@ -377,3 +377,49 @@ def test_info_reports_backends():
     assert f"torch {torch.__version__}" in result.stdout
     cpu_line = next(line for line in result.stdout.splitlines() if line.strip().startswith("cpu"))
     assert ("unavailable" not in cpu_line) == CPU_FUSED
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+REQUESTED_ISA = os.environ.get("FOURIERFORMER_CPU_ISA")
+
+
+@needs_cpu_kernel
+@pytest.mark.skipif(REQUESTED_ISA is None, reason="runs in the subprocesses of test_every_cpu_kernel_variant")
+def test_requested_cpu_kernel_variant_is_in_use():
+    from fourierformer_fairseq.ops.extension import extension_status
+
+    assert extension_status().build["cpu_isa"] == REQUESTED_ISA
+
+
+# Every instruction-set variant of the float32 kernels this CPU can run (the best one is what
+# every other test uses): the float32 accuracy and exact-case tests, again, in a subprocess
+# with FOURIERFORMER_CPU_ISA set.
+OTHER_ISAS = [
+    isa
+    for isa, flags in (("avx2", ("avx2", "fma")), ("generic", ()))
+    if all(f in cpu_flags() for f in flags)
+]
+
+
+@needs_cpu_kernel
+@pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
+@pytest.mark.parametrize("isa", OTHER_ISAS)
+def test_every_cpu_kernel_variant(isa):
+    selection = (
+        "requested_cpu_kernel_variant or cpu_forward_float32 or cpu_gradients_float32 or all_keys_equal "
+        "or query_equal_to_a_key or sinc_zeros or underflow or fully_masked or mask_forms or dropout"
+    )
+    env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-x", "-p", "no:cacheprovider", __file__, "-k", selection],
+        capture_output=True, text=True, timeout=1200, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "test_requested_cpu_kernel_variant_is_in_use PASSED" in result.stdout

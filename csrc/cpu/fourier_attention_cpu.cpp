@@ -5,6 +5,8 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -16,16 +18,26 @@
 namespace fourierformer {
 namespace cpu {
 
+// The kernels for the best instruction set of this CPU, or for the one named by the
+// environment variable FOURIERFORMER_CPU_ISA (avx512, avx2 or generic) when this CPU has it,
+// so that every variant can be tested on one machine. Chosen once per process.
 static const KernelTable& best_kernels() {
   static const KernelTable* table = [] {
+    const KernelTable* supported[3];
+    int n = 0;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
-      return &avx512::kKernels;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &avx2::kKernels;
+      supported[n++] = &avx512::kKernels;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) supported[n++] = &avx2::kKernels;
 #endif
-    return &generic::kKernels;
+    supported[n++] = &generic::kKernels;
+    const char* wanted = std::getenv("FOURIERFORMER_CPU_ISA");
+    if (wanted != nullptr)
+      for (int i = 0; i < n; ++i)
+        if (std::strcmp(wanted, supported[i]->isa) == 0) return supported[i];
+    return supported[0];
   }();
   return *table;
 }
