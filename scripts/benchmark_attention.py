@@ -4,7 +4,8 @@
     python scripts/benchmark_attention.py            # full run (CPU here, CUDA if --device cuda)
     python scripts/benchmark_attention.py --quick    # fewer repetitions and sweep sizes
 
-For each shape it prints the median time of forward and of forward+backward, the peak
+For each shape it prints the median time of forward and of forward+backward (the fast
+implementations timed in alternating rounds, so that they share the machine's load), the peak
 extra memory of each, and every time as a ratio to softmax
 ``torch.nn.functional.scaled_dot_product_attention`` measured in the same run:
 
@@ -85,20 +86,30 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def median_ms(call, backward, tensors, device, reps, warmup=2):
-    for _ in range(warmup):
-        start = time.perf_counter()
-        step(call, backward, tensors)
-        sync(device)
-    if time.perf_counter() - start > 1.0:  # the slow baselines: three timed calls are enough
-        reps = min(reps, 3)
-    times = []
+def timed_ms(call, tensors, backward, device):
+    start = time.perf_counter()
+    step(call, backward, tensors)
+    sync(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def median_ms(calls, backward, device, reps, warmup=2):
+    """Median ms of each call in {impl: (call, tensors)}, timed in alternating rounds (one call
+    of each implementation per round) so that they share whatever else the machine is doing.
+    A call slower than a second is timed three times, after the others."""
+    last = {}
+    for impl, (call, tensors) in calls.items():
+        for _ in range(warmup):
+            last[impl] = timed_ms(call, tensors, backward, device)
+    fast = [impl for impl in calls if last[impl] <= 1000.0]
+    times = {impl: [] for impl in calls}
     for _ in range(reps):
-        start = time.perf_counter()
-        step(call, backward, tensors)
-        sync(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        for impl in fast:
+            times[impl].append(timed_ms(*calls[impl], device=device, backward=backward))
+    for impl in calls:
+        if impl not in fast:
+            times[impl] = [timed_ms(*calls[impl], device=device, backward=backward) for _ in range(min(reps, 3))]
+    return {impl: statistics.median(t) for impl, t in times.items()}
 
 
 def materialised_bytes(shape, dtype):
@@ -186,7 +197,7 @@ def main():
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--power", type=int, default=4)
     parser.add_argument("--reps", type=int, default=None,
-                        help="timed repetitions (default 10, --quick 3; at most 3 for calls over 1 s)")
+                        help="timed rounds (default 20, --quick 5; at most 3 for calls over 1 s)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and sweep sizes")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
     parser.add_argument("--memory-budget-gib", type=float, default=0.5,
@@ -207,7 +218,7 @@ def main():
     from fourierformer_fairseq.ops.extension import extension_status
 
     dtype = getattr(torch, args.dtype)
-    reps = args.reps or (3 if args.quick else 10)
+    reps = args.reps or (5 if args.quick else 20)
     impls = [i for i in args.impls.split(",") if i]
     reason = backend_unavailable_reason(args.device)
     if "fused" in impls and reason:
@@ -223,25 +234,31 @@ def main():
     for shape in shapes_for(args):
         label = f"{shape['name']} (B={shape['B']}, H={shape['H']}, N={shape['N']}, D={shape['D']})"
         rows = {}
+        runnable = []
         for impl in impls:
             need = materialised_bytes(shape, dtype)
             if impl in ("published", "reference") and need > args.memory_budget_gib * 2**30:
                 rows[impl] = f"skipped: one (B,H,N,M,D) intermediate is {need / 2**30:.1f} GiB"
-                continue
-            result = {}
-            for backward in (False, True):
+            else:
+                rows[impl] = {}
+                runnable.append(impl)
+        for backward in (False, True):
+            calls = {}
+            for impl in runnable:
                 q, k, v, r = make_inputs(shape, args.device, dtype, backward)
-                call = make_call(impl, q, k, v, r, args.power, shape["causal"])
-                result[("ms", backward)] = median_ms(call, backward, (q, k, v, r), args.device, reps)
-                del q, k, v, r, call
+                calls[impl] = (make_call(impl, q, k, v, r, args.power, shape["causal"]), (q, k, v, r))
+            for impl, ms in median_ms(calls, backward, args.device, reps).items():
+                rows[impl][("ms", backward)] = ms
+            del calls
+            for impl in runnable:
                 if args.no_memory:
-                    result[("mem", backward)] = None
+                    rows[impl][("mem", backward)] = None
                 elif args.device == "cuda":
-                    result[("mem", backward)] = peak_memory_cuda(impl, shape, dtype, backward, args.power)
+                    rows[impl][("mem", backward)] = peak_memory_cuda(impl, shape, dtype, backward, args.power)
                 else:
-                    result[("mem", backward)] = peak_memory_cpu(impl, shape, args, backward)
-            rows[impl] = result
-            print(f"  measured {impl:<9} {label}", file=sys.stderr, flush=True)
+                    rows[impl][("mem", backward)] = peak_memory_cpu(impl, shape, args, backward)
+        print(f"  measured {label}", file=sys.stderr, flush=True)
+        # (rows keep the order of --impls)
         sdpa = rows.get("sdpa")
         for impl, result in rows.items():
             if isinstance(result, str):

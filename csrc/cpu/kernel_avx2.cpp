@@ -15,7 +15,9 @@ namespace fourierformer {
 namespace cpu {
 namespace avx2 {
 
+#define FF_LANES 8
 #include "fourier_cpu_kernel.inc"
+#undef FF_LANES
 
 extern const KernelTable kKernels = {"avx2", forward_workspace, backward_workspace, forward_slice, backward_slice};
 

@@ -20,7 +20,9 @@ namespace cpu {
 namespace avx512 {
 
 #define FF_KERNEL_AVX512 1
+#define FF_LANES 16
 #include "fourier_cpu_kernel.inc"
+#undef FF_LANES
 #undef FF_KERNEL_AVX512
 
 extern const KernelTable kKernels = {"avx512", forward_workspace, backward_workspace, forward_slice, backward_slice};

@@ -15,7 +15,9 @@ namespace fourierformer {
 namespace cpu {
 namespace generic {
 
+#define FF_LANES 4
 #include "fourier_cpu_kernel.inc"
+#undef FF_LANES
 
 extern const KernelTable kKernels = {"generic", forward_workspace, backward_workspace, forward_slice, backward_slice};
 
