@@ -101,14 +101,22 @@ GRAD_SIZES = [(7, 7, 16), (97, 97, 16), (7, 97, 59), (97, 7, 1), (1, 256, 16), (
 @needs_cpu_kernel
 @pytest.mark.parametrize("N,M,D", GRAD_SIZES)
 @pytest.mark.parametrize("radius_kind", RADIUS_SHAPES)
-def test_cpu_gradients_float32_match_float64_reference(N, M, D, radius_kind):
+@pytest.mark.parametrize("mask_kind", ["additive", "padding"])
+def test_cpu_gradients_float32_match_float64_reference(N, M, D, radius_kind, mask_kind):
+    # an additive attn_mask takes the kernels' log-domain path; key padding (0 / -inf) the
+    # path whose weights are products and powers of two
     B, H, Dv = 2, 3, 8
     causal = N <= M
     q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float32, seed=N + M + D)
     r = make_radius(radius_kind, H, D, torch.float32, value=2.0 if D <= 16 else 0.7)
-    mask = torch.zeros(N, M)
-    mask[:, 0] = float("-inf") if M > 2 else 0.0
-    kwargs = dict(power=4, attn_mask=mask, causal=causal)
+    if mask_kind == "additive":
+        mask = torch.zeros(N, M)
+        mask[:, 0] = float("-inf") if M > 2 else 0.0
+        kwargs = dict(power=4, attn_mask=mask, causal=causal)
+    else:
+        kpm = torch.zeros(B, M, dtype=torch.bool)
+        kpm[1, -(M // 3 + 1):] = M > 2
+        kwargs = dict(power=4, key_padding_mask=kpm, causal=causal)
     tensors = [q, k, v, r]
     out, grads = run_with_grads(lambda *t: fourier_attention(*t, backend="cpu", **kwargs), tensors)
     out_s, grads_s = run_with_grads(lambda *t: fourier_attention_reference(*t, **kwargs), tensors)
