@@ -4,6 +4,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "../fourier_element_math.h"
 #include "fourier_cpu_kernel.h"
 
@@ -15,9 +19,11 @@ namespace fourierformer {
 namespace cpu {
 namespace avx2 {
 
+#define FF_KERNEL_AVX2 1
 #define FF_LANES 8
 #include "fourier_cpu_kernel.inc"
 #undef FF_LANES
+#undef FF_KERNEL_AVX2
 
 extern const KernelTable kKernels = {"avx2", forward_workspace, backward_workspace, forward_slice, backward_slice};
 
