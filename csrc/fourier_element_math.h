@@ -46,15 +46,6 @@ template <typename T>
 FF_HD T sinc_taylor(T x2) {
   return 1.0f + x2 * (-1.0f / 6.0f + x2 * (1.0f / 120.0f));
 }
-// The same series in u = x / R for a fixed radius: sinc(R u) = 1 + u^2 (c1 + u^2 c2).
-struct SincTaylorInDifference {
-  float c1, c2;
-};
-FF_HD SincTaylorInDifference sinc_taylor_in_difference(float radius) {
-  const float r2 = radius * radius;
-  return {-r2 / 6.0f, r2 * r2 / 120.0f};
-}
-
 // float64 keeps two more terms (its bound is taylor_bound<double>()).
 FF_HD double sinc_taylor(double x2) {
   return 1.0 + x2 * (-1.0 / 6.0 + x2 * (1.0 / 120.0 + x2 * (-1.0 / 5040.0 + x2 * (1.0 / 362880.0))));

@@ -205,6 +205,33 @@ def test_query_equal_to_a_key_at_large_radius_returns_that_value(backend):
     torch.testing.assert_close(out[0, 0, 0], v[0, 0, 5], rtol=1e-5, atol=1e-5)
 
 
+@needs_cpu_kernel
+@pytest.mark.parametrize("padding", ["none", "left"])
+@pytest.mark.parametrize("shift", [0.0, 30.0])
+def test_cpu_weights_against_the_first_visible_block_match_the_reference(padding, shift):
+    # The CPU kernel weighs keys against the largest score of each row's first visible block
+    # of keys, and redoes a group of rows in two passes when a later block scores far higher:
+    # with shift 30 each query sits near one late key (score near 0) while the first blocks'
+    # keys are far away (scores below -200). Left padding (fairseq's default for sources)
+    # makes the first blocks invisible to the second batch element.
+    B, H, N, M, D = 2, 2, 5, 70, 16
+    g = torch.Generator().manual_seed(7)
+    k = torch.randn(B, H, M, D, generator=g)
+    k[:, :, :32] += shift
+    v = torch.randn(B, H, M, 4, generator=g)
+    q = k[:, :, 40:40 + N].clone() + 0.05 * torch.randn(B, H, N, D, generator=g)
+    kpm = torch.zeros(B, M, dtype=torch.bool)
+    if padding == "left":
+        kpm[1, :20] = True
+    r = torch.tensor(2.0)
+    with torch.no_grad():
+        ours = fourier_attention(q, k, v, r, key_padding_mask=kpm, backend="cpu")
+        same = fourier_attention_reference(q, k, v, r, key_padding_mask=kpm)
+        exact = fourier_attention_reference(*to64([q, k, v, r]), key_padding_mask=kpm)
+    assert torch.isfinite(ours).all()
+    check_2x(ours, same, exact, "out", atol=2e-6)
+
+
 @pytest.mark.parametrize("backend", backends_here())
 def test_sinc_zeros_and_q_equal_k_are_finite(backend):
     # x = R (q - k) lands exactly on 0 and near the zeros n * pi of sinc

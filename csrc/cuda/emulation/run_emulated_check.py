@@ -16,8 +16,10 @@ real check is tests/test_cuda_kernels.py on a GPU. Do not import the real extens
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -33,19 +35,26 @@ sys.path.insert(0, ROOT)
 from fourierformer_fairseq.ops.reference import fourier_attention_reference  # noqa: E402
 
 
+print = functools.partial(print, flush=True)  # progress shows up at once, also through a pipe
+
+
 def build():
-    build_dir = os.path.join(tempfile.gettempdir(), "ff_cuda_emulation_build")
-    os.makedirs(build_dir, exist_ok=True)
-    return load_inline(
-        name="ff_cuda_emulation",
-        cpp_sources=[f'#include "{os.path.join(HERE, "emulated_ops.h")}"'],
-        functions=["emulated_sincosf"],
-        extra_include_paths=[CSRC],
-        extra_cflags=["-O2", "-DFF_HOST_EMULATION=1", "-Wall", "-Wno-unknown-pragmas"],
-        extra_ldflags=["-lpthread"],
-        build_directory=build_dir,
-        verbose=False,
-    )
+    # A fresh directory per run: torch's builder waits, without a time limit, for a lock file
+    # that a killed earlier build in a shared directory would have left behind.
+    build_dir = tempfile.mkdtemp(prefix="ff_cuda_emulation_")
+    try:
+        return load_inline(
+            name="ff_cuda_emulation",
+            cpp_sources=[f'#include "{os.path.join(HERE, "emulated_ops.h")}"'],
+            functions=["emulated_sincosf"],
+            extra_include_paths=[CSRC],
+            extra_cflags=["-O2", "-DFF_HOST_EMULATION=1", "-Wall", "-Wno-unknown-pragmas"],
+            extra_ldflags=["-lpthread"],
+            build_directory=build_dir,
+            verbose=False,
+        )
+    finally:  # the loaded library stays mapped; the files are not needed any more
+        shutil.rmtree(build_dir, ignore_errors=True)
 
 
 def check_sincos(mod):
@@ -166,6 +175,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.time()
+    print("building the emulation module (plain C++, about a minute)")
     mod = build()
     print(f"built the emulation module in {time.time() - t0:.0f}s")
     check_sincos(mod)
