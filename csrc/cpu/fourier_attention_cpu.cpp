@@ -198,12 +198,20 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   return s;
 }
 
+// Each thread keeps its workspace between calls while it is at most this many floats (16 MiB),
+// so that a call does not pay for fresh pages; a larger one is freed when the call ends.
+constexpr size_t kKeptWorkspaceFloats = size_t(1) << 22;
+
 // fn(slice, bh, workspace) for every slice of a float32 call, in parallel; each thread
 // has one workspace of ws_floats floats.
+
 template <typename Fn>
 void for_each_float32_slice(const CallArgs& c, size_t ws_floats, Fn fn) {
   at::parallel_for(0, c.sh.B * c.sh.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> ws(ws_floats);
+    thread_local std::vector<float> kept;
+    std::vector<float> once;
+    std::vector<float>& ws = ws_floats <= kKeptWorkspaceFloats ? kept : once;
+    if (ws.size() < ws_floats) ws.resize(ws_floats);  // the kernels write what they read
     for (int64_t bh = begin; bh < end; ++bh) fn(slice_args<cpu::SliceArgs, float>(c, bh), bh, ws.data());
   });
 }
