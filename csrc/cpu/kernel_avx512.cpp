@@ -1,5 +1,3 @@
-#include <cstdio>
-#include <cstdlib>
 // The CPU kernels compiled for avx512; see fourier_cpu_kernel.inc.
 // Headers come before the target pragma so that nothing they define carries its flags.
 #include <cmath>
