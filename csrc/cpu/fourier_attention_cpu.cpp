@@ -204,7 +204,6 @@ constexpr size_t kKeptWorkspaceFloats = size_t(1) << 22;
 
 // fn(slice, bh, workspace) for every slice of a float32 call, in parallel; each thread
 // has one workspace of ws_floats floats.
-
 template <typename Fn>
 void for_each_float32_slice(const CallArgs& c, size_t ws_floats, Fn fn) {
   at::parallel_for(0, c.sh.B * c.sh.H, 1, [&](int64_t begin, int64_t end) {
