@@ -253,6 +253,27 @@ def test_sinc_zeros_and_q_equal_k_are_finite(backend):
     torch.testing.assert_close(out[0, 0, 0], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("backend", backends_here())
+def test_a_key_just_off_a_sinc_zero_keeps_its_tiny_weight(backend):
+    # Key 1 matches the query in 15 features, but its 16th is 3e-6 past sinc's zero at pi:
+    # sinc^4 there is about 1e-24, so key 1 weighs ~1e-24 while key 0 (every feature at
+    # x = 2) weighs ~1e-22 and must win. A kernel that raised |sin x| to a floor near the
+    # zero (2^-12 gives ~4e-17) would hand the output to key 1.
+    D = 16
+    q = torch.zeros(1, 1, 1, D)
+    k = torch.zeros(1, 1, 2, D)
+    k[0, 0, 0, :] = 2.0
+    k[0, 0, 1, 0] = math.pi + 3e-6
+    v = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]]]])
+    r = torch.tensor(1.0)
+    with torch.no_grad():
+        ours = fourier_attention(q, k, v, r, power=4, backend=backend)
+        same = fourier_attention_reference(q, k, v, r, power=4)
+        exact = fourier_attention_reference(*to64([q, k, v, r]), power=4)
+    assert exact[0, 0, 0, 0] > 0.99
+    check_2x(ours, same, exact, "out", atol=1e-6)
+
+
 def published_fourier_attention(q, k, v, r, p):
     """The published code's approach: product of sincs in the linear domain, + 1e-6."""
     x = r * (q.unsqueeze(-2) - k.unsqueeze(-3))
