@@ -4,11 +4,14 @@
 // sin and log per element, for tests and gradcheck).
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../fourier_attention.h"
@@ -202,25 +205,45 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
 // so that a call does not pay for fresh pages; a larger one is freed when the call ends.
 constexpr size_t kKeptWorkspaceFloats = size_t(1) << 22;
 
-// fn(slice, bh, workspace) for every slice of a float32 call, in parallel; each thread
+// fn(bh) for bh in [0, n), in parallel: each worker takes the next slice as it finishes one,
+// so that a core slowed by other work does fewer slices (with ATen's static split, the
+// whole call would wait for its share). setup() runs once per worker.
+template <typename Setup, typename Fn>
+void for_each_slice_balanced(int64_t n, Setup setup, Fn fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    auto state = setup();
+    for (int64_t bh = next.fetch_add(1); bh < n; bh = next.fetch_add(1)) fn(bh, state);
+  });
+}
+
+// fn(slice, bh, workspace) for every slice of a float32 call, in parallel; each worker
 // has one workspace of ws_floats floats.
 template <typename Fn>
 void for_each_float32_slice(const CallArgs& c, size_t ws_floats, Fn fn) {
-  at::parallel_for(0, c.sh.B * c.sh.H, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> kept;
-    std::vector<float> once;
-    std::vector<float>& ws = ws_floats <= kKeptWorkspaceFloats ? kept : once;
-    if (ws.size() < ws_floats) ws.resize(ws_floats);  // the kernels write what they read
-    for (int64_t bh = begin; bh < end; ++bh) fn(slice_args<cpu::SliceArgs, float>(c, bh), bh, ws.data());
-  });
+  for_each_slice_balanced(
+      c.sh.B * c.sh.H,
+      [&] {
+        thread_local std::vector<float> kept;
+        std::vector<float> once;
+        if (ws_floats <= kKeptWorkspaceFloats) {
+          if (kept.size() < ws_floats) kept.resize(ws_floats);  // the kernels write what they read
+          return std::make_pair(kept.data(), std::move(once));
+        }
+        once.resize(ws_floats);
+        float* data = once.data();
+        return std::make_pair(data, std::move(once));
+      },
+      [&](int64_t bh, auto& ws) { fn(slice_args<cpu::SliceArgs, float>(c, bh), bh, ws.first); });
 }
 
 // fn(slice, bh) for every slice of a float64 call, in parallel.
 template <typename Fn>
 void for_each_float64_slice(const CallArgs& c, Fn fn) {
-  at::parallel_for(0, c.sh.B * c.sh.H, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t bh = begin; bh < end; ++bh) fn(slice_args<cpu::ScalarSlice<double>, double>(c, bh), bh);
-  });
+  for_each_slice_balanced(
+      c.sh.B * c.sh.H, [] { return 0; },
+      [&](int64_t bh, int) { fn(slice_args<cpu::ScalarSlice<double>, double>(c, bh), bh); });
 }
 
 template <typename T>
