@@ -93,15 +93,22 @@ def timed_ms(call, tensors, backward, device):
     return (time.perf_counter() - start) * 1e3
 
 
+OUT_OF_ROUNDS = 20.0
+
+
 def median_ms(calls, backward, device, reps, warmup=2):
     """Median ms of each call in {impl: (call, tensors)}, timed in alternating rounds (one call
     of each implementation per round) so that they share whatever else the machine is doing.
-    A call slower than a second is timed three times, after the others."""
+    A call slower than a second, or more than OUT_OF_ROUNDS times slower than the quickest,
+    is timed three times, after the others: in the rounds, the materialising baselines'
+    temporaries (up to gigabytes) would evict the caches and occupy the memory bus of the fast
+    calls they alternate with."""
     last = {}
     for impl, (call, tensors) in calls.items():
         for _ in range(warmup):
             last[impl] = timed_ms(call, tensors, backward, device)
-    fast = [impl for impl in calls if last[impl] <= 1000.0]
+    quickest = min(last.values())
+    fast = [impl for impl in calls if last[impl] <= min(1000.0, OUT_OF_ROUNDS * quickest)]
     times = {impl: [] for impl in calls}
     for _ in range(reps):
         for impl in fast:

@@ -274,6 +274,32 @@ def test_a_key_just_off_a_sinc_zero_keeps_its_tiny_weight(backend):
     check_2x(ours, same, exact, "out", atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", backends_here())
+@pytest.mark.parametrize("causal", [False, True])
+def test_keys_at_the_floor_in_some_rows_match_the_reference(backend, causal):
+    # The fast CPU step multiplies s and q - k in without floors and recomputes only the rows
+    # whose block of keys has q - k at or below the floor in some feature: here a few (row,
+    # key) pairs are exactly equal in one feature, or closer than the floor, in some rows of
+    # a group only, and one row has a key equal in every feature.
+    g = torch.Generator().manual_seed(3)
+    B, H, N, M, D = 1, 2, 21, 40, 16
+    q = torch.randn(B, H, N, D, generator=g)
+    k = torch.randn(B, H, M, D, generator=g)
+    v = torch.randn(B, H, M, 3, generator=g)
+    for h, i, j, d in [(0, 0, 5, 3), (0, 9, 18, 0), (1, 20, 39, 15), (1, 3, 3, 7)]:
+        k[0, h, j, d] = q[0, h, i, d]  # u = 0 exactly
+    for h, i, j, d, gap in [(0, 2, 30, 8, 1e-6), (1, 12, 33, 1, 3e-6), (1, 13, 6, 11, -2e-6)]:
+        k[0, h, j, d] = q[0, h, i, d] + gap  # below the floor, not 0
+    k[0, 1, 17] = q[0, 1, 17]  # a key equal to its query in every feature
+    r = torch.tensor(2.0)
+    with torch.no_grad():
+        ours = fourier_attention(q, k, v, r, power=4, causal=causal, backend=backend)
+        same = fourier_attention_reference(q, k, v, r, power=4, causal=causal)
+        exact = fourier_attention_reference(*to64([q, k, v, r]), power=4, causal=causal)
+    assert torch.isfinite(ours).all()
+    check_2x(ours, same, exact, "out", atol=2e-6)
+
+
 def published_fourier_attention(q, k, v, r, p):
     """The published code's approach: product of sincs in the linear domain, + 1e-6."""
     x = r * (q.unsqueeze(-2) - k.unsqueeze(-3))
@@ -470,7 +496,8 @@ OTHER_ISAS = [
 def test_every_cpu_kernel_variant(isa):
     selection = (
         "requested_cpu_kernel_variant or cpu_forward_float32 or cpu_gradients_float32 or all_keys_equal "
-        "or query_equal_to_a_key or sinc_zeros or underflow or fully_masked or mask_forms or dropout"
+        "or query_equal_to_a_key or sinc_zeros or keys_at_the_floor or underflow or fully_masked or mask_forms "
+        "or dropout"
     )
     env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa)
     result = subprocess.run(
