@@ -226,13 +226,10 @@ void for_each_float32_slice(const CallArgs& c, size_t ws_floats, Fn fn) {
       c.sh.B * c.sh.H,
       [&] {
         thread_local std::vector<float> kept;
-        std::vector<float> once;
-        if (ws_floats <= kKeptWorkspaceFloats) {
-          if (kept.size() < ws_floats) kept.resize(ws_floats);  // the kernels write what they read
-          return std::make_pair(kept.data(), std::move(once));
-        }
-        once.resize(ws_floats);
-        float* data = once.data();
+        std::vector<float> once;  // (moving it keeps its data where ws.data() points)
+        std::vector<float>& ws = ws_floats <= kKeptWorkspaceFloats ? kept : once;
+        if (ws.size() < ws_floats) ws.resize(ws_floats);  // the kernels write what they read
+        float* data = ws.data();
         return std::make_pair(data, std::move(once));
       },
       [&](int64_t bh, auto& ws) { fn(slice_args<cpu::SliceArgs, float>(c, bh), bh, ws.first); });
