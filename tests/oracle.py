@@ -1,0 +1,168 @@
+"""An independent float64 oracle of Fourier integral attention, written from the formula alone.
+
+    w_ij  = prod_d sinc(R_d (q_id - k_jd))^p          (p even)
+    S_ij  = p * sum_d log|sinc(R_d (q_id - k_jd))| + mask_ij
+    out_i = sum_j softmax_j(S_ij) v_j                 (a row with every key masked gives 0)
+
+It imports nothing from ``fourierformer_fairseq`` (not the reference, not the kernels), so
+that tests of either can use it as the ground truth. Gradients come from autograd.
+
+API (q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv); radius a scalar, (H, 1), (D,) or (H, D)):
+
+    oracle_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False)
+        -> out (B, H, N, Dv), float64, differentiable w.r.t. every input that requires grad.
+           For float64 gradients pass float64 leaves (or use ``oracle_gradients``).
+    oracle_weights(...same arguments but v...) -> normalised weights (B, H, N, M), float64.
+    oracle_gradients(q, k, v, radius, grad_out, **same keywords)
+        -> (out, dq, dk, dv, dradius): all float64, computed on float64 copies of the inputs.
+
+    plain_attention / plain_gradients: the same formula in the inputs' own dtype (float32
+    for float32 inputs), written the plain way: log(abs(sin(x) / x)) (sinc(0) = 1), a
+    max-subtracted softmax, autograd through it. Tests derive their tolerances from its
+    error against the oracle (flash-attention's rule: a kernel's error against the float64
+    oracle is at most a few times the error of a plain same-precision implementation).
+
+Masks: ``attn_mask`` additive float ((N, M), (B*H, N, M) or (B|1, H|1, N, M)) or bool (True =
+may not attend); ``key_padding_mask`` bool (B, M), True = padding; ``causal``: key j is
+visible to query i iff j <= i + (M - N) (with N < M the queries are the last N positions).
+
+The oracle's log|sinc x| uses its Taylor series -x^2/6 - x^4/180 - x^6/2835 - x^8/37800 below
+|x| = 1e-3 (where the next term is below 1e-26): the plain quotient is accurate in value there
+but its autograd derivative, cos(x)/x - sin(x)/x^2, cancels (absolute error ~eps/|x|).
+"""
+from __future__ import annotations
+
+import torch
+
+_SERIES_BOUND = 1e-3
+
+
+def _radius_table(radius: torch.Tensor, H: int, D: int) -> torch.Tensor:
+    """radius as (H, D), differentiable."""
+    shape = tuple(radius.shape)
+    if shape in ((), (1,), (1, 1)):
+        return radius.reshape(1, 1).expand(H, D)
+    if shape == (H, 1):
+        return radius.expand(H, D)
+    if shape in ((D,), (1, D)):
+        return radius.reshape(1, D).expand(H, D)
+    if shape == (H, D):
+        return radius
+    raise ValueError(f"radius shape {shape} is not a scalar, (H, 1), (D,) or (H, D) with H={H}, D={D}")
+
+
+def additive_mask(B: int, H: int, N: int, M: int, attn_mask=None, key_padding_mask=None, causal=False,
+                  dtype=torch.float64) -> torch.Tensor:
+    """Every mask as one additive (B, H, N, M) tensor of 0 / -inf / finite values."""
+    total = torch.zeros(B, H, N, M, dtype=dtype)
+    if attn_mask is not None:
+        m = attn_mask
+        if m.dtype == torch.bool:
+            m = torch.zeros(m.shape, dtype=dtype).masked_fill(m, float("-inf"))
+        m = m.to(dtype)
+        if m.dim() == 2:
+            m = m.reshape(1, 1, N, M)
+        elif m.dim() == 3:
+            m = m.reshape(B, H, N, M)
+        total = total + m
+    if key_padding_mask is not None:
+        pad = key_padding_mask.bool().reshape(B, 1, 1, M)
+        total = total.masked_fill(pad, float("-inf"))
+    if causal:
+        i = torch.arange(N).reshape(N, 1) + (M - N)
+        j = torch.arange(M).reshape(1, M)
+        total = total.masked_fill((j > i).reshape(1, 1, N, M), float("-inf"))
+    return total
+
+
+def _log_abs_sinc_oracle(x: torch.Tensor) -> torch.Tensor:
+    small = x.abs() < _SERIES_BOUND
+    xs = torch.where(small, x, torch.zeros_like(x))
+    x2 = xs * xs
+    series = -x2 * (1.0 / 6 + x2 * (1.0 / 180 + x2 * (1.0 / 2835 + x2 * (1.0 / 37800))))
+    xl = torch.where(small, torch.ones_like(x), x)
+    direct = torch.log(torch.abs(torch.sin(xl) / xl))
+    return torch.where(small, series, direct)
+
+
+def _log_abs_sinc_plain(x: torch.Tensor) -> torch.Tensor:
+    zero = x == 0
+    xl = torch.where(zero, torch.ones_like(x), x)
+    return torch.where(zero, torch.zeros_like(x), torch.log(torch.abs(torch.sin(xl) / xl)))
+
+
+def _scores(q, k, radius, power, log_abs_sinc, d_chunk=32):
+    B, H, N, D = q.shape
+    R = _radius_table(radius, H, D).to(q.dtype)
+    S = None
+    for d0 in range(0, D, d_chunk):
+        d1 = min(D, d0 + d_chunk)
+        x = R[:, d0:d1].reshape(1, H, 1, 1, d1 - d0) * (q[..., d0:d1].unsqueeze(3) - k[..., d0:d1].unsqueeze(2))
+        part = log_abs_sinc(x).sum(-1)
+        S = part if S is None else S + part
+    if S is None:  # D = 0
+        S = q.new_zeros(B, H, N, k.shape[2])
+    return power * S
+
+
+def _softmax_zero_rows(S: torch.Tensor) -> torch.Tensor:
+    m = S.amax(-1, keepdim=True) if S.shape[-1] > 0 else S.new_full(S.shape[:-1] + (1,), float("-inf"))
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+    e = torch.exp(S - m)
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total == 0, torch.ones_like(total), total)
+
+
+def _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_sinc, dtype):
+    q, k, radius = q.to(dtype), k.to(dtype), radius.to(dtype)
+    B, H, N, _ = q.shape
+    M = k.shape[2]
+    S = _scores(q, k, radius, power, log_abs_sinc)
+    S = S + additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal, dtype)
+    return _softmax_zero_rows(S)
+
+
+def oracle_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False):
+    """Normalised weights (B, H, N, M) in float64."""
+    return _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, _log_abs_sinc_oracle, torch.float64)
+
+
+def oracle_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False):
+    """out (B, H, N, Dv) in float64, differentiable (see the module docstring)."""
+    P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal)
+    return torch.matmul(P, v.to(torch.float64))
+
+
+def plain_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False):
+    """The formula in q's dtype, the plain way (see the module docstring)."""
+    P = _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, _log_abs_sinc_plain, q.dtype)
+    return torch.matmul(P, v.to(q.dtype))
+
+
+def _gradients(fn, dtype, q, k, v, radius, grad_out, **kwargs):
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, radius)]
+    out = fn(*leaves, **kwargs)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype), allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
+    return (out.detach(), *grads)
+
+
+def oracle_gradients(q, k, v, radius, grad_out, **kwargs):
+    """(out, dq, dk, dv, dradius) in float64, for loss = sum(out * grad_out)."""
+    return _gradients(oracle_attention, torch.float64, q, k, v, radius, grad_out, **kwargs)
+
+
+def plain_gradients(q, k, v, radius, grad_out, dtype=None, **kwargs):
+    """(out, dq, dk, dv, dradius) of plain_attention in ``dtype`` (default: q's dtype)."""
+    return _gradients(plain_attention, dtype or q.dtype, q, k, v, radius, grad_out, **kwargs)
+
+
+def relative_error(ours: torch.Tensor, exact: torch.Tensor) -> float:
+    """max |ours - exact| / max |exact| (absolute where exact is all zero); inf for NaN / inf."""
+    ours, exact = ours.detach().double(), exact.detach().double()
+    if ours.numel() == 0:
+        return 0.0
+    if not torch.isfinite(ours).all():
+        return float("inf")
+    scale = exact.abs().max().item()
+    return (ours - exact).abs().max().item() / (scale if scale > 0 else 1.0)
