@@ -490,6 +490,7 @@ OTHER_ISAS = [
 ]
 
 
+@pytest.mark.slow
 @needs_cpu_kernel
 @pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
 @pytest.mark.parametrize("isa", OTHER_ISAS)
