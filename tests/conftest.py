@@ -1,0 +1,39 @@
+"""Session-wide checks.
+
+The fused CPU kernel is part of this project, not optional hardware: when the extension is
+missing or fails to load, the tests that need it are skipped, and a green run would say
+nothing about it. With ``FOURIERFORMER_REQUIRE_FUSED=1`` (``.ci/run`` sets it) the session
+stops before any test runs, with the loader's reason, unless the fused CPU backend is built
+and loaded. Without it the header of every run says whether the kernel loaded, and the
+skipped tests are listed with their reasons at the end (``-rfEs`` in pyproject.toml).
+"""
+import os
+
+import pytest
+
+REQUIRE_FUSED = "FOURIERFORMER_REQUIRE_FUSED"
+
+
+def _fused_cpu_reason() -> str:
+    from fourierformer_fairseq.ops import backend_unavailable_reason
+
+    return backend_unavailable_reason("cpu")
+
+
+def pytest_report_header(config):
+    reason = _fused_cpu_reason()
+    if not reason:
+        from fourierformer_fairseq.ops.extension import extension_status
+
+        return f"fourierformer fused CPU kernel: loaded ({extension_status().build.get('cpu_isa')})"
+    return (f"fourierformer fused CPU kernel: NOT loaded ({reason}); the tests that need it are skipped "
+            f"(set {REQUIRE_FUSED}=1 to make this an error)")
+
+
+def pytest_sessionstart(session):
+    if os.environ.get(REQUIRE_FUSED, "0") != "1":
+        return
+    reason = _fused_cpu_reason()
+    if reason:
+        pytest.exit(f"{REQUIRE_FUSED}=1 and the fused CPU kernel is unavailable: {reason}",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
