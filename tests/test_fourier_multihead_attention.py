@@ -1,10 +1,20 @@
-"""FourierMultiheadAttention: the MultiheadAttention contract, caching, masking, radius, errors."""
+"""FourierMultiheadAttention: the MultiheadAttention contract, caching, masking, radius, errors.
+
+Values are checked against an independent float64 computation: the module's own parameters
+applied with ``torch.nn.functional.linear`` in float64, and ``tests/oracle.py`` (written from
+the formula, importing nothing from the package) for the attention. Tolerance rule: the
+module's error against that float64 computation is at most twice the error of the same
+computation run plainly in float32 (``oracle.plain_attention``), plus a stated absolute slack.
+"""
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fourierformer_fairseq.modules import ATTENTION_REGISTRY, FourierMultiheadAttention, build_attention
-from fourierformer_fairseq.ops import fourier_attention_reference
+from oracle import oracle_attention, oracle_weights, plain_attention
 
 E, H = 16, 4
 D = E // H
@@ -22,6 +32,62 @@ def split_heads(x):  # (T, B, E) -> (B, H, T, D)
     return x.view(T, B, H, D).permute(1, 2, 0, 3)
 
 
+def independent_forward(m, x, attention, dtype, radius=None, source=None, **kwargs):
+    """out_proj(attention(q, k, v)) from m's parameters, recomputed in ``dtype`` without the module.
+
+    Self-attention on x, or encoder-decoder attention from x to ``source``. When the module
+    normalises q and k (``qk_norm="rms"``), they are divided by their RMS over the head dim
+    here too. ``attention(q, k, v, radius, power=..., **kwargs)`` returns (B, H, T, D) or
+    (out, extra); ``radius`` defaults to the module's. Returns (out (T, B, E), extra or None).
+    """
+    P = {n: p.detach().to(dtype) for n, p in m.named_parameters()}
+
+    def proj(name, t):
+        return F.linear(t.to(dtype), P[name + ".weight"], P[name + ".bias"])
+
+    src = x if source is None else source
+    q, k, v = (split_heads(proj("q_proj", x)), split_heads(proj("k_proj", src)), split_heads(proj("v_proj", src)))
+    if getattr(m, "qk_norm", "none") == "rms":
+        q, k = (t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) for t in (q, k))
+    r = P["radius"] if radius is None else radius
+    result = attention(q, k, v, r, power=m.power, **kwargs)
+    out, extra = result if isinstance(result, tuple) else (result, None)
+    T, B = x.shape[:2]
+    return proj("out_proj", out.permute(2, 0, 1, 3).reshape(T, B, E)), extra
+
+
+def err(a, b):
+    return (a.detach().double() - b.detach().double()).abs().max().item()
+
+
+def check_2x(ours, plain, exact, what, atol):
+    """ours is within 2x the plain float32 computation's error of the float64 one, plus atol."""
+    e, base = err(ours, exact), err(plain, exact)
+    assert e <= 2 * base + atol, f"{what}: error {e:.3e} > 2 x {base:.3e} + {atol:.1e}"
+
+
+def oracle_with_weights(q, k, v, radius, **kw):
+    return oracle_attention(q, k, v, radius, **kw), oracle_weights(q, k, radius, **kw)
+
+
+def plain_weights(q, k, radius, power, key_padding_mask=None):
+    """softmax_j(p sum_d log|sin x / x|), x = R (q - k), in q's dtype, written plainly (no oracle series)."""
+    B, Hq, N, Dq = q.shape
+    R = radius.to(q.dtype).expand(Hq, Dq).reshape(1, Hq, 1, 1, Dq)
+    x = R * (q.unsqueeze(3) - k.unsqueeze(2))
+    safe = torch.where(x == 0, torch.ones_like(x), x)
+    s = torch.where(x == 0, torch.ones_like(x), torch.sin(safe) / safe)
+    S = power * torch.log(s.abs()).sum(-1)
+    if key_padding_mask is not None:
+        S = S.masked_fill(key_padding_mask.reshape(B, 1, 1, -1), float("-inf"))
+    return torch.softmax(S, -1)
+
+
+def plain_with_weights(q, k, v, radius, power, key_padding_mask=None):
+    return (plain_attention(q, k, v, radius, power=power, key_padding_mask=key_padding_mask),
+            plain_weights(q, k, radius, power, key_padding_mask))
+
+
 def test_registered_and_a_multihead_attention():
     assert ATTENTION_REGISTRY["fourier_multihead_attention"] is FourierMultiheadAttention
     m = build_attention("fourier_multihead_attention", E, H, self_attention=True, power=4)
@@ -34,21 +100,31 @@ def test_registered_and_a_multihead_attention():
 
 
 @pytest.mark.parametrize("radius_shape", ["scalar", "head", "feature"])
-def test_matches_op_reference_on_the_projections(radius_shape):
-    """Only scoring/normalisation change: out = out_proj(fourier_attention(q_proj x, k_proj x, v_proj x))."""
+def test_output_and_weights_match_the_float64_oracle(radius_shape):
+    """Only scoring/normalisation change: out = out_proj(fourier_attention(q_proj x, k_proj x, v_proj x)).
+
+    The module's output and its returned weights (the fused kernel computes the output; the
+    weights, asked for with need_head_weights, are materialised separately) against the
+    float64 oracle; and the returned weights times the values give the module's output."""
     m = make(self_attention=True, radius_shape=radius_shape)
     with torch.no_grad():
-        m.radius.copy_(torch.rand_like(m.radius) + 0.5)
-    x = torch.randn(5, 3, E)
+        m.radius.copy_(torch.rand(m.radius.shape, generator=torch.Generator().manual_seed(1)) + 0.5)
+    x = torch.randn(5, 3, E, generator=torch.Generator().manual_seed(2))
     kpm = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
-    out, w = m(x, x, x, key_padding_mask=kpm, need_head_weights=True)
-    ref, ref_w = fourier_attention_reference(
-        split_heads(m.q_proj(x)), split_heads(m.k_proj(x)), split_heads(m.v_proj(x)), m.radius, power=2,
-        key_padding_mask=kpm, need_weights=True,
-    )
-    ref = m.out_proj(ref.permute(2, 0, 1, 3).reshape(5, 3, E))
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(w, ref_w.transpose(0, 1), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        out, w = m(x, x, x, key_padding_mask=kpm, need_head_weights=True)
+        exact, exact_w = independent_forward(m, x, oracle_with_weights, torch.float64, key_padding_mask=kpm)
+        plain, plain_w = independent_forward(m, x, plain_with_weights, torch.float32, key_padding_mask=kpm)
+    exact_w, plain_w = exact_w.transpose(0, 1), plain_w.transpose(0, 1)  # (heads, batch, tgt, src), as returned
+    # outputs and weights are O(1): 1e-6 absolute slack on top of the plain float32 error
+    check_2x(out, plain, exact, f"output ({radius_shape} radius)", atol=1e-6)
+    check_2x(w, plain_w, exact_w, f"weights ({radius_shape} radius)", atol=1e-6)
+    assert torch.all(w[:, 1, :, 3:] == 0) and torch.all(w[:, 2, :, 4:] == 0), "padded keys get exactly zero weight"
+    # the returned weights are the ones the output was computed with
+    v = split_heads(F.linear(x.double(), m.v_proj.weight.double(), m.v_proj.bias.double()))
+    heads = torch.matmul(w.transpose(0, 1).double(), v).permute(2, 0, 1, 3).reshape(5, 3, E)
+    from_weights = F.linear(heads, m.out_proj.weight.double(), m.out_proj.bias.double())
+    assert err(out, from_weights) <= 2 * err(plain, exact) + 1e-5
 
 
 def test_output_and_weight_shapes_match_stock_contract():
@@ -195,26 +271,93 @@ def test_before_softmax_gives_log_weights():
 
 
 @pytest.mark.parametrize("radius_shape,shape", [("scalar", ()), ("head", (H, 1)), ("feature", (H, D))])
-def test_gradients_reach_the_radius(radius_shape, shape):
+def test_radius_and_input_gradients_match_the_float64_oracle(radius_shape, shape):
+    """The fused backward's radius (and input) gradient against autograd through the float64 oracle;
+    tolerance from autograd through the plain float32 formula."""
     m = make(self_attention=True, radius_shape=radius_shape).train()
     assert m.radius.shape == shape and torch.all(m.radius == 0.7)
-    x = torch.randn(5, 2, E)
-    out, _ = m(x, x, x, need_weights=False)
-    out.square().sum().backward()
-    assert m.radius.grad is not None and m.radius.grad.shape == shape
-    assert torch.all(torch.isfinite(m.radius.grad)) and m.radius.grad.abs().sum() > 0
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 2, E, generator=g, requires_grad=True)
+    grad_out = torch.randn(5, 2, E, generator=g)
+    kpm = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    out, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False)
+    (out * grad_out).sum().backward()
+    grads = {}
+    for name, attention, dtype in (("exact", oracle_attention, torch.float64), ("plain", plain_attention, torch.float32)):
+        xx = x.detach().to(dtype).requires_grad_()
+        r = m.radius.detach().to(dtype).requires_grad_()
+        o, _ = independent_forward(m, xx, attention, dtype, radius=r, key_padding_mask=kpm)
+        grads[name] = torch.autograd.grad((o * grad_out.to(dtype)).sum(), (xx, r))
+    (exact_x, exact_r), (plain_x, plain_r) = grads["exact"], grads["plain"]
+    assert m.radius.grad.shape == shape and exact_r.abs().max() > 1e-2  # a gradient worth checking
+    scale = exact_r.abs().max().item()
+    check_2x(m.radius.grad, plain_r, exact_r, "radius gradient", atol=1e-5 * scale)
+    check_2x(x.grad, plain_x, exact_x, "input gradient", atol=1e-5 * exact_x.abs().max().item())
     before = m.radius.detach().clone()
     torch.optim.SGD(m.parameters(), lr=0.1).step()
-    assert not torch.equal(before, m.radius.detach())
+    torch.testing.assert_close(m.radius.detach(), before - 0.1 * m.radius.grad, rtol=0, atol=1e-7)
+
+
+def direct_attention(q, k, v, radius, power, phi):
+    """w_ij = prod_d phi(sinc(R_d (q_id - k_jd))), out = w v / sum_j w (the formula as written, any phi)."""
+    B, Hq, N, Dq = q.shape
+    R = radius.expand(Hq, Dq).reshape(1, Hq, 1, 1, Dq)
+    x = R * (q.unsqueeze(3) - k.unsqueeze(2))
+    s = torch.sin(x) / x
+    elementwise = {"power": lambda t: t ** power, "abs": torch.abs, "relu": torch.relu, "sigmoid": torch.sigmoid}
+    w = elementwise[phi](s).prod(-1)
+    return torch.matmul(w, v) / w.sum(-1, keepdim=True)
 
 
 @pytest.mark.parametrize("phi,power", [("power", 4), ("power", 3), ("abs", 1), ("relu", 1), ("sigmoid", 1)])
-def test_every_phi_runs_forward_and_backward(phi, power):
+def test_every_phi_matches_the_formula_forward_and_backward(phi, power):
+    """Odd powers and the other phis run on the reference backend, p = 4 on the fused kernel:
+    output and input gradient against the formula evaluated directly in float64."""
     m = make(self_attention=True, phi=phi, power=power).train()
-    x = torch.randn(4, 2, E, requires_grad=True)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 2, E, generator=g, requires_grad=True)
+    grad_out = torch.randn(4, 2, E, generator=g)
     out, _ = m(x, x, x)
-    out.sum().backward()
-    assert torch.all(torch.isfinite(out)) and torch.all(torch.isfinite(x.grad))
+    (out * grad_out).sum().backward()
+    results = {}
+    for dtype in (torch.float64, torch.float32):
+        xx = x.detach().to(dtype).requires_grad_()
+        o, _ = independent_forward(m, xx, lambda q, k, v, r, power: direct_attention(q, k, v, r, power, phi), dtype)
+        results[dtype] = (o, torch.autograd.grad((o * grad_out.to(dtype)).sum(), xx)[0])
+    (exact, exact_g), (plain, plain_g) = results[torch.float64], results[torch.float32]
+    check_2x(out, plain, exact, f"output ({phi}, p={power})", atol=1e-6)
+    check_2x(x.grad, plain_g, exact_g, f"input gradient ({phi}, p={power})", atol=1e-5 * exact_g.abs().max().item())
+
+
+def test_dropout_weights_and_output_match_an_independent_computation():
+    """With dropout in training, the returned weights are the float64 oracle's weights / (1 - p)
+    where kept and exactly 0 where dropped, about p of them are dropped, the fused output is
+    computed with exactly those weights, and other seeds drop other entries."""
+    p = 0.3
+    m = make(self_attention=True, dropout=p).train()
+    T, B = 40, 2
+    x = torch.randn(T, B, E, generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(11)
+    with torch.no_grad():
+        out, w = m(x, x, x, need_head_weights=True)
+        _, exact_w = independent_forward(m, x, oracle_with_weights, torch.float64)
+    exact_w = exact_w.transpose(0, 1)
+    dropped = w == 0
+    kept_ratio = w.double()[~dropped] * (1 - p) / exact_w[~dropped]
+    assert (kept_ratio - 1).abs().max() < 1e-4, "kept weights are the undropped weights / (1 - p)"
+    # n = H*B*T*T = 12800 Bernoulli(p) draws: standard deviation of the fraction 0.004; allow 5 of them
+    fraction = dropped.double().mean().item()
+    assert abs(fraction - p) < 5 * math.sqrt(p * (1 - p) / dropped.numel()), fraction
+    v = split_heads(F.linear(x.double(), m.v_proj.weight.double(), m.v_proj.bias.double()))
+    heads = torch.matmul(w.transpose(0, 1).double(), v).permute(2, 0, 1, 3).reshape(T, B, E)
+    from_weights = F.linear(heads, m.out_proj.weight.double(), m.out_proj.bias.double())
+    assert err(out, from_weights) < 1e-5, "the fused output uses the returned (dropped) weights"
+    torch.manual_seed(12)
+    with torch.no_grad():
+        _, w2 = m(x, x, x, need_head_weights=True)
+    agree = ((w2 == 0) == dropped).double().mean().item()
+    assert agree < 1 - p * (1 - p), f"another seed must drop other entries (agreement {agree:.3f})"
+    assert not torch.equal(dropped[0], dropped[1]), "heads draw different masks"
 
 
 def test_dropout_only_in_training():
