@@ -44,3 +44,5 @@ __all__ = [
     "build_attention",
     "register_attention",
 ]
+
+from .performer_multihead_attention import PerformerMultiheadAttention  # noqa: E402,F401  (registers "performer_multihead_attention")

@@ -1,0 +1,406 @@
+"""``PerformerMultiheadAttention``: fairseq's ``MultiheadAttention`` with random-feature attention.
+
+FAVOR+ (Choromanski et al., "Rethinking Attention with Performers", ICLR 2021): softmax attention
+``softmax(q k^T / sqrt(d)) v`` approximated in linear time through positive orthogonal random
+features, computed by :mod:`fourierformer_fairseq.ops.favor`. Kernels:
+
+- ``softmax`` (default): FAVOR+ positive features ``exp(w . x - |x|^2 / 2)``, ``x = q d^-1/4``
+  (or ``k``), with the reference code's stabilisers (see ``ops.favor``);
+- ``relu``: the generalised ReLU kernel;
+- ``fourier_rf`` (experimental): a non-negative random-feature estimate of the Fourier integral
+  kernel ``prod_d sinc^p(R (q_d - k_d))`` (even ``p``; learnable radius ``R`` of shape
+  scalar / head / feature, as in ``FourierMultiheadAttention``).
+
+A drop-in subclass, as ``FourierMultiheadAttention`` is: same constructor arguments and
+``forward`` contract (self-attention, causal decoder self-attention, encoder-decoder attention,
+``key_padding_mask``, ``incremental_state`` / ``static_kv`` caching that beam search reorders,
+beamable encoder-decoder attention, ``need_weights`` / ``need_head_weights``), the inherited
+projections (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``) and cache helpers. Differences:
+
+- Causal self-attention in incremental decoding keeps a constant-size cache: the running sums
+  ``S = sum_j phi(k_j) [v_j, 1]^T`` (batch, heads, features, head_dim + 1) and the keys' running
+  stabiliser (batch, heads), through ``_get_input_buffer`` / ``_set_input_buffer``, so
+  ``reorder_incremental_state`` reorders them for beam search. Its ``need_weights`` gives None
+  (the earlier keys are not kept). Encoder-decoder attention caches the projected keys and
+  values in the stock layout.
+- ``attn_mask`` may be None or fairseq's causal future mask (computed by prefix sums); other
+  additive masks cannot be applied to weights that are never formed and raise ``ValueError``.
+  ``add_bias_kv``, ``add_zero_attn`` and ``before_softmax`` are not supported.
+- Attention dropout is not applied (the weights are never formed); ``dropout > 0`` logs a warning.
+- ``need_weights`` materialises the approximate weights ``phi(q_i) . phi(k_j)`` normalised over
+  the keys (O(N M) memory, only when asked for).
+
+The random projection ``projection`` (features x head_dim, float32, also after ``.half()``) is a
+persistent buffer, saved in checkpoints with its seed and draw index. It is drawn from
+``feature_seed(seed, "", draw)`` with its own ``torch.Generator`` (never torch's global one),
+and redrawn in training every ``redraw_interval`` updates (``set_num_updates``, which fairseq's
+trainer calls after every update): draw ``num_updates // redraw_interval``, identical on every
+worker. It is never redrawn in evaluation.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+
+from fairseq.modules.multihead_attention import MultiheadAttention
+
+from fourierformer_fairseq.modules import register_attention
+from fourierformer_fairseq.modules.fourier_multihead_attention import RADIUS_SHAPES, radius_parameter_shape
+from fourierformer_fairseq.ops.favor import (
+    DEFAULT_CHUNK,
+    FEATURE_TYPES,
+    KERNELS,
+    _causal_chunks,
+    default_num_features,
+    draw_projection,
+    favor_attention,
+    favor_weights,
+    feature_seed,
+    key_features,
+    normalise,
+    query_features,
+    with_ones,
+)
+from fourierformer_fairseq.ops.inputs import causal_bias
+
+logger = logging.getLogger(__name__)
+
+
+@register_attention("performer_multihead_attention")
+class PerformerMultiheadAttention(MultiheadAttention):
+    """Multi-head random-feature attention (FAVOR+ and variants).
+
+    Args beyond fairseq's ``MultiheadAttention``:
+        num_features: random features m per head (0: ``round(d ln d)`` for softmax / relu, with
+            d the head dim; 16 frequencies for fourier_rf, whose feature dimension is m (2m + 1)).
+        kernel: "softmax", "relu" or "fourier_rf".
+        redraw_interval: redraw the features every this many training updates (0: never).
+        feature_type: "orthogonal" (default) or "iid" rows (softmax / relu).
+        seed: seed of the feature draws (models set it from ``--seed`` and the module's name).
+        power, radius_init, radius_shape: p and the learnable radius R of fourier_rf.
+        chunk_size: positions per chunk of the causal prefix sums.
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        kdim=None,
+        vdim=None,
+        dropout=0.0,
+        bias=True,
+        add_bias_kv=False,
+        add_zero_attn=False,
+        self_attention=False,
+        encoder_decoder_attention=False,
+        dictionary=None,
+        q_noise=0.0,
+        qn_block_size=8,
+        xformers_att_config: Optional[str] = None,
+        xformers_blocksparse_layout: Optional[torch.Tensor] = None,
+        xformers_blocksparse_blocksize: Optional[int] = 16,
+        *,
+        num_features: int = 0,
+        kernel: str = "softmax",
+        redraw_interval: int = 0,
+        feature_type: str = "orthogonal",
+        seed: int = 0,
+        power: int = 4,
+        radius_init: float = 2.0,
+        radius_shape: str = "scalar",
+        chunk_size: int = DEFAULT_CHUNK,
+    ):
+        if xformers_att_config is not None:
+            raise ValueError(
+                "PerformerMultiheadAttention computes its own attention and cannot use xFormers "
+                "(got xformers_att_config); drop --encoder/--decoder-xformers-att-config"
+            )
+        if add_bias_kv or add_zero_attn:
+            raise ValueError("PerformerMultiheadAttention does not support add_bias_kv / add_zero_attn")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if feature_type not in FEATURE_TYPES:
+            raise ValueError(f"feature_type must be one of {FEATURE_TYPES}, got {feature_type!r}")
+        if isinstance(num_features, bool) or int(num_features) != num_features or num_features < 0:
+            raise ValueError(f"num_features must be a non-negative integer (0: default), got {num_features!r}")
+        if isinstance(redraw_interval, bool) or int(redraw_interval) != redraw_interval or redraw_interval < 0:
+            raise ValueError(f"redraw_interval must be a non-negative integer (0: never), got {redraw_interval!r}")
+        if kernel == "fourier_rf":
+            if isinstance(power, bool) or int(power) != power or power < 2 or power % 2:
+                raise ValueError(f"the fourier_rf kernel needs an even power >= 2, got {power!r}")
+            if not float(radius_init) > 0:
+                raise ValueError(f"radius_init must be positive, got {radius_init}")
+        super().__init__(
+            embed_dim,
+            num_heads,
+            kdim=kdim,
+            vdim=vdim,
+            dropout=dropout,
+            bias=bias,
+            add_bias_kv=False,
+            add_zero_attn=False,
+            self_attention=self_attention,
+            encoder_decoder_attention=encoder_decoder_attention,
+            dictionary=dictionary,
+            q_noise=q_noise,
+            qn_block_size=qn_block_size,
+        )
+        if dropout > 0:
+            logger.warning("PerformerMultiheadAttention: attention dropout %s is not applied "
+                           "(random-feature attention never forms the weights)", dropout)
+        self.kernel = kernel
+        self.num_features = int(num_features) or default_num_features(self.head_dim, kernel)
+        self.redraw_interval = int(redraw_interval)
+        self.feature_type = feature_type
+        self.power = int(power)
+        self.chunk_size = int(chunk_size)
+        if kernel == "fourier_rf":
+            self.radius_shape = radius_shape
+            self.radius_init = float(radius_init)
+            self.radius = Parameter(torch.full(radius_parameter_shape(radius_shape, num_heads, self.head_dim),
+                                               float(radius_init)))
+        else:
+            self.radius = None
+        # persistent state of the features: seed, draw index, the draw itself (no global RNG used)
+        self.register_buffer("feature_seed", torch.tensor(int(seed), dtype=torch.long))
+        self.register_buffer("feature_draw", torch.tensor(0, dtype=torch.long))
+        self.register_buffer("projection", self._draw(int(seed), 0))
+
+    def extra_repr(self) -> str:
+        extra = f", power={self.power}, radius_shape={self.radius_shape!r}" if self.kernel == "fourier_rf" else ""
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, kernel={self.kernel!r}, "
+                f"num_features={self.num_features}, feature_type={self.feature_type!r}, "
+                f"redraw_interval={self.redraw_interval}{extra}")
+
+    # ------------------------------------------------------------------ features
+
+    def _draw(self, seed: int, draw: int) -> Tensor:
+        return draw_projection(self.kernel, self.num_features, self.head_dim, feature_seed(seed, "", draw),
+                               power=self.power, feature_type=self.feature_type)
+
+    @torch.no_grad()
+    def redraw_features(self, draw: Optional[int] = None, seed: Optional[int] = None) -> None:
+        """Replace the projection by draw ``draw`` (default: the current one) of ``seed`` (default: the module's)."""
+        if seed is not None:
+            self.feature_seed.fill_(int(seed))
+        if draw is not None:
+            self.feature_draw.fill_(int(draw))
+        new = self._draw(int(self.feature_seed), int(self.feature_draw))
+        self.projection.copy_(new.to(self.projection.device))
+
+    def set_num_updates(self, num_updates: int) -> None:
+        """Called by fairseq after every update: redraws in training when a new interval starts."""
+        if not self.training or self.redraw_interval <= 0:
+            return
+        draw = int(num_updates) // self.redraw_interval
+        if draw != int(self.feature_draw):
+            self.redraw_features(draw)
+
+    def _apply(self, fn, *args, **kwargs):
+        # .half() / .to(dtype) move the projection but keep it float32 (the features are computed in float32)
+        saved = self._buffers["projection"]
+        result = super()._apply(fn, *args, **kwargs)
+        moved = self._buffers["projection"]
+        if moved is not None and moved.dtype != torch.float32:
+            self._buffers["projection"] = saved.to(device=moved.device, dtype=torch.float32)
+        return result
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "projection"
+        if key in state_dict and state_dict[key].dtype != torch.float32:
+            state_dict[key] = state_dict[key].float()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    # ------------------------------------------------------------------ projections
+
+    def _project(self, query, key, value, key_padding_mask, bsz):
+        """q, k, v in (time, batch, channels), as the stock forward projects them."""
+        q = self.q_proj(query)
+        if self.self_attention:
+            return q, self.k_proj(query), self.v_proj(query), key_padding_mask
+        if self.encoder_decoder_attention:
+            if key is None:  # static keys already cached
+                assert value is None
+                return q, None, None, key_padding_mask
+            if self.beam_size > 1 and bsz == key.size(1):
+                # beamable enc-dec attention: the encoder output is repeated beam_size times; keep one copy
+                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0, :]
+            return q, self.k_proj(key), self.v_proj(key), key_padding_mask
+        assert key is not None and value is not None
+        return q, self.k_proj(key), self.v_proj(value), key_padding_mask
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(time, batch, heads * head_dim) -> (batch, heads, time, head_dim)."""
+        return x.contiguous().view(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    @staticmethod
+    def _is_future_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
+        if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (tgt_len, src_len) or tgt_len != src_len:
+            return False
+        if attn_mask.dtype == torch.bool:
+            expected = torch.isinf(causal_bias(tgt_len, src_len, attn_mask.device))
+        elif attn_mask.is_floating_point():
+            expected = causal_bias(tgt_len, src_len, attn_mask.device, attn_mask.dtype)
+        else:
+            return False
+        return torch.equal(attn_mask, expected)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Input shape: Time x Batch x Channel; the contract of ``MultiheadAttention.forward``."""
+        if before_softmax:
+            raise ValueError("PerformerMultiheadAttention has no scores before a softmax (before_softmax=True)")
+        if need_head_weights:
+            need_weights = True
+        tgt_len, bsz, embed_dim = query.size()
+        if not self.skip_embed_dim_check:
+            assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+        if key is not None:
+            assert value is not None
+
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None  # fairseq's fork/join placeholder for "no mask"
+        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+            key_padding_mask = key_padding_mask != 0
+
+        causal = False
+        if attn_mask is not None:
+            src_len = tgt_len if self.self_attention else (key.size(0) if key is not None else -1)
+            if not (self.self_attention and self._is_future_mask(attn_mask, tgt_len, src_len)):
+                raise ValueError(
+                    "PerformerMultiheadAttention takes attn_mask=None or the causal future mask of "
+                    "self-attention; random-feature attention cannot apply other masks"
+                )
+            causal = True
+
+        saved_state: Optional[Dict[str, Optional[Tensor]]] = None
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if "prev_key" in saved_state and static_kv:
+                assert self.encoder_decoder_attention and not self.self_attention
+                key = value = None
+
+        q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask, bsz)
+        q = self._split_heads(q)
+        if self.self_attention and saved_state is not None:
+            # incremental causal decoding: the constant-size prefix state
+            assert k is not None and v is not None
+            out = self._incremental_step(q, self._split_heads(k), self._split_heads(v), key_padding_mask,
+                                         saved_state, incremental_state)
+            return self._output(out, tgt_len, bsz), None
+
+        kv_bsz = bsz
+        if k is not None:
+            kv_bsz = k.size(1)
+            k = self._split_heads(k)
+        if v is not None:
+            v = self._split_heads(v)
+        if saved_state is not None:
+            # encoder-decoder attention: the stock cache of projected keys / values
+            if "prev_key" in saved_state:
+                prev_key = saved_state["prev_key"]
+                assert prev_key is not None
+                kv_bsz = prev_key.size(0)
+                prev_key = prev_key.reshape(kv_bsz, self.num_heads, -1, self.head_dim)
+                k = prev_key if static_kv else torch.cat([prev_key, k], dim=2)
+            if "prev_value" in saved_state:
+                prev_value = saved_state["prev_value"]
+                assert prev_value is not None
+                prev_value = prev_value.reshape(kv_bsz, self.num_heads, -1, self.head_dim)
+                v = prev_value if static_kv else torch.cat([prev_value, v], dim=2)
+            assert k is not None and v is not None
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                batch_size=kv_bsz,
+                src_len=k.size(2),
+                static_kv=static_kv,
+            )
+            saved_state["prev_key"] = k
+            saved_state["prev_value"] = v
+            saved_state["prev_key_padding_mask"] = key_padding_mask
+            self._set_input_buffer(incremental_state, saved_state)
+            if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+                key_padding_mask = key_padding_mask != 0
+        assert k is not None and v is not None
+        if key_padding_mask is not None:
+            assert key_padding_mask.size(0) == kv_bsz and key_padding_mask.size(1) == k.size(2)
+
+        beam = bsz // kv_bsz
+        if beam != 1:
+            # beamable enc-dec attention: the beam_size queries of each sentence share its keys
+            B_, H, N, D = q.shape
+            q = q.view(kv_bsz, beam, H, N, D).transpose(1, 2).reshape(kv_bsz, H, beam * N, D)
+        common = dict(kernel=self.kernel, key_padding_mask=key_padding_mask, causal=causal, radius=self.radius)
+        out = favor_attention(q, k, v, self.projection, chunk=self.chunk_size, **common)
+        weights = favor_weights(q, k, self.projection, **common) if need_weights else None
+        if beam != 1:
+            out = self._unfold_beam(out, kv_bsz, beam)
+            weights = None if weights is None else self._unfold_beam(weights, kv_bsz, beam)
+        attn = self._output(out, tgt_len, bsz)
+        attn_weights: Optional[Tensor] = None
+        if weights is not None:
+            attn_weights = weights.to(attn.dtype).transpose(0, 1)  # (heads, batch, tgt, src), as stock
+            if not need_head_weights:
+                attn_weights = attn_weights.mean(dim=0)
+        return attn, attn_weights
+
+    # ------------------------------------------------------------------ helpers
+
+    def _output(self, out: Tensor, tgt_len: int, bsz: int) -> Tensor:
+        attn = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.num_heads * self.head_dim)
+        return self.out_proj(attn)
+
+    @staticmethod
+    def _unfold_beam(x: Tensor, kv_bsz: int, beam: int) -> Tensor:
+        """(kv_bsz, H, beam * N, X) -> (kv_bsz * beam, H, N, X)."""
+        _, H, BN, X = x.shape
+        return x.view(kv_bsz, H, beam, BN // beam, X).transpose(1, 2).reshape(kv_bsz * beam, H, BN // beam, X)
+
+    def _incremental_step(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                          saved_state: Dict[str, Optional[Tensor]], incremental_state) -> Tensor:
+        """Causal self-attention over the cached prefix: S and the stabiliser C are all that is kept."""
+        if key_padding_mask is not None and key_padding_mask.size(1) != k.size(2):
+            key_padding_mask = key_padding_mask[:, -k.size(2):]  # a mask over the whole prefix: this step's part
+        prev_kv = saved_state.get("prefix_kv")
+        prev_c = saved_state.get("prefix_logscale")
+        device_type = q.device.type if q.device.type in ("cuda", "cpu") else "cpu"
+        with torch.autocast(device_type=device_type, enabled=False):
+            projection = self.projection.float()
+            qf = query_features(self.kernel, q, projection, self.radius)
+            kf, logscale = key_features(self.kernel, k, projection, key_padding_mask, True, self.radius,
+                                        prev_logscale=prev_c)
+            v1 = with_ones(v.float())
+            if prev_kv is None:
+                state = (qf.new_zeros(qf.size(0), qf.size(1), qf.size(-1), v1.size(-1)), logscale[..., 0])
+            else:
+                state = (prev_kv, prev_c)
+            num_den, (S, c) = _causal_chunks(qf, kf, v1, logscale, self.chunk_size, state=state)
+        saved_state["prefix_kv"] = S
+        saved_state["prefix_logscale"] = c
+        self._set_input_buffer(incremental_state, saved_state)
+        return normalise(num_den).to(v.dtype)
+
+
+__all__ = ["PerformerMultiheadAttention", "RADIUS_SHAPES"]
