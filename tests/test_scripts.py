@@ -132,7 +132,17 @@ def test_fourier_density_integrates_to_one():
     for p, R in ((1, 3.0), (2, 5.0), (4, 8.0)):
         dens = fe.density(grid, samples, R, p)
         assert abs(np.trapezoid(dens, grid[:, 0]) - 1) < 0.03, p
-    assert abs(fe.kernel_constant(4) - 2 * math.pi / 3) < 1e-12
+    # the constants A_p = int (sin z / z)^p dz (closed forms for p <= 4, numerical beyond) against a
+    # quadrature on [-L, L]: the two tails beyond L add at most 4 / L (p = 1, by parts) and
+    # 2 / ((p - 1) L^(p - 1)) for p >= 2; 1e-6 for the quadrature itself
+    L = 1000.0
+    z = np.linspace(-L, L, 4_000_001)
+    s = np.sinc(z / np.pi)
+    for p in (1, 2, 3, 4):
+        quad = float(np.trapezoid(s ** p, z))
+        tail = 4 / L if p == 1 else 2 / ((p - 1) * L ** (p - 1))
+        assert abs(fe.kernel_constant(p) - quad) < tail + 1e-6, p
+    assert abs(fe.kernel_constant(6) - 11 * math.pi / 20) < 1e-6  # the known closed form for p = 6
 
 
 def test_nw_regression_is_fourier_attention():
