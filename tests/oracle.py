@@ -16,6 +16,13 @@ API (q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv); radius a scalar, (H, 1), (
     oracle_gradients(q, k, v, radius, grad_out, **same keywords)
         -> (out, dq, dk, dv, dradius): all float64, computed on float64 copies of the inputs.
 
+    oracle_gradient_scales(q, k, v, radius, grad_out, **same keywords)
+        -> (out, dq, dk, dv, dradius) scales, floats: the largest sum of the absolute values of
+           the terms each element of that tensor sums (e.g. dq_id = sum_j p R_d P_ij (dP_ij -
+           Delta_i) g(x_ijd) gives p |R_d| sum_j P_ij (|dP_ij| + |Delta_i|) |g(x_ijd)|). Rounding
+           each term to a relative eps bounds an element's error by about eps times this, even
+           where the terms cancel and the exact gradient is far smaller.
+
     plain_attention / plain_gradients: the same formula in the inputs' own dtype (float32
     for float32 inputs), written the plain way: log(abs(sin(x) / x)) (sinc(0) = 1), a
     max-subtracted softmax, autograd through it. Tests derive their tolerances from its
@@ -155,6 +162,43 @@ def oracle_gradients(q, k, v, radius, grad_out, **kwargs):
 def plain_gradients(q, k, v, radius, grad_out, dtype=None, **kwargs):
     """(out, dq, dk, dv, dradius) of plain_attention in ``dtype`` (default: q's dtype)."""
     return _gradients(plain_attention, dtype or q.dtype, q, k, v, radius, grad_out, **kwargs)
+
+
+def _dlog_sinc(x: torch.Tensor) -> torch.Tensor:
+    """g(x) = d/dx log|sinc x| = cot x - 1/x (float64; its series below |x| = 1e-3)."""
+    small = x.abs() < _SERIES_BOUND
+    xl = torch.where(small, torch.ones_like(x), x)
+    return torch.where(small, -x / 3 - x**3 / 45, torch.cos(xl) / torch.sin(xl) - 1 / xl)
+
+
+def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padding_mask=None, causal=False):
+    """Scales of (out, dq, dk, dv, dradius): see the module docstring. Floats."""
+    f64 = torch.float64
+    q, k, v, go = (t.detach().to(f64) for t in (q, k, v, grad_out))
+    radius = radius.detach().to(f64)
+    B, H, N, D = q.shape
+    M = k.shape[2]
+    R = _radius_table(radius, H, D)
+    with torch.no_grad():
+        P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal)  # (B, H, N, M)
+        dP = torch.matmul(go, v.transpose(-1, -2))
+        delta = (P * dP).sum(-1, keepdim=True)
+        A = P * (dP.abs() + delta.abs())  # (B, H, N, M)
+        diff = q.unsqueeze(3) - k.unsqueeze(2)  # (B, H, N, M, D)
+        G = _dlog_sinc(R.reshape(1, H, 1, 1, D) * diff).abs() * A.unsqueeze(-1)
+        dq = power * R.abs().reshape(1, H, 1, D) * G.sum(3)
+        dk = power * R.abs().reshape(1, H, 1, D) * G.sum(2)
+        dr = power * (G * diff.abs()).sum((0, 2, 3))  # (H, D)
+        shape = tuple(radius.shape)
+        if shape in ((), (1,), (1, 1)):
+            dr = dr.sum()
+        elif shape == (H, 1):
+            dr = dr.sum(1)
+        elif shape in ((D,), (1, D)):
+            dr = dr.sum(0)
+        out = torch.matmul(P, v.abs())
+        dv = torch.matmul(P.transpose(-1, -2), go.abs())
+    return tuple(t.abs().max().item() if t.numel() else 0.0 for t in (out, dq, dk, dv, dr))
 
 
 def relative_error(ours: torch.Tensor, exact: torch.Tensor) -> float:

@@ -81,7 +81,7 @@ struct ScalarSlice {
                                                                                        : T(0);
   }
 
-  void forward(T* out, T* lse, std::vector<T>& row) const {
+  void forward(T* out, double* lse, std::vector<T>& row) const {
     row.resize(M);
     for (int64_t i = 0; i < N; ++i) {
       const int64_t end = visible_end(i);
@@ -109,7 +109,7 @@ struct ScalarSlice {
     }
   }
 
-  void backward(const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv, T* dradius) const {
+  void backward(const T* out, const double* lse, const T* dout, T* dq, T* dk, T* dv, T* dradius) const {
     for (int64_t n = 0; n < M * D; ++n) dk[n] = 0;
     for (int64_t n = 0; n < M * Dv; ++n) dv[n] = 0;
     for (int64_t n = 0; n < N * D; ++n) dq[n] = 0;
@@ -249,7 +249,7 @@ void backward_slices(const CallArgs& c, const at::Tensor& out, const at::Tensor&
   const AttentionShape& sh = c.sh;
   // Runs `kernel` on slice bh's share of every per-slice tensor.
   auto on_slice = [&](int64_t bh, auto&& kernel) {
-    kernel(out.data_ptr<T>() + bh * sh.N * sh.Dv, lse.data_ptr<T>() + bh * sh.N,
+    kernel(out.data_ptr<T>() + bh * sh.N * sh.Dv, lse.data_ptr<double>() + bh * sh.N,
            dout.data_ptr<T>() + bh * sh.N * sh.Dv, dq.data_ptr<T>() + bh * sh.N * sh.D,
            dk.data_ptr<T>() + bh * sh.M * sh.D, dv.data_ptr<T>() + bh * sh.M * sh.Dv,
            dradius_slices.data_ptr<T>() + bh * sh.D);
@@ -281,13 +281,14 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
   const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
                    prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed};
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, c.q.options());
-  at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, c.q.options());
+  // lse is float64 for every input dtype (see KernelTable::forward)
+  at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, c.q.options().dtype(at::kDouble));
   if (dtype == at::kFloat) {
     const cpu::KernelTable& kernels = cpu::best_kernels();
     for_each_float32_slice(c, kernels.forward_workspace(sh.N, sh.M, sh.D, sh.Dv),
                            [&](const cpu::SliceArgs& s, int64_t bh, float* ws) {
                              kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv,
-                                             lse.data_ptr<float>() + bh * sh.N, ws);
+                                             lse.data_ptr<double>() + bh * sh.N, ws);
                            });
   } else {
     for_each_float64_slice(c, [&](const cpu::ScalarSlice<double>& s, int64_t bh) {
@@ -314,7 +315,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
   const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
                    prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed};
   const at::Tensor out = out_in.to(dtype).contiguous(), dout = dout_in.to(dtype).contiguous();
-  const at::Tensor lse = lse_in.to(dtype).contiguous();
+  const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
   at::Tensor dq = at::empty_like(c.q), dk = at::empty_like(c.k), dv = at::empty_like(c.v);
   at::Tensor dradius_slices = at::empty({sh.B, sh.H, sh.D}, c.q.options());
   if (dtype == at::kFloat)

@@ -36,10 +36,12 @@ struct KernelTable {
   // (no N x M term).
   size_t (*forward_workspace)(int64_t N, int64_t M, int64_t D, int64_t Dv);
   size_t (*backward_workspace)(int64_t N, int64_t M, int64_t D, int64_t Dv);
-  // out (N, Dv), lse (N,): log of the softmax normaliser, +inf for fully masked rows.
-  void (*forward)(const SliceArgs&, float* out, float* lse, float* workspace);
+  // out (N, Dv), lse (N,): log of the softmax normaliser, +inf for fully masked rows. lse is
+  // float64: it can be of order 1e3 (p times a sum of D logs) while the backward needs it to
+  // float32 accuracy relative to 1, and a float32 lse would carry an error of ulp(1e3) / 2.
+  void (*forward)(const SliceArgs&, float* out, double* lse, float* workspace);
   // dq (N, D), dk (M, D), dv (M, Dv) are written; dradius (D,) is written (this slice's share).
-  void (*backward)(const SliceArgs&, const float* out, const float* lse, const float* dout, float* dq, float* dk,
+  void (*backward)(const SliceArgs&, const float* out, const double* lse, const float* dout, float* dq, float* dk,
                    float* dv, float* dradius, float* workspace);
 };
 

@@ -68,11 +68,11 @@ struct Params {
   const acc_t* key_bias;  // (B, M) or null
   // forward outputs
   scalar_t* out;  // (B, H, N, Dv)
-  acc_t* lse;     // (B, H, N)
+  double* lse;   // (B, H, N), float64 (see split_lse)
   // backward inputs / outputs
   const scalar_t* o;     // forward output (B, H, N, Dv)
   const scalar_t* dout;  // (B, H, N, Dv)
-  const acc_t* lse_in;   // (B, H, N)
+  const double* lse_in;  // (B, H, N)
   acc_t* delta;          // (B, H, N), written by the delta kernel
   scalar_t* dq;          // (B, H, N, D)
   scalar_t* dk;          // (B, H, M, D)
@@ -95,7 +95,16 @@ FF_HD int64_t dq_smem_elems(int D, int Dv) {
   return (int64_t)D * kTileStride + (int64_t)kTile * odd_stride(Dv) + (int64_t)kWarps * (D + Dv) + D;
 }
 FF_HD int64_t dkv_smem_elems(int D, int Dv) {
-  return (int64_t)D * kTileStride + (int64_t)kTile * odd_stride(Dv) + 2 * kTile + (int64_t)kWarps * (D + Dv) + D;
+  return (int64_t)D * kTileStride + (int64_t)kTile * odd_stride(Dv) + 3 * kTile + (int64_t)kWarps * (D + Dv) + D;
+}
+
+// The row's lse (float64: of order p D, wanted to acc_t accuracy relative to 1) as high + low
+// acc_t parts: P = exp((S - high) - low), where S - high is exact for every key that matters
+// (S within a factor 2 of lse).
+template <typename acc_t>
+FF_HD void split_lse(double lse, acc_t& high, acc_t& low) {
+  high = (acc_t)lse;
+  low = (acc_t)(lse - (double)high);  // (inf - inf: NaN, but rows at +inf are never read)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -422,7 +431,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) forward_kernel(const Params<scalar_t, 
     const int c = lane + 32 * t;
     if (c < Dv) out_i[c] = static_cast<scalar_t>(empty ? acc_t(0) : acc[t] * inv);
   }
-  if (lane == 0) p.lse[bh * N + i] = empty ? ff_inf<acc_t>() : m_run + ff_log_acc(l);
+  if (lane == 0) p.lse[bh * N + i] = empty ? (double)INFINITY : (double)m_run + log((double)l);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -476,8 +485,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
     for (int c = lane; c < Dv; c += 32) dorow[c] = load_as<acc_t>(p.dout, (bh * N + i) * Dv + c);
   }
   __syncthreads();  // Rs, qrow, dorow are read below even when there is no tile to sweep
-  const acc_t L = active ? p.lse_in[bh * N + i] : ff_inf<acc_t>();
-  const bool live = active && L < ff_inf<acc_t>();  // fully masked rows get no gradient
+  const double L = active ? p.lse_in[bh * N + i] : (double)INFINITY;
+  const bool live = active && L < (double)INFINITY;  // fully masked rows get no gradient
+  acc_t L_high = 0, L_low = 0;
+  if (live) split_lse(L, L_high, L_low);
   const acc_t delta = live ? p.delta[bh * N + i] : acc_t(0);
   const int end_i = live ? visible_end(p, i) : 0;
   const int last_row = ff_min(N - 1, rb * kWarps + kWarps - 1);
@@ -504,7 +515,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
       acc_t s = p.power * LogSincSum<acc_t>::run(qrow, 1, Ks + lane, kTileStride, Rs, D);
       if (mask_row) s += mask_row[j];
       if (kbias) s += kbias[j];
-      const acc_t P = ff_exp(s - L);
+      const acc_t P = s == -ff_inf<acc_t>() ? acc_t(0) : ff_exp((s - L_high) - L_low);
       if (P != acc_t(0)) {
         const acc_t f = p.dropout_p > 0.0f ? dropout_factor(p, (uint32_t)bh, i, j) : acc_t(1);
         const acc_t* vrow = Vs + lane * vstride;
@@ -568,8 +579,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dkv_kernel(const Params<scala
   const int ostride = odd_stride(Dv);
   acc_t* Qs = reinterpret_cast<acc_t*>(smem_raw);  // (D, kTileStride): queries of the tile, transposed
   acc_t* dOs = Qs + (int64_t)D * kTileStride;      // (kTile, ostride)
-  acc_t* Ls = dOs + (int64_t)kTile * ostride;       // (kTile,) lse
-  acc_t* Deltas = Ls + kTile;                       // (kTile,) Delta
+  acc_t* Ls = dOs + (int64_t)kTile * ostride;       // (kTile,) lse, high part (+inf: no gradient)
+  acc_t* Ls_low = Ls + kTile;                       // (kTile,) lse, low part (see split_lse)
+  acc_t* Deltas = Ls_low + kTile;                   // (kTile,) Delta
   acc_t* Kw = Deltas + kTile;                       // (kWarps, D): each warp's key row
   acc_t* Vw = Kw + (int64_t)kWarps * D;             // (kWarps, Dv): each warp's value row
   acc_t* Rs = Vw + (int64_t)kWarps * Dv;            // (D,)
@@ -610,7 +622,11 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dkv_kernel(const Params<scala
     stage_rows(dOs, dout, i0, N, Dv, ostride);
     if (tid < kTile) {
       const int i = i0 + tid;
-      Ls[tid] = i < N ? p.lse_in[bh * N + i] : INF;
+      const double L = i < N ? p.lse_in[bh * N + i] : (double)INFINITY;
+      acc_t high = INF, low = 0;
+      if (L < (double)INFINITY) split_lse(L, high, low);
+      Ls[tid] = high;
+      Ls_low[tid] = low;
       Deltas[tid] = i < N ? p.delta[bh * N + i] : acc_t(0);
     }
     __syncthreads();
@@ -625,7 +641,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dkv_kernel(const Params<scala
       acc_t s = p.power * LogSincSum<acc_t>::run(Qs + lane, kTileStride, krow, 1, Rs, D);
       if (mask_bh) s += mask_bh[(int64_t)i * p.mask_row + j];
       s += kbias_j;
-      const acc_t P = ff_exp(s - L);
+      const acc_t P = s == -INF ? acc_t(0) : ff_exp((s - L) - Ls_low[lane]);
       if (P != acc_t(0)) {
         const acc_t f = p.dropout_p > 0.0f ? dropout_factor(p, (uint32_t)bh, i, j) : acc_t(1);
         const acc_t* dorow = dOs + lane * ostride;

@@ -106,7 +106,9 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "forward");
   const AttentionShape& sh = in.sh;
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, in.q.options());
-  at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(in.acc));
+  // lse is float64 for every dtype: it can be of order 1e3, and the backward needs it to the
+  // accumulation type's accuracy relative to 1 (it reads it as two acc_t, see Params::lse_in)
+  at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(at::kDouble));
   if (sh.B * sh.H * sh.N == 0) return {out, lse};
   const int64_t blocks = grid_blocks(sh, sh.N);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_forward_cuda", [&] {
@@ -114,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
     Params<scalar_t, acc_t> p = make_params<scalar_t, acc_t>(sh, in.q, in.k, in.v, in.radius, in.mask,
                                                              in.key_bias, power, causal, dropout_p, seed);
     p.out = out.data_ptr<scalar_t>();
-    p.lse = lse.data_ptr<acc_t>();
+    p.lse = lse.data_ptr<double>();
     launch(forward_kernel<scalar_t, acc_t>, blocks, sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
   });
   return {out, lse};
@@ -139,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
               "fourier_attention backward: grad_out, out and lse must be on q's device");
   const at::Tensor out = out_in.to(in.dtype).contiguous();
   const at::Tensor dout = dout_in.to(in.dtype).contiguous();
-  const at::Tensor lse = lse_in.to(in.acc).contiguous();
+  const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
   at::Tensor dq = at::empty(in.q.sizes(), in.q.options());
   at::Tensor dk = at::empty(in.k.sizes(), in.k.options());
   at::Tensor dv = at::empty(in.v.sizes(), in.v.options());
@@ -152,7 +154,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
                                                                in.key_bias, power, causal, dropout_p, seed);
       p.o = out.data_ptr<scalar_t>();
       p.dout = dout.data_ptr<scalar_t>();
-      p.lse_in = lse.data_ptr<acc_t>();
+      p.lse_in = lse.data_ptr<double>();
       p.delta = delta.data_ptr<acc_t>();
       p.dq = dq.data_ptr<scalar_t>();
       p.dk = dk.data_ptr<scalar_t>();

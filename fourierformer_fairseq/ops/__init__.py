@@ -25,6 +25,8 @@ from .reference import (
 )
 
 BACKENDS = ("cuda", "cpu", "reference")
+
+extension_status()  # load the extension (and register its ops) now, not at the first call
 CUDA_MAX_HEAD_DIM = 256
 
 __all__ = [
@@ -76,8 +78,6 @@ def select_backend(backend: str, inp: AttentionInputs) -> str:
     reason = backend_unavailable_reason(backend, inp)
     if reason:
         raise ValueError(f"fourier_attention: backend {backend!r} cannot run this call: {reason}")
-    if backend != "reference":
-        fused_available()
     return backend
 
 

@@ -57,10 +57,18 @@ def _try_load() -> ExtensionStatus:
 
 
 def extension_status() -> ExtensionStatus:
-    """Loads the extension once; warns once, with the reason, if it is unusable."""
+    """Loads the extension once; warns once, with the reason, if it is unusable.
+
+    Loading also registers the ops' shape (fake) and autograd implementations
+    (fused.register_ops), so that they are in place before any call, opcheck or trace.
+    """
     global _status
     if _status is None:
         _status = _try_load()
+        if _status.loaded:
+            from .fused import register_ops
+
+            register_ops()
         if not _status.loaded and "FOURIERFORMER_DISABLE_EXTENSION" not in _status.reason:
             warnings.warn(
                 f"fourierformer_fairseq: fused kernels unavailable, using the PyTorch reference: {_status.reason}",

@@ -7,8 +7,13 @@ The C++ library defines two ops (csrc/fourier_attention_ops.cpp):
     fourier_attention_backward(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias,
                                causal, dropout_p, seed) -> (dq, dk, dv, dradius)
 
-``radius`` is the (H, D) table; ``lse`` the per-row log-normaliser (+inf for rows with
-no visible key). Both are float32, or float64 for float64 inputs.
+``radius`` is the (H, D) table, float32 (float64 for float64 inputs); ``lse`` the per-row
+log-normaliser (+inf for rows with no visible key), float64 for every input dtype: it is
+of order p * D (a sum of D logs), and the backward needs it to float32 accuracy relative
+to 1, which a float32 lse (error ulp(|lse|) / 2) would not give.
+
+``register_ops`` adds the shape (fake) and autograd registrations; ``extension_status``
+(extension.py) calls it once, when the extension loads.
 """
 from __future__ import annotations
 
@@ -20,11 +25,13 @@ from .inputs import AttentionInputs
 _registered = False
 
 
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """radius and masks are passed in this dtype."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _register() -> None:
+def register_ops() -> None:
+    """Fake (shape) and autograd registrations of the two ops; idempotent."""
     global _registered
     if _registered:
         return
@@ -34,7 +41,7 @@ def _register() -> None:
     def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed):
         B, H, N, _ = q.shape
         out = q.new_empty((B, H, N, v.shape[-1]))
-        lse = q.new_empty((B, H, N), dtype=_lse_dtype(q.dtype))
+        lse = q.new_empty((B, H, N), dtype=torch.float64)
         return out, lse
 
     @torch.library.register_fake("fourierformer::fourier_attention_backward")
@@ -62,16 +69,13 @@ def _register() -> None:
 
 
 def fused_available() -> bool:
-    status = extension_status()
-    if status.loaded:
-        _register()
-    return status.loaded
+    return extension_status().loaded
 
 
 def fused_forward(inp: AttentionInputs, seed: int) -> torch.Tensor:
     """Runs the fused op on normalised inputs; returns out (B, H, N, Dv)."""
     assert fused_available()
-    compute = _lse_dtype(inp.q.dtype)
+    compute = _compute_dtype(inp.q.dtype)
     radius = inp.radius_hd.to(compute).contiguous()
     attn_mask = None if inp.attn_mask is None else inp.attn_mask.to(compute)
     key_bias = None if inp.key_bias is None else inp.key_bias.to(compute)
