@@ -71,13 +71,13 @@ SPEC = {
     "fourierformer_iwslt_de_en": dict(encoder_layers=6, decoder_layers=6, encoder_embed_dim=512, decoder_embed_dim=512,
                                       encoder_attention_heads=4, decoder_attention_heads=4,
                                       encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024,
-                                      fourier_power=2, fourier_radius_init=1.0),
+                                      fourier_power=2, fourier_qk_norm="rms"),
     "fourierformer_lm_wiki103_small": dict(decoder_layers=16, decoder_embed_dim=128, decoder_attention_heads=8,
                                            decoder_ffn_embed_dim=2048, max_target_positions=256,
-                                           fourier_power=4, fourier_radius_init=2.0),
+                                           fourier_power=4, fourier_qk_norm="rms"),
     "fourierformer_lm_wiki103_medium": dict(decoder_layers=16, decoder_embed_dim=256, decoder_attention_heads=8,
                                             decoder_ffn_embed_dim=2048, max_target_positions=384,
-                                            fourier_power=4, fourier_radius_init=2.0),
+                                            fourier_power=4, fourier_qk_norm="rms"),
 }
 
 

@@ -4,8 +4,10 @@ Registered model ``fourierformer_lm`` (``transformer_lm``'s options plus ``--fou
 the paper's WikiText-103 models (Nguyen et al. 2022, after Schlag et al. 2021; not fairseq's
 big ``transformer_lm_wiki103``):
 
-    fourierformer_lm_wiki103_small    16 layers, d 128, 8 heads, ffn 2048, context 256, p = 4, R0 = 2.0
-    fourierformer_lm_wiki103_medium   16 layers, d 256, 8 heads, ffn 2048, context 384, p = 4, R0 = 2.0
+    fourierformer_lm_wiki103_small    16 layers, d 128, 8 heads, ffn 2048, context 256, p = 4
+    fourierformer_lm_wiki103_medium   16 layers, d 256, 8 heads, ffn 2048, context 384, p = 4
+
+(radius init 2.0 with --fourier-paper-exact, as in the paper)
 
 and their softmax twins at identical sizes, registered on stock ``transformer_lm``:
 
@@ -17,10 +19,9 @@ equal to it (256 / 384). Adaptive input / softmax stay off unless asked for
 so the archs also run on small vocabularies.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fairseq import options
-from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import (
@@ -32,31 +33,20 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from fairseq.utils import safe_getattr
 
-from fourierformer_fairseq.modules.fourier_multihead_attention import RADIUS_SHAPES
-from fourierformer_fairseq.ops.inputs import PHIS
-
-from .fourier_attention_options import FourierAttentionOptions, set_fourier_defaults
+from .fourier_attention_options import (
+    FourierAttentionConfig,
+    FourierAttentionOptions,
+    name_fourier_layers,
+    set_fourier_defaults,
+)
 from .fourierformer_transformer import FourierTransformerDecoder
 
 LM_SITES = ("decoder",)
 
 
 @dataclass
-class FourierFormerLanguageModelConfig(TransformerLanguageModelConfig):
-    fourier_power: int = field(
-        default=4, metadata={"help": "p of phi(x) = x^p in the Fourier attention weights prod_d phi(sinc(R (q_d - k_d)))"}
-    )
-    fourier_phi: ChoiceEnum(PHIS) = field(
-        default="power", metadata={"help": "phi applied to sinc: power (x^p, the paper's), abs, relu or sigmoid"}
-    )
-    fourier_radius_init: float = field(default=2.0, metadata={"help": "initial value of the learnable radius R"})
-    fourier_radius_shape: ChoiceEnum(RADIUS_SHAPES) = field(
-        default="scalar", metadata={"help": "one learnable radius per layer (scalar), per head, or per head and feature"}
-    )
-    fourier_attention: str = field(
-        default="all",
-        metadata={"help": "which attentions are Fourier: 'decoder' (= 'all', the only one in a language model) or 'none'"},
-    )
+class FourierFormerLanguageModelConfig(TransformerLanguageModelConfig, FourierAttentionConfig):
+    """``transformer_lm``'s options plus the --fourier-* ones (declared in FourierAttentionConfig)."""
 
 
 @register_model("fourierformer_lm", dataclass=FourierFormerLanguageModelConfig)
@@ -118,7 +108,9 @@ class FourierFormerLanguageModel(TransformerLanguageModel):
         decoder = FourierTransformerDecoder(
             TransformerConfig.from_namespace(args), task.target_dictionary, embed_tokens, fourier, no_encoder_attn=True
         )
-        return cls(decoder)
+        model = cls(decoder)
+        name_fourier_layers(model)
+        return model
 
 
 def paper_lm_sizes(args, embed_dim: int, context: int) -> None:
@@ -137,13 +129,13 @@ def paper_lm_sizes(args, embed_dim: int, context: int) -> None:
 
 @register_model_architecture("fourierformer_lm", "fourierformer_lm_wiki103_small")
 def fourierformer_lm_wiki103_small(args):
-    set_fourier_defaults(args, power=4, radius_init=2.0)
+    set_fourier_defaults(args, power=4, paper_radius_init=2.0)
     paper_lm_sizes(args, embed_dim=128, context=256)
 
 
 @register_model_architecture("fourierformer_lm", "fourierformer_lm_wiki103_medium")
 def fourierformer_lm_wiki103_medium(args):
-    set_fourier_defaults(args, power=4, radius_init=2.0)
+    set_fourier_defaults(args, power=4, paper_radius_init=2.0)
     paper_lm_sizes(args, embed_dim=256, context=384)
 
 

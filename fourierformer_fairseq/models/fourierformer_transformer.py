@@ -4,8 +4,9 @@ Registered model ``fourierformer`` (a subclass of fairseq's legacy ``transformer
 same command-line options plus ``--fourier-*``) and architecture:
 
     fourierformer_iwslt_de_en   the shape of transformer_iwslt_de_en (6+6 layers, d 512, 4 heads,
-                                ffn 1024) with the paper's p = 2 and radius init 1.0;
-                                its softmax twin is stock ``transformer_iwslt_de_en``.
+                                ffn 1024) with the paper's p = 2 (radius init 1.0 with
+                                --fourier-paper-exact); its softmax twin is stock
+                                ``transformer_iwslt_de_en``.
 
 Only the attention modules differ from the stock model: the layers below override
 ``build_self_attention`` / ``build_encoder_attention`` and nothing else, so parameter
@@ -28,6 +29,7 @@ from .fourier_attention_options import (
     SITES,
     FourierAttentionOptions,
     add_fourier_args,
+    name_fourier_layers,
     set_fourier_defaults,
 )
 
@@ -164,12 +166,14 @@ class FourierFormerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        add_fourier_args(parser, SITES)
+        add_fourier_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
         FourierAttentionOptions.from_args(args, SITES)  # fail early, with the flag names, on bad options
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        name_fourier_layers(model)
+        return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -187,5 +191,5 @@ class FourierFormerModel(TransformerModel):
 
 @register_model_architecture("fourierformer", "fourierformer_iwslt_de_en")
 def fourierformer_iwslt_de_en(args):
-    set_fourier_defaults(args, power=2, radius_init=1.0)
+    set_fourier_defaults(args, power=2, paper_radius_init=1.0)
     transformer_iwslt_de_en(args)

@@ -15,10 +15,14 @@ inherited ``_get_input_buffer`` / ``_set_input_buffer`` / ``_append_prev_key_pad
 ``_add_bias`` and ``add_zero_attn`` through ``_append_zero_attn``. The cache has the
 stock layout, ``prev_key`` / ``prev_value`` of shape (batch, heads, seq, head_dim).
 
-Queries are not multiplied by ``head_dim ** -0.5``: the radius is the (learnable) scale.
+Queries are not multiplied by ``head_dim ** -0.5``: the radius is the (learnable) scale. With
+``qk_norm="rms"`` (the architectures' default) queries and keys are first divided by their RMS
+over the head dim, so that the radius alone sets how far ``R (q_d - k_d)`` reaches into sinc;
+``radius_init=None`` then starts it at :func:`auto_radius`. Why: docs/training-dynamics.md.
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -28,10 +32,32 @@ from torch.nn import Parameter
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fourierformer_fairseq.ops import fourier_attention
+from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
 from fourierformer_fairseq.ops.inputs import PHIS, causal_bias, prepare_inputs
 from fourierformer_fairseq.ops.reference import log_weights
 
 RADIUS_SHAPES = ("scalar", "head", "feature")
+QK_NORMS = ("rms", "none")
+KERNELS = ("sinc", "gaussian")
+QK_NORM_EPS = 1e-6
+
+
+def auto_radius(power: int, head_dim: int) -> float:
+    """The radius at which Fourier attention on unit-RMS q, k starts as peaked as softmax attention.
+
+    For small x, p log|sinc x| = -p x^2 / 6 + O(x^4), so the log-weights are
+    -(p R^2 / 6) |q - k|^2 + O(R^4): a Gaussian kernel whose scores vary across keys like
+    (p R^2 / 3) q . k. Softmax attention scores q . k / sqrt(D); equal temperatures give
+    R = sqrt(3 / (p sqrt(D))): 0.36 at D 128, p 2; 0.43 at D 64, p 2 and at D 16, p 4.
+    """
+    return math.sqrt(3.0 / (power * math.sqrt(head_dim)))
+
+
+def rms_normalise(x: Tensor) -> Tensor:
+    """x / sqrt(mean_d x_d^2 + eps) over the last dim (the head dim), in float32 or wider."""
+    compute = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    out = compute * torch.rsqrt(compute.pow(2).mean(-1, keepdim=True) + QK_NORM_EPS)
+    return out.to(x.dtype)
 
 
 def radius_parameter_shape(radius_shape: str, num_heads: int, head_dim: int) -> Tuple[int, ...]:
@@ -51,9 +77,15 @@ class FourierMultiheadAttention(MultiheadAttention):
     Args beyond fairseq's ``MultiheadAttention``:
         power: p in phi(x) = x^p (phi="power"); even p runs on the fused kernels.
         phi: "power", "abs", "relu" or "sigmoid".
-        radius_init: initial value of every entry of the radius R.
+        radius_init: initial value of every entry of the radius R; None: ``auto_radius(power, head_dim)``.
         radius_shape: "scalar" (one R per layer), "head" (one per head) or
             "feature" (one per head and feature).
+        qk_norm: "rms" (divide q and k by their RMS over the head dim before scoring) or "none"
+            (the paper's formulation).
+        kernel: "sinc" (Fourier integral attention) or "gaussian" (the ablation
+            exp(-(p R^2 / 6) sum_d (q_d - k_d)^2), the small-x limit of the same p and R).
+        log_interval: every this many training updates, log the radius and the mean attention
+            entropy through fairseq's metrics (0: never; see ``set_num_updates``).
         backend: passed to ``fourier_attention`` ("auto", "cpu", "cuda", "reference").
     """
 
@@ -78,8 +110,11 @@ class FourierMultiheadAttention(MultiheadAttention):
         *,
         power: int = 4,
         phi: str = "power",
-        radius_init: float = 1.0,
+        radius_init: Optional[float] = None,
         radius_shape: str = "scalar",
+        qk_norm: str = "rms",
+        kernel: str = "sinc",
+        log_interval: int = 0,
         backend: str = "auto",
     ):
         if xformers_att_config is not None:
@@ -91,9 +126,18 @@ class FourierMultiheadAttention(MultiheadAttention):
             raise ValueError(f"phi must be one of {PHIS}, got {phi!r}")
         if isinstance(power, bool) or int(power) != power or power < 1:
             raise ValueError(f"power must be a positive integer, got {power!r}")
-        radius_init = float(radius_init)
-        if not radius_init > 0:
-            raise ValueError(f"radius_init must be positive, got {radius_init}")
+        if radius_init is not None:
+            radius_init = float(radius_init)
+            if not radius_init > 0:
+                raise ValueError(f"radius_init must be positive, got {radius_init}")
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if kernel == "gaussian" and phi != "power":
+            raise ValueError(f"kernel='gaussian' is exp(-(p R^2 / 6) |q - k|^2) and takes phi='power', got {phi!r}")
+        if isinstance(log_interval, bool) or int(log_interval) != log_interval or log_interval < 0:
+            raise ValueError(f"log_interval must be a non-negative integer, got {log_interval!r}")
         super().__init__(
             embed_dim,
             num_heads,
@@ -112,16 +156,49 @@ class FourierMultiheadAttention(MultiheadAttention):
         self.power = int(power)
         self.phi = phi
         self.radius_shape = radius_shape
-        self.radius_init = radius_init
+        self.radius_init = auto_radius(self.power, self.head_dim) if radius_init is None else radius_init
+        self.qk_norm = qk_norm
+        self.kernel = kernel
         self.backend = backend
+        self.log_interval = int(log_interval)
+        self.log_name = "attn"  # set by the models to the layer's place, e.g. "enc0", "dec3", "cross3"
+        self._log_this_update = False
         shape = radius_parameter_shape(radius_shape, num_heads, self.head_dim)
-        self.radius = Parameter(torch.full(shape, radius_init))
+        self.radius = Parameter(torch.full(shape, self.radius_init))
 
     def extra_repr(self) -> str:
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, power={self.power}, phi={self.phi!r}, "
-            f"radius_shape={self.radius_shape!r}, radius_init={self.radius_init}"
+            f"radius_shape={self.radius_shape!r}, radius_init={self.radius_init:.4g}, qk_norm={self.qk_norm!r}, "
+            f"kernel={self.kernel!r}"
         )
+
+    # ------------------------------------------------------------------ observability
+
+    def set_num_updates(self, num_updates: int) -> None:
+        """Called by fairseq's trainer (through the model) before every update."""
+        self._log_this_update = self.log_interval > 0 and num_updates % self.log_interval == 0
+
+    def _log_metrics(self, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> None:
+        """The radius of this layer and the mean entropy of its attention rows (first sequence of the batch).
+
+        Logged as ``radius_<layer>`` and ``entropy_<site>`` (nats, averaged over the site's layers and the
+        rows that see a key); fairseq averages them over its --log-interval and writes them to the
+        progress bar and to --tensorboard-logdir.
+        """
+        from fairseq.logging import metrics
+
+        self._log_this_update = False  # once per update, also with --update-freq > 1
+        with torch.no_grad():
+            metrics.log_scalar(f"radius_{self.log_name}", self.radius.detach().float().mean().item(), round=4)
+            kpm = None if key_padding_mask is None else key_padding_mask[:1]
+            S = self._scores(q[:1].float(), k[:1].float(), k[:1].float(), kpm, None, causal)
+            P = torch.softmax(S, dim=-1)
+            seen = torch.isfinite(S).any(-1)
+            H = -(P * torch.where(P > 0, P.log(), torch.zeros_like(P))).sum(-1)
+            if seen.any():
+                site = self.log_name.rstrip("0123456789")
+                metrics.log_scalar(f"entropy_{site}", H[seen].mean().item(), round=3)
 
     # ------------------------------------------------------------------ projections
 
@@ -205,6 +282,10 @@ class FourierMultiheadAttention(MultiheadAttention):
         if k is not None:
             kv_bsz = k.size(1)
             k = self._split_heads(k)
+        if self.qk_norm == "rms":
+            # before the cache, so cached keys are stored normalised (the normalisation is per key)
+            q = rms_normalise(q)
+            k = None if k is None else rms_normalise(k)
         if v is not None:
             v = self._split_heads(v)
 
@@ -255,13 +336,16 @@ class FourierMultiheadAttention(MultiheadAttention):
 
         if before_softmax:
             return self._log_weights(q, k, v, key_padding_mask, attn_mask, causal)
+        if self.training and self._log_this_update:
+            self._log_metrics(q, k, key_padding_mask, causal)
 
         dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
         beam = bsz // kv_bsz
         if beam != 1:
             # beamable enc-dec attention: the beam_size queries of each sentence share its keys
             q, attn_mask = self._fold_beam(q, attn_mask, kv_bsz, beam)
-        result = fourier_attention(
+        attention = fourier_attention if self.kernel == "sinc" else gaussian_attention
+        result = attention(
             q,
             k,
             v,
@@ -323,6 +407,11 @@ class FourierMultiheadAttention(MultiheadAttention):
 
     def _log_weights(self, q, k, v, key_padding_mask, attn_mask, causal):
         """``before_softmax``: the log-weights sum_d log phi(sinc(R_d (q_d - k_d))) plus masks."""
+        B, H, N, M = q.size(0), q.size(1), q.size(2), k.size(2)
+        return self._scores(q, k, v, key_padding_mask, attn_mask, causal).reshape(B * H, N, M), v.reshape(B * H, M, -1)
+
+    def _scores(self, q, k, v, key_padding_mask, attn_mask, causal):
+        """The log-weights (B, H, N, M) of this layer's kernel, masks included."""
         if q.size(0) != k.size(0):
             k = k.repeat_interleave(q.size(0) // k.size(0), dim=0)
             v = v.repeat_interleave(q.size(0) // v.size(0), dim=0)
@@ -332,10 +421,11 @@ class FourierMultiheadAttention(MultiheadAttention):
             q, k, v, self.radius, power=self.power, phi=self.phi, attn_mask=attn_mask,
             key_padding_mask=key_padding_mask, causal=causal,
         )
+        if self.kernel == "gaussian":
+            return gaussian_log_weights(inp)
         if not inp.log_domain:
             raise ValueError(
                 f"before_softmax=True needs non-negative weights (phi='power' with even power, or abs/relu/sigmoid); "
                 f"got phi={self.phi!r}, power={self.power}"
             )
-        B, H, N, M = q.size(0), q.size(1), q.size(2), k.size(2)
-        return log_weights(inp).reshape(B * H, N, M), v.reshape(B * H, M, -1)
+        return log_weights(inp)
