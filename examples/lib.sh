@@ -28,9 +28,12 @@ for kv in rest:
 meta["extra_args"] = extra
 # the ablation knobs of the paper's Tables 7/8, when given on the command line
 keys = {"--fourier-phi": "phi", "--fourier-radius-init": "radius_init", "--fourier-radius-shape": "radius_shape",
-        "--fourier-power": "power", "--fourier-attention": "fourier_attention"}
+        "--fourier-power": "power", "--fourier-attention": "fourier_attention",
+        "--fourier-qk-norm": "qk_norm", "--fourier-kernel": "kernel"}
 for i, a in enumerate(extra):
     name, eq, val = a.partition("=")
+    if name == "--fourier-paper-exact":
+        meta["paper_exact"] = 1
     if name in keys:
         meta[keys[name]] = val if eq else (extra[i + 1] if i + 1 < len(extra) else "")
 with open(path, "w") as fh:

@@ -29,7 +29,7 @@ embeddings, BLEU (beam 5) on valid for the best checkpoint. One run per seed:
 RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/.
 
 Options:
-  --model fourier|softmax|ARCH  fourier = fourierformer_iwslt_de_en (p=2, radius init 1.0),
+  --model fourier|softmax|ARCH  fourier = fourierformer_iwslt_de_en (p=2; --fourier-paper-exact after -- for the paper's formulation),
                            softmax = transformer_iwslt_de_en; or any registered arch (default: $MODEL)
   --seeds "1 2 3"          seeds, one run each, in turn (default: $SEEDS)
   --data DIR               binarised data (default: $DATA)
@@ -83,8 +83,9 @@ if [[ -z "$NAME" ]]; then
     NAME="$MODEL"
     for ((i = 0; i < ${#EXTRA[@]}; i++)); do
         case "${EXTRA[$i]}" in
-            --fourier-phi|--fourier-radius-init|--fourier-radius-shape|--fourier-power)
+            --fourier-phi|--fourier-radius-init|--fourier-radius-shape|--fourier-power|--fourier-qk-norm|--fourier-kernel)
                 NAME="${NAME}_${EXTRA[$i]#--fourier-}${EXTRA[$((i + 1))]:-}" ;;
+            --fourier-paper-exact) NAME="${NAME}_paper_exact" ;;
         esac
     done
     NAME="${NAME//-/_}"
