@@ -25,8 +25,6 @@ from .reference import (
 )
 
 BACKENDS = ("cuda", "cpu", "reference")
-
-extension_status()  # load the extension (and register its ops) now, not at the first call
 CUDA_MAX_HEAD_DIM = 256
 
 __all__ = [
