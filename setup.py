@@ -9,6 +9,7 @@ FOURIERFORMER_NO_EXTENSION=1 skips the extension (the package then runs the refe
 """
 import glob
 import os
+import re
 
 from setuptools import find_packages, setup
 
@@ -41,7 +42,7 @@ def extension_modules():
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
         sources += [os.path.relpath(p, ROOT) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))]
-        macros += [("FF_CUDA_VERSION", f'"{torch.version.cuda}"'), ("FF_WITH_CUDA", "1")]
+        macros += [("FF_CUDA_VERSION", f'"{torch.version.cuda}"')]
         extra["nvcc"] = ["-O3", "-lineinfo"]
         builder = cpp_extension.CUDAExtension
     else:
@@ -58,16 +59,28 @@ def extension_modules():
     return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
 
 
+def version() -> str:
+    """The one version string: ``__version__`` in fourierformer_fairseq/__init__.py."""
+    with open(os.path.join(ROOT, "fourierformer_fairseq", "__init__.py")) as fh:
+        return re.search(r'^__version__ = "([^"]+)"', fh.read(), re.M).group(1)
+
+
 ext_modules, cmdclass = extension_modules()
 
 setup(
     name="fourierformer-fairseq",
-    version="0.1.0",
+    version=version(),
     description="FourierFormer (Fourier integral attention) for fairseq, with fused CPU and CUDA kernels",
     packages=find_packages(include=["fourierformer_fairseq", "fourierformer_fairseq.*"]),
     python_requires=">=3.9",
-    install_requires=["torch>=2.4", "sacrebleu>=2.0", "sentencepiece", "ninja"],
-    extras_require={"fairseq": ["fairseq-fixed==0.12.3.1"], "test": ["pytest", "numpy"]},
+    license="MIT",
+    # the op and the modules need torch only; fairseq and the recipes' tools are extras
+    install_requires=["torch>=2.4"],
+    extras_require={
+        "fairseq": ["fairseq-fixed==0.12.3.1"],
+        "recipes": ["sacrebleu>=2.0", "sentencepiece", "sacremoses==0.2.0", "subword-nmt==0.3.8", "matplotlib>=3.5"],
+        "test": ["pytest", "numpy"],
+    },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     zip_safe=False,
