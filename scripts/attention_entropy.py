@@ -4,8 +4,10 @@ For each checkpoint (e.g. the ``checkpoint_<epoch>_<update>.pt`` files that
 ``--save-interval-updates`` leaves), runs the model on the first ``--sentences`` validation
 examples one at a time (no padding), with teacher forcing, and averages the entropy (nats) of
 every attention row, per site: ``enc`` (encoder self-attention), ``dec`` (decoder
-self-attention), ``cross`` (encoder-decoder attention). Writes JSON for
-``scripts/training_curves.py --entropy``.
+self-attention), ``cross`` (encoder-decoder attention). Also per site: the RMS of the query and
+key projections (``q_rms``), and for Fourier layers the fraction of (query, key) pairs with a
+feature past sinc's first zero, |R (q_d - k_d)| > pi, on the scored (normalised, if
+``qk_norm``) q and k (``past_zero``). Writes JSON for ``scripts/training_curves.py --entropy``.
 
     python scripts/attention_entropy.py --data data-bin/multi30k --checkpoints runs/softmax/ckpt \\
         --out softmax_entropy.json [--user-dir fourierformer_fairseq]
@@ -33,18 +35,41 @@ def entropies(model, samples):
     sums, counts = {}, {}
     originals = {}
 
+    def add(key, total, n):
+        sums[key] = sums.get(key, 0.0) + total
+        counts[key] = counts.get(key, 0) + n
+
     def wrap(name, module):
         forward = module.forward
 
         def capturing(*args, **kwargs):
             kwargs["need_weights"] = True
             kwargs["need_head_weights"] = True
+            query = args[0] if args else kwargs["query"]
+            key = args[1] if len(args) > 1 else kwargs.get("key")
+            if key is None:
+                key = query
             attn, weights = forward(*args, **kwargs)
             P = weights.double()  # (heads, batch, tgt, src)
             H = -(P * torch.where(P > 0, P.log(), torch.zeros_like(P))).sum(-1)
             site = site_of(name)
-            sums[site] = sums.get(site, 0.0) + H.sum().item()
-            counts[site] = counts.get(site, 0) + H.numel()
+            add(site, H.sum().item(), H.numel())
+            q, k = module.q_proj(query).double(), module.k_proj(key).double()
+            add(f"q_rms/{site}", q.pow(2).mean().sqrt().item() + k.pow(2).mean().sqrt().item(), 2)
+            radius = getattr(module, "radius", None)
+            if radius is not None:
+                def heads(t):
+                    return t.reshape(t.size(0), t.size(1), module.num_heads, module.head_dim).permute(1, 2, 0, 3)
+                qh, kh = heads(q), heads(k)
+                if getattr(module, "qk_norm", "none") == "rms":
+                    qh = qh / torch.sqrt(qh.pow(2).mean(-1, keepdim=True) + 1e-6)
+                    kh = kh / torch.sqrt(kh.pow(2).mean(-1, keepdim=True) + 1e-6)
+                r = radius.detach().double()
+                if radius.dim() == 2:  # (H, 1) or (H, D)
+                    r = radius.detach().double().reshape(1, module.num_heads, 1, 1, -1)
+                x = r * (qh.unsqueeze(3) - kh.unsqueeze(2))  # (B, H, N, M, D)
+                past = (x.abs() > torch.pi).any(-1)
+                add(f"past_zero/{site}", past.double().sum().item(), past.numel())
             return attn, None
 
         originals[name] = forward
@@ -61,7 +86,7 @@ def entropies(model, samples):
         for name, module in model.named_modules():
             if name in originals:
                 module.forward = originals[name]
-    return {site: sums[site] / counts[site] for site in sorted(sums)}
+    return {key: sums[key] / counts[key] for key in sorted(sums)}
 
 
 def main(argv=None):

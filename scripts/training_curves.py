@@ -94,7 +94,8 @@ def main(argv=None):
             by_site = defaultdict(list)
             for point in extra_entropy[name]["points"]:
                 for site, value in point["entropy"].items():
-                    by_site[site].append((point["num_updates"], value))
+                    if "/" not in site:  # q_rms/<site>, past_zero/<site> are not entropies
+                        by_site[site].append((point["num_updates"], value))
             for j, (site, pts) in enumerate(sorted(by_site.items())):
                 pts.sort()
                 ax_entropy.plot([p[0] for p in pts], [p[1] for p in pts], "s", color=color,
