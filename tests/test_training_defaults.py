@@ -213,3 +213,43 @@ def test_arch_defaults_and_the_paper_exact_switch(arch, power, paper_r):
         FourierAttentionOptions.from_args(parse(arch, "--fourier-qk-norm", "layer"), sites)
     with pytest.raises(ValueError, match="--fourier-log-interval"):
         FourierAttentionOptions.from_args(parse(arch, "--fourier-log-interval", "-1"), sites)
+
+
+def test_attention_scale_script_separates_the_paper_settings_from_the_defaults():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "attention_scale.py")
+    spec = importlib.util.spec_from_file_location("attention_scale", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    paper = mod.measure(64, 2, 1.0, 1.0, qk_norm=False, N=32, M=64)
+    default = mod.measure(64, 2, mod.auto_radius(2, 64), 1.0, qk_norm=True, N=32, M=64)
+    assert paper["spread"] > 5 and paper["grad_ratio"] > 5 and paper["entropy"] < 0.5
+    assert 0.8 < default["spread"] < 1.4 and 0.7 < default["grad_ratio"] < 1.5
+    assert default["near_zero"] == 0 and abs(default["entropy"] - default["entropy_softmax"]) < 0.05
+
+
+def test_training_curves_reads_fairseq_json_logs(tmp_path):
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "training_curves.py")
+    spec = importlib.util.spec_from_file_location("training_curves", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    log = tmp_path / "train.log"
+    lines = []
+    for u in (10, 20):
+        rec = {"epoch": 1, "loss": str(10 - u / 10), "gnorm": "1.5", "num_updates": str(u), "radius_enc0": "0.43",
+               "entropy_enc": "2.1"}
+        lines.append(f"2026-01-01 00:00:00 | INFO | train_inner | {json.dumps(rec)}")
+    lines.append('2026-01-01 00:00:00 | INFO | valid | {"epoch": 1, "valid_nll_loss": "7.25", "valid_num_updates": "20"}')
+    log.write_text("\n".join(lines) + "\n")
+    parsed = mod.read_log(str(log))
+    assert mod.series(parsed["train"], "loss") == ([10.0, 20.0], [9.0, 8.0])
+    assert mod.series(parsed["valid"], "valid_nll_loss") == ([20.0], [7.25])
+    out = tmp_path / "c.png"
+    mod.main(["--run", f"x={log}", "--out", str(out)])
+    assert out.stat().st_size > 1000
