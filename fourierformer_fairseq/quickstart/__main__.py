@@ -17,6 +17,9 @@ def parse_args(argv=None) -> QuickstartConfig:
                         help="where the corpus, data-bin, checkpoints, logs and translations go (default: %(default)s)")
     parser.add_argument("--max-epoch", type=int, default=None,
                         help=f"epochs per model (default: {FULL.max_epoch}; {SMALL.max_epoch} with --small)")
+    parser.add_argument("--max-update", type=int, default=None,
+                        help="stop each training after this many updates (default: no limit; reproducible, "
+                             "unlike the time budget)")
     parser.add_argument("--time-budget-minutes", type=float, default=defaults.time_budget_minutes,
                         help="cap on each model's training time; training stops and keeps its best checkpoint "
                              "(default: %(default)s)")
@@ -27,7 +30,7 @@ def parse_args(argv=None) -> QuickstartConfig:
     parser.add_argument("--small", action="store_true",
                         help="a tiny corpus and model for tests: checks the pipeline in about a minute, low BLEU")
     args = parser.parse_args(argv)
-    return QuickstartConfig(out_dir=args.out_dir, small=args.small, max_epoch=args.max_epoch,
+    return QuickstartConfig(out_dir=args.out_dir, small=args.small, max_epoch=args.max_epoch, max_update=args.max_update,
                             time_budget_minutes=args.time_budget_minutes, jobs=args.jobs, seed=args.seed,
                             beam=args.beam)
 

@@ -71,6 +71,7 @@ class QuickstartConfig:
     out_dir: str = os.path.join("runs", "quickstart")
     small: bool = False
     max_epoch: Optional[int] = None  # default: the mode's
+    max_update: Optional[int] = None  # stop each training after this many updates (default: no limit)
     time_budget_minutes: float = 5.0  # cap on each model's training time
     jobs: int = 0  # parallel trainings; 0: 2 if there are >= 2 cores, else 1
     seed: int = 1
@@ -151,6 +152,7 @@ def train_command(arch: str, extra: Sequence[str], data_bin: str, save_dir: str,
         "--lr", str(s.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", str(s.max_tokens), "--max-epoch", str(s.max_epoch),
+        *(["--max-update", str(cfg.max_update)] if cfg.max_update else []),
         "--stop-time-hours", f"{cfg.time_budget_minutes / 60:.6f}",
         "--save-dir", save_dir, "--no-epoch-checkpoints", "--seed", str(cfg.seed),
         "--log-format", "json", "--log-interval", "25" if not cfg.small else "5",
@@ -312,6 +314,8 @@ def run_quickstart(cfg: QuickstartConfig, console: Optional[Console] = None) -> 
     sizes = cfg.sizes
     if sizes.max_epoch < 1:
         raise QuickstartError(f"--max-epoch must be at least 1, got {sizes.max_epoch}")
+    if cfg.max_update is not None and cfg.max_update < 1:
+        raise QuickstartError(f"--max-update must be at least 1, got {cfg.max_update}")
     if not cfg.time_budget_minutes > 0:
         raise QuickstartError(f"--time-budget-minutes must be positive, got {cfg.time_budget_minutes}")
     cores = os.cpu_count() or 1
