@@ -253,3 +253,12 @@ def test_training_curves_reads_fairseq_json_logs(tmp_path):
     out = tmp_path / "c.png"
     mod.main(["--run", f"x={log}", "--out", str(out)])
     assert out.stat().st_size > 1000
+
+
+def test_options_saved_before_qk_norm_existed_rebuild_the_paper_formulation():
+    from fourierformer_fairseq.models import FourierAttentionOptions
+    from fourierformer_fairseq.models.fourier_attention_options import SITES
+
+    args = parse("fourierformer_iwslt_de_en", "--fourier-radius-init", "1.0")
+    args.fourier_qk_norm = None  # what the saved options of an older checkpoint give
+    assert FourierAttentionOptions.from_args(args, SITES).qk_norm == "none"
