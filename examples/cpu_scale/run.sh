@@ -13,9 +13,8 @@ STEPS="${STEPS:-prepare mt lm tables}"
 MT_UPDATES="${MT_UPDATES:-5000}"
 LM_UPDATES="${LM_UPDATES:-1500}"
 STOP_HOURS="${STOP_HOURS:-1.0}"      # wall-clock safety cap per run (fairseq --stop-time-hours); the budgets are the update counts
-# Fourier-only options of the translation runs: at this reduced size (d 128, 4 heads) training from
-# the paper's radius init 1.0 stalls, as in the quickstart; 0.5 trains.
-MT_FOURIER_ARGS="${MT_FOURIER_ARGS:---fourier-radius-init 0.5}"
+# Fourier-only options of the translation runs (none: the arch's defaults; e.g. --fourier-paper-exact)
+MT_FOURIER_ARGS="${MT_FOURIER_ARGS:-}"
 
 usage() {
     cat <<EOF
