@@ -56,6 +56,11 @@ template <typename T>
 FF_HD T dlog_sinc_taylor(T x, T x2) {
   return x * (-1.0f / 3.0f + x2 * (-1.0f / 45.0f + x2 * (-2.0f / 945.0f + x2 * (-1.0f / 4725.0f))));
 }
+// float64 needs its coefficients in float64 (as floats they are off by up to 3e-8 relative)
+// and one more term (-2x^9/93555).
+FF_HD double dlog_sinc_taylor(double x, double x2) {
+  return x * (-1.0 / 3.0 + x2 * (-1.0 / 45.0 + x2 * (-2.0 / 945.0 + x2 * (-1.0 / 4725.0 + x2 * (-2.0 / 93555.0)))));
+}
 
 // Scalar log|sinc(x)| from a precomputed sin(x); used by the CUDA kernel and the
 // float64 CPU path. Returns -inf exactly where sin(x) == 0 and x != 0.
