@@ -2,8 +2,12 @@
 through the real ``fairseq_cli`` entry points (``train.main``, ``generate.main``, ...)."""
 from __future__ import annotations
 
+import contextlib
+import copy
+import math
 import os
 import random
+from collections import Counter
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -49,6 +53,39 @@ def create_dummy_data(data_dir: str, num_examples: int = 60, maxlen: int = 12, s
                 words = [rng.choice(letters) for _ in range(rng.randint(2, maxlen))]
                 fin.write(" ".join(words) + "\n")
                 fout.write(" ".join(reversed(words)) + "\n")
+
+
+def create_markov_lm_data(data_dir: str, num_lines: int = 400, seed: int = 0, stay: float = 0.9) -> None:
+    """{train,valid,test}.out for language models: letters from a fixed random successor table,
+    followed with probability ``stay`` (otherwise a uniform letter), 4 to 14 letters a line.
+
+    Learnable from context, so a trained model must score far below the unigram perplexity
+    (``unigram_perplexity``), which a model that ignores its context cannot beat."""
+    rng = random.Random(seed)
+    letters = list("abcdefghijklmnopqrst")
+    successor = dict(zip(letters, rng.sample(letters, len(letters))))
+    for split, n in (("train", num_lines), ("valid", num_lines // 8), ("test", num_lines // 8)):
+        with open(os.path.join(data_dir, f"{split}.out"), "w") as f:
+            for _ in range(n):
+                words = [rng.choice(letters)]
+                for _ in range(rng.randint(3, 13)):
+                    words.append(successor[words[-1]] if rng.random() < stay else rng.choice(letters))
+                f.write(" ".join(words) + "\n")
+
+
+def unigram_perplexity(train_file: str, eval_file: str) -> float:
+    """Perplexity on eval_file's tokens (words and one end-of-sentence per line, as fairseq scores
+    them) of the add-one unigram distribution estimated from train_file."""
+    def tokens(path):
+        with open(path) as f:
+            return [t for line in f for t in line.split() + ["</s>"]]
+
+    counts = Counter(tokens(train_file))
+    evaluated = tokens(eval_file)
+    vocab = set(counts) | set(evaluated)
+    total = sum(counts.values()) + len(vocab)
+    nll = -sum(math.log((counts[t] + 1) / total) for t in evaluated) / len(evaluated)
+    return math.exp(nll)
 
 
 def preprocess_translation_data(data_dir: str, extra_flags: Sequence[str] = ()) -> None:
@@ -162,6 +199,50 @@ def eval_lm_main(data_dir: str, checkpoint: str, extra_flags: Sequence[str] = ()
         *extra_flags,
     ])
     return eval_lm.main(convert_namespace_to_omegaconf(args))
+
+
+@contextlib.contextmanager
+def models_as_saved():
+    """Records, at each checkpoint fairseq-train writes, a copy of the in-memory model (taken just
+    before it is saved) and the training config: a list of (model, cfg), the last one the last saved."""
+    from fairseq import checkpoint_utils
+
+    saved = []
+    original = checkpoint_utils.save_checkpoint
+
+    def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
+        saved.append((copy.deepcopy(trainer.get_model()).cpu().eval(), trainer.cfg))
+        return original(cfg, trainer, epoch_itr, val_loss)
+
+    checkpoint_utils.save_checkpoint = save_checkpoint
+    try:
+        yield saved
+    finally:
+        checkpoint_utils.save_checkpoint = original
+
+
+@contextlib.contextmanager
+def loading_replaced_by(model, cfg):
+    """fairseq-generate / fairseq-eval-lm mains run with ``model`` instead of the checkpoint named by --path."""
+    from fairseq import checkpoint_utils
+
+    originals = checkpoint_utils.load_model_ensemble, checkpoint_utils.load_model_ensemble_and_task
+    checkpoint_utils.load_model_ensemble = lambda *a, **kw: ([model], cfg)
+    checkpoint_utils.load_model_ensemble_and_task = lambda *a, task=None, **kw: ([model], cfg, task)
+    try:
+        yield
+    finally:
+        checkpoint_utils.load_model_ensemble, checkpoint_utils.load_model_ensemble_and_task = originals
+
+
+def hypothesis_scores(generate_stdout: str) -> dict:
+    """{sentence id: (score, hypothesis)} from fairseq-generate's H- lines."""
+    out = {}
+    for line in generate_stdout.splitlines():
+        if line.startswith("H-"):
+            ident, score, text = (line.split("\t") + [""])[:3]
+            out[int(ident[2:])] = (float(score), text)
+    return out
 
 
 def run_cli(tool: str, args: Sequence[str], stdin: Optional[str] = None, timeout: int = 300) -> subprocess.CompletedProcess:
