@@ -23,8 +23,9 @@ IWSLT = os.path.join(REPO, "examples", "iwslt14")
 WIKI = os.path.join(REPO, "examples", "wikitext103")
 TEST_SETS = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")
 
-sacremoses = pytest.importorskip("sacremoses")
-pytest.importorskip("subword_nmt")
+# requirements.txt dependencies of the recipes: a missing one is an error, not a skip
+import sacremoses  # noqa: E402,F401
+import subword_nmt  # noqa: E402,F401
 
 
 def load_prepare_text():
