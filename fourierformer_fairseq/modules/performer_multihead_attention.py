@@ -55,6 +55,7 @@ from fourierformer_fairseq.ops.favor import (
     FEATURE_TYPES,
     KERNELS,
     _causal_chunks,
+    compute_dtype,
     default_num_features,
     draw_projection,
     favor_attention,
@@ -387,11 +388,11 @@ class PerformerMultiheadAttention(MultiheadAttention):
         prev_c = saved_state.get("prefix_logscale")
         device_type = q.device.type if q.device.type in ("cuda", "cpu") else "cpu"
         with torch.autocast(device_type=device_type, enabled=False):
-            projection = self.projection.float()
+            projection = self.projection.to(compute_dtype(q))
             qf = query_features(self.kernel, q, projection, self.radius)
             kf, logscale = key_features(self.kernel, k, projection, key_padding_mask, True, self.radius,
                                         prev_logscale=prev_c)
-            v1 = with_ones(v.float())
+            v1 = with_ones(v.to(compute_dtype(q)))
             if prev_kv is None:
                 state = (qf.new_zeros(qf.size(0), qf.size(1), qf.size(-1), v1.size(-1)), logscale[..., 0])
             else:

@@ -18,9 +18,9 @@ N x M matrix. Feature maps (``x`` is a head's query or key row, ``W`` the (m, d)
 - ``relu``: the generalised kernel ``relu(W x') / sqrt(m)`` (Performer-ReLU).
 - ``fourier_rf``: see :func:`fourier_rf_features`.
 
-All feature maps run in float32 (also under fp16 / bf16 autocast) and add ``eps`` to the
-softmax and ReLU features, as the reference code does; padded keys get zero features, so they
-are removed from the numerator and the denominator.
+All feature maps run in float32 (also under fp16 / bf16 autocast; float64 inputs stay float64)
+and add ``eps`` to the softmax and ReLU features, as the reference code does; padded keys get
+zero features, so they are removed from the numerator and the denominator.
 
 Projections: :func:`gaussian_orthogonal_matrix` (blocks of ``d`` orthonormal rows from the QR
 of Gaussian matrices, rows rescaled by chi-distributed norms, or plain iid Gaussian rows) and
@@ -76,36 +76,57 @@ def gaussian_orthogonal_matrix(num_features: int, dim: int, generator: torch.Gen
         raise ValueError(f"feature_type must be one of {FEATURE_TYPES}, got {feature_type!r}")
     if feature_type == "iid":
         return torch.randn(num_features, dim, generator=generator, dtype=torch.float64).float()
-    blocks = []
-    for _ in range(-(-num_features // dim)):
-        g = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
-        q, r = torch.linalg.qr(g)
-        q = q * torch.sign(torch.diagonal(r)).masked_fill(torch.diagonal(r) == 0, 1.0).unsqueeze(0)
-        blocks.append(q.T)
-    rows = torch.cat(blocks, 0)[:num_features]
+    num_blocks = -(-num_features // dim)
+    g = torch.randn(num_blocks, dim, dim, generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(g)  # one batched decomposition
+    signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
+    q = q * signs.masked_fill(signs == 0, 1.0).unsqueeze(-2)
+    rows = q.transpose(-1, -2).reshape(num_blocks * dim, dim)[:num_features]
     norms = torch.randn(num_features, dim, generator=generator, dtype=torch.float64).norm(dim=1, keepdim=True)
     return (rows * norms).float()
+
+
+def _irwin_hall_inverse_cdf(u: Tensor, n: int) -> Tensor:
+    """Quantiles of the sum of n independent U[0, 1] (the Irwin-Hall distribution), by bisection in float64."""
+    if n == 1:
+        return u
+    if n == 2:  # triangular on [0, 2]: closed form
+        return torch.where(u < 0.5, torch.sqrt(2 * u), 2 - torch.sqrt(2 * (1 - u)))
+
+    def cdf(x):
+        total = torch.zeros_like(x)
+        for j in range(n + 1):
+            total = total + (-1) ** j * math.comb(n, j) * torch.clamp(x - j, min=0) ** n
+        return total / math.factorial(n)
+
+    lo, hi = torch.zeros_like(u), torch.full_like(u, float(n))
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        below = cdf(mid) < u
+        lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+    return 0.5 * (lo + hi)
 
 
 def fourier_rf_frequencies(num_frequencies: int, dim: int, power: int, seed: int, sampling: str = "qmc") -> Tensor:
     """(m, d) float32 frequencies of the square root of the Fourier kernel, for radius 1.
 
-    ``prod_d sinc^(p/2)(t_d) = E[cos(w . t)]`` with ``w_d`` the sum of ``p/2`` independent
-    U[-1, 1] (sinc is the characteristic function of U[-1, 1]). ``sampling="qmc"``: a scrambled
-    Sobol sequence in ``d p/2`` dimensions (each coordinate of the first m points is stratified:
-    one point in each of m equal intervals when m is a power of two); ``"iid"``: plain uniforms.
+    ``prod_d sinc^(p/2)(t_d) = E[cos(w . t)]`` with ``w_d`` distributed as the sum of ``p/2``
+    independent U[-1, 1] (sinc is the characteristic function of U[-1, 1]). Each ``w_d`` is that
+    distribution's quantile of one uniform ``u_d``; ``sampling="qmc"`` takes the ``u`` from a
+    scrambled Sobol sequence in d dimensions (every coordinate of the first m points stratified:
+    one point in each of m equal intervals when m is a power of two), ``"iid"`` from plain uniforms.
     """
     if power % 2:
         raise ValueError(f"fourier_rf needs an even power (the kernel is estimated as a square), got {power}")
     half = power // 2
     if sampling == "qmc":
-        engine = torch.quasirandom.SobolEngine(dim * half, scramble=True, seed=seed % (2 ** 31))
+        engine = torch.quasirandom.SobolEngine(dim, scramble=True, seed=seed % (2 ** 31))
         u = engine.draw(num_frequencies, dtype=torch.float64)
     elif sampling == "iid":
-        u = torch.rand(num_frequencies, dim * half, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        u = torch.rand(num_frequencies, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     else:
         raise ValueError(f"sampling must be 'qmc' or 'iid', got {sampling!r}")
-    return (2.0 * u - 1.0).view(num_frequencies, dim, half).sum(-1).float()
+    return (2.0 * _irwin_hall_inverse_cdf(u, half) - half).float()
 
 
 def draw_projection(kernel: str, num_features: int, head_dim: int, seed: int, *, power: int = 4,
@@ -121,8 +142,13 @@ def draw_projection(kernel: str, num_features: int, head_dim: int, seed: int, *,
 # ----------------------------------------------------------------------------- feature maps
 
 
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """float64 stays float64 (for exact checks); everything else is computed in float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _scaled(x: Tensor) -> Tensor:
-    return x.float() * (x.size(-1) ** -0.25)
+    return x.to(compute_dtype(x)) * (x.size(-1) ** -0.25)
 
 
 def softmax_query_features(q: Tensor, projection: Tensor, eps: float = EPS) -> Tensor:
@@ -159,8 +185,8 @@ def trig_softmax_features(x: Tensor, projection: Tensor) -> Tensor:
 def _radius_view(radius: Tensor, x: Tensor) -> Tensor:
     """A scalar, (H, 1) or (H, D) radius, shaped to broadcast against x (B, H, N, D)."""
     if radius.dim() == 2:
-        return radius.reshape(1, radius.size(0), 1, radius.size(1)).float()
-    return radius.float()
+        return radius.reshape(1, radius.size(0), 1, radius.size(1)).to(compute_dtype(x))
+    return radius.to(compute_dtype(x))
 
 
 def fourier_rf_features(x: Tensor, frequencies: Tensor, radius: Tensor) -> Tensor:
@@ -175,7 +201,7 @@ def fourier_rf_features(x: Tensor, frequencies: Tensor, radius: Tensor) -> Tenso
     the values. Its bias is the variance of the ``h`` estimate (at most 1/(2m) + h(2t)/(2m)),
     lowered by the stratified (QMC) frequencies where the kernel varies slowly.
     """
-    proj = (x.float() * _radius_view(radius, x)) @ frequencies.t()
+    proj = (x.to(compute_dtype(x)) * _radius_view(radius, x)) @ frequencies.to(compute_dtype(x)).t()
     f = torch.cat([torch.cos(proj), torch.sin(proj)], -1) * frequencies.size(0) ** -0.5
     n = f.size(-1)
     rows, cols = torch.triu_indices(n, n, device=f.device)
@@ -361,10 +387,10 @@ def favor_attention(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, *, kern
     out_dtype = v.dtype
     device_type = q.device.type if q.device.type in ("cuda", "cpu") else "cpu"
     with torch.autocast(device_type=device_type, enabled=False):
-        projection = projection.float()
+        projection = projection.to(compute_dtype(q))
         qf = query_features(kernel, q, projection, radius, eps)
         kf, logscale = key_features(kernel, k, projection, key_padding_mask, causal, radius, eps=eps)
-        v1 = with_ones(v.float())
+        v1 = with_ones(v.to(compute_dtype(q)))
         if causal:
             N, M = q.size(-2), k.size(-2)
             if N != M:
@@ -381,7 +407,7 @@ def favor_weights(q: Tensor, k: Tensor, projection: Tensor, *, kernel: str = "so
                   radius: Optional[Tensor] = None, eps: float = EPS) -> Tensor:
     """The normalised approximate weights (B, H, N, M) that ``favor_attention`` applies (materialised)."""
     with torch.autocast(device_type=q.device.type if q.device.type in ("cuda", "cpu") else "cpu", enabled=False):
-        projection = projection.float()
+        projection = projection.to(compute_dtype(q))
         qf = query_features(kernel, q, projection, radius, eps)
         kf, logscale = key_features(kernel, k, projection, key_padding_mask, causal, radius, eps=eps)
         a = qf @ kf.transpose(-1, -2)
