@@ -37,13 +37,16 @@ from fairseq_helpers import (
 from fourierformer_fairseq.models import FOURIER_ARCHS, SOFTMAX_TWINS
 from fourierformer_fairseq.modules import FourierMultiheadAttention
 
-TRANSLATION_ARCHS = ["fourierformer_iwslt_de_en", "transformer_iwslt_de_en"]
+TRANSLATION_ARCHS = ["fourierformer_iwslt_de_en", "transformer_iwslt_de_en", "performer_iwslt_de_en"]
 LM_ARCHS = [
     "fourierformer_lm_wiki103_small",
     "fourierformer_lm_wiki103_medium",
     "softmax_lm_wiki103_small",
     "softmax_lm_wiki103_medium",
     "fourierformer_lm",  # the dataclass model's own name is an arch too (dataclass defaults)
+    "performer_lm_wiki103_small",
+    "performer_lm_wiki103_medium",
+    "performer_lm",
 ]
 
 
