@@ -383,11 +383,14 @@ def test_language_model_with_adaptive_input_and_softmax(lm_data, tmp_path):
     save_dir = str(tmp_path)
     cutoffs = ["--adaptive-input", "--adaptive-input-cutoff", "8,16", "--adaptive-softmax-cutoff", "8,16",
                "--tie-adaptive-weights", "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
-    train_language_model(lm_data, save_dir, "fourierformer_lm_wiki103_small", cutoffs + LM_TRAINING, max_epoch=100)
+    # adaptive input and softmax learn more slowly: twice the updates (measured: perplexity 11.40 after 30)
+    train_language_model(lm_data, save_dir, "fourierformer_lm_wiki103_small",
+                         cutoffs + LM_TRAINING + ["--max-update", "60"], max_epoch=100)
     checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
     state = torch.load(checkpoint)
     assert any("adaptive_softmax" in k for k in state["model"])
-    assert float(eval_lm_main(lm_data, checkpoint)["perplexity"]) < lm_threshold(lm_data)
+    ppl = float(eval_lm_main(lm_data, checkpoint)["perplexity"])
+    assert ppl < lm_threshold(lm_data), (ppl, lm_threshold(lm_data))
 
 
 @pytest.mark.slow
