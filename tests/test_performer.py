@@ -376,6 +376,33 @@ def test_language_model_incremental_equals_full_forward():
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["softmax", "fourier_rf"])
+def test_beam_search_scores_equal_full_forward_rescoring(kernel):
+    """fairseq's SequenceGenerator (prefix-sum cache, beam reordering, beamable encoder attention)
+    scores each hypothesis as a teacher-forced full forward pass does."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    torch.manual_seed(0)
+    model, _ = build_model("performer_iwslt_de_en", extra=["--dropout", "0.0", "--performer-kernel", kernel,
+                                                           "--performer-features", "8" if kernel == "fourier_rf" else "0"])
+    model.eval()
+    d = model.decoder.dictionary
+    src = random_tokens(d, [6, 4], pad_left=True, generator=torch.Generator().manual_seed(2))
+    model.prepare_for_inference_(type("Cfg", (), {"generation": type("G", (), {"beam": 3})()})())
+    generator = SequenceGenerator([model], d, beam_size=3, max_len_b=8)
+    with torch.no_grad():
+        hypos = generator.forward({"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}})
+        for i, sentence_hypos in enumerate(hypos):
+            for hypo in sentence_hypos:
+                tokens = hypo["tokens"].unsqueeze(0)
+                prev = torch.cat([tokens.new_full((1, 1), d.eos()), tokens[:, :-1]], dim=1)
+                s = src[i][src[i].ne(d.pad())].unsqueeze(0)
+                logits, _ = model(s, torch.tensor([s.size(1)]), prev)
+                lprobs = model.get_normalized_probs((logits, None), log_probs=True)
+                expected = lprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).squeeze(0)
+                torch.testing.assert_close(hypo["positional_scores"], expected, rtol=0, atol=1e-4)
+
+
 # ============================================================================ redraws and checkpoints
 
 
