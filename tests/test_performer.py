@@ -194,6 +194,41 @@ def test_causal_prefix_sums_gradcheck():
     torch.testing.assert_close(y, ((qf @ kf.transpose(-1, -2)) * decay) @ v, rtol=1e-12, atol=1e-12)
 
 
+def saved_for_backward(fn):
+    """numel of every tensor autograd saves while running fn()."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sizes
+
+
+def test_causal_backward_keeps_no_position_by_feature_by_value_tensor():
+    """What autograd keeps for the causal path is at most (batch, heads, positions, max(m, dv + 1)):
+    the features and values, never the (positions, m, dv) prefix sums a cumulative sum would keep
+    (the same hook sees them in that naive form)."""
+    B, N, m, dv = 1, 64, 16, 16
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, N, D, generator=g, requires_grad=True)
+    k = torch.randn(B, H, N, D, generator=g, requires_grad=True)
+    v = torch.randn(B, H, N, dv, generator=g, requires_grad=True)
+    w = favor.draw_projection("softmax", m, D, 1)
+    sizes = saved_for_backward(lambda: favor.favor_attention(q, k, v, w, causal=True, chunk=16))
+    assert max(sizes) <= B * H * N * max(m, D, dv + 1)
+
+    def naive():
+        qf = favor.softmax_query_features(q, w)
+        kf = favor.softmax_query_features(k, w)
+        prefix = torch.cumsum(kf.unsqueeze(-1) * v.unsqueeze(-2), dim=2)  # (B, H, N, m, dv)
+        return (qf.unsqueeze(-1) * prefix).sum(-2)
+
+    assert max(saved_for_backward(naive)) >= B * H * N * m * dv
+
+
 @pytest.mark.parametrize("kernel", ["softmax", "relu", "fourier_rf"])
 def test_causal_module_equals_quadratic_reference_from_the_same_features(kernel):
     """Module output and gradients equal a quadratic masked attention computed from the same
