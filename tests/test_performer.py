@@ -8,6 +8,7 @@ standard error they are derived from.
 import hashlib
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -25,8 +26,10 @@ from fairseq_helpers import (
     eval_lm_main,
     preprocess_lm_data,
     random_tokens,
+    run_cli,
     train_language_model,
     unigram_perplexity,
+    USER_DIR,
 )
 from fourierformer_fairseq.modules import ATTENTION_REGISTRY, PerformerMultiheadAttention, build_attention
 from fourierformer_fairseq.ops import favor
@@ -745,3 +748,13 @@ def test_performer_lm_trains_with_redraws_and_evaluates(lm_data, tmp_path):
     threshold = unigram_perplexity(os.path.join(lm_data, "train.out"), os.path.join(lm_data, "valid.out")) / 2
     result = eval_lm_main(lm_data, checkpoint)
     assert float(result["perplexity"]) < threshold, (result, threshold)
+    # a fresh stock fairseq-eval-lm rebuilds the model from the saved config and scores the same
+    proc = run_cli("fairseq-eval-lm", [lm_data, "--user-dir", USER_DIR, "--path", checkpoint,
+                                       "--tokens-per-sample", "32", "--max-tokens", "500",
+                                       "--required-batch-size-multiple", "1"])
+    fresh = re.search(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)", proc.stdout + proc.stderr)
+    assert fresh, proc.stderr[-2000:]
+    # (printed with two decimals: within half a unit of the last digit)
+    assert abs(float(fresh.group(2)) - float(result["perplexity"])) <= 0.0051, (fresh.group(0), result)
+    print(f"performer LM: perplexity {float(result['perplexity']):.4f} (fresh process {fresh.group(2)}), "
+          f"half the unigram perplexity {threshold:.4f}")
