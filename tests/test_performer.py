@@ -310,6 +310,24 @@ def test_appending_padded_keys_changes_nothing(kernel, causal):
     torch.testing.assert_close(w.sum(-1), torch.ones(H, B, T), rtol=1e-5, atol=1e-5)
 
 
+def test_left_padding_in_causal_attention_and_padding_only_rows():
+    """Leading padded positions (their features must not become inf * 0) change nothing for the real
+    ones; a row that sees only padding gives 0, not NaN, and so do its gradients."""
+    m = make(self_attention=True, chunk_size=4).train()
+    T, pad, B = 6, 5, 2
+    x = torch.randn(T, B, E)
+    xp = torch.cat([torch.randn(pad, B, E) * 50, x]).requires_grad_(True)
+    kpm = torch.zeros(B, T + pad, dtype=torch.bool)
+    kpm[:, :pad] = True
+    out, _ = m(x, x, x, attn_mask=future_mask(T), need_weights=False)
+    out_p, _ = m(xp, xp, xp, key_padding_mask=kpm, attn_mask=future_mask(T + pad), need_weights=False)
+    torch.testing.assert_close(out_p[pad:], out, rtol=1e-5, atol=1e-6)
+    # the padded queries see only padded keys: attention 0, so their output is out_proj's bias
+    torch.testing.assert_close(out_p[:pad], m.out_proj.bias.expand(pad, B, E), rtol=0, atol=0)
+    out_p.square().sum().backward()
+    assert torch.isfinite(xp.grad).all() and all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
 def test_cross_attention_padding_and_batch_equals_single():
     m = make(encoder_decoder_attention=True, kdim=12, vdim=12)
     lengths = [6, 4, 2]

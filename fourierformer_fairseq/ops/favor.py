@@ -327,9 +327,10 @@ def key_features(kernel: str, k: Tensor, projection: Tensor, key_padding_mask: O
     logscale = None
     if kernel == "softmax":
         logits = softmax_key_logits(k, projection)
-        row_max = logits.detach().amax(-1)
         if keep is not None:
-            row_max = row_max.masked_fill(~keep.squeeze(-1), _NO_KEY)
+            # padded keys: exp(-inf) = 0 whatever the stabiliser (no inf * 0 below)
+            logits = logits.masked_fill(~keep, float("-inf"))
+        row_max = logits.detach().amax(-1).clamp_min(_NO_KEY)
         if causal:
             logscale = torch.cummax(row_max, dim=-1).values
             if prev_logscale is not None:
