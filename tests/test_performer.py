@@ -189,7 +189,8 @@ def test_causal_prefix_sums_gradcheck():
     v = torch.randn(1, 1, 9, 2, generator=g, dtype=torch.float64, requires_grad=True)
     logscale = torch.cummax(2 * torch.randn(1, 1, 9, generator=g, dtype=torch.float64), -1).values
     # chunks of 4 over 9 positions: a full chunk, a full chunk carrying the prefix, a partial one
-    assert torch.autograd.gradcheck(lambda a, b, c: favor.CausalLinearAttention.apply(a, b, c, logscale, 4), (qf, kf, v))
+    fn = lambda a, b, c: favor.CausalLinearAttention.apply(a, b, c, logscale, 4)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (qf, kf, v))
     # and the value equals the quadratic masked form
     y = favor.CausalLinearAttention.apply(qf, kf, v, logscale, 4)
     decay = torch.exp(logscale.unsqueeze(-2) - logscale.unsqueeze(-1)).tril()
@@ -438,8 +439,9 @@ def test_beam_search_scores_equal_full_forward_rescoring(kernel):
     from fairseq.sequence_generator import SequenceGenerator
 
     torch.manual_seed(0)
+    features = "8" if kernel == "fourier_rf" else "0"
     model, _ = build_model("performer_iwslt_de_en", extra=["--dropout", "0.0", "--performer-kernel", kernel,
-                                                           "--performer-features", "8" if kernel == "fourier_rf" else "0"])
+                                                           "--performer-features", features])
     model.eval()
     d = model.decoder.dictionary
     src = random_tokens(d, [6, 4], pad_left=True, generator=torch.Generator().manual_seed(2))
@@ -639,7 +641,8 @@ def test_arch_options_reach_the_modules_and_errors_name_the_flags():
         "--performer-attention", "encoder,cross", "--performer-kernel", "fourier_rf", "--performer-features", "6",
         "--fourier-radius-shape", "feature", "--performer-redraw-interval", "0"])
     kinds = {n: type(m).__name__ for n, m in model.named_modules() if isinstance(m, MultiheadAttention)}
-    assert kinds["encoder.layers.0.self_attn"] == kinds["decoder.layers.1.encoder_attn"] == "PerformerMultiheadAttention"
+    performer = "PerformerMultiheadAttention"
+    assert kinds["encoder.layers.0.self_attn"] == kinds["decoder.layers.1.encoder_attn"] == performer
     assert kinds["decoder.layers.0.self_attn"] == "MultiheadAttention"
     attn = model.encoder.layers[0].self_attn
     assert (attn.kernel, attn.num_features, attn.power, attn.redraw_interval) == ("fourier_rf", 6, 2, 0)

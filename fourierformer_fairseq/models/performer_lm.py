@@ -25,7 +25,12 @@ from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from fairseq.utils import safe_getattr
 
 from .fourierformer_lm import paper_lm_sizes
-from .performer_options import PerformerAttentionOptions, PerformerConfig, seed_performer_features, set_performer_defaults
+from .performer_options import (
+    PerformerAttentionOptions,
+    PerformerConfig,
+    seed_performer_features,
+    set_performer_defaults,
+)
 from .performer_transformer import PerformerTransformerDecoder
 
 LM_SITES = ("decoder",)

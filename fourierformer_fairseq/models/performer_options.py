@@ -49,7 +49,8 @@ class PerformerConfig(FairseqDataclass):
     fourier_radius_init: float = field(
         default=2.0, metadata={"help": "fourier_rf: initial value of the learnable radius R"})
     fourier_radius_shape: ChoiceEnum(RADIUS_SHAPES) = field(
-        default="scalar", metadata={"help": "fourier_rf: one radius per layer (scalar), per head, or per head and feature"})
+        default="scalar",
+        metadata={"help": "fourier_rf: one radius per layer (scalar), per head, or per head and feature"})
 
 
 def add_performer_args(parser) -> None:
@@ -100,7 +101,8 @@ class PerformerAttentionOptions:
             raise ValueError(f"--performer-kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         feature_type = str(get["performer_feature_type"])
         if feature_type not in FEATURE_TYPES:
-            raise ValueError(f"--performer-feature-type must be one of {', '.join(FEATURE_TYPES)}, got {feature_type!r}")
+            raise ValueError(
+                f"--performer-feature-type must be one of {', '.join(FEATURE_TYPES)}, got {feature_type!r}")
         for flag, key in (("--performer-features", "performer_features"),
                           ("--performer-redraw-interval", "performer_redraw_interval")):
             value = get[key]

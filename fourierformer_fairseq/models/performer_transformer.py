@@ -173,7 +173,8 @@ class PerformerModel(TransformerModel):
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return PerformerTransformerEncoder(cfg, src_dict, embed_tokens, PerformerAttentionOptions.from_args(args, SITES))
+        performer = PerformerAttentionOptions.from_args(args, SITES)
+        return PerformerTransformerEncoder(cfg, src_dict, embed_tokens, performer)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):

@@ -212,6 +212,13 @@ def fourier_rf_features(x: Tensor, frequencies: Tensor, radius: Tensor) -> Tenso
 # ----------------------------------------------------------------------------- causal prefix sums
 
 
+def _advance(S: Tensor, c_prev: Tensor, k_c: Tensor, v_c: Tensor, c: Tensor) -> Tensor:
+    """The prefix state after one chunk, relative to the chunk's last log-scale (every decay <= 1)."""
+    c_last = c[..., -1:]
+    decayed_keys = k_c * torch.exp(c - c_last).unsqueeze(-1)
+    return torch.exp(c_prev - c_last).unsqueeze(-1) * S + decayed_keys.transpose(-1, -2) @ v_c
+
+
 def _causal_chunks(qf: Tensor, kf: Tensor, v: Tensor, logscale: Tensor, chunk: int,
                    state: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
     """Y_i = sum_{j <= i} exp(C_j - C_i) (qf_i . kf_j) v_j, chunk by chunk; C non-decreasing along N.
@@ -235,9 +242,8 @@ def _causal_chunks(qf: Tensor, kf: Tensor, v: Tensor, logscale: Tensor, chunk: i
         y = ((q_c @ k_c.transpose(-1, -2)) * decay) @ v_c
         y = y + torch.exp(c_prev - c).unsqueeze(-1) * (q_c @ S)
         outs.append(y)
-        c_last = c[..., -1:]
-        S = torch.exp(c_prev - c_last).unsqueeze(-1) * S + (k_c * torch.exp(c - c_last).unsqueeze(-1)).transpose(-1, -2) @ v_c
-        c_prev = c_last
+        S = _advance(S, c_prev, k_c, v_c, c)
+        c_prev = c[..., -1:]
     out = torch.cat(outs, -2) if outs else v.new_zeros(B, H, 0, dv)
     return out, (S, c_prev.squeeze(-1))
 
@@ -278,16 +284,16 @@ class CausalLinearAttention(torch.autograd.Function):
             decay = torch.exp((c.unsqueeze(-2) - c.unsqueeze(-1)).clamp(max=0.0)).tril()
             dq[..., s:e, :] = ((g_c @ v_c.transpose(-1, -2)) * decay) @ k_c + \
                 torch.exp(c_prev - c).unsqueeze(-1) * (g_c @ S.transpose(-1, -2))
-            c_last = c[..., -1:]
-            S = torch.exp(c_prev - c_last).unsqueeze(-1) * S + (k_c * torch.exp(c - c_last).unsqueeze(-1)).transpose(-1, -2) @ v_c
-            c_prev = c_last
+            S = _advance(S, c_prev, k_c, v_c, c)
+            c_prev = c[..., -1:]
         # backward sweep: R (m, dv) = sum over later positions i of exp(C_next - C_i) qf_i g_i^T
         R = qf.new_zeros(B, H, m, dv)
         starts = list(range(0, N, chunk))
         c_next = logscale[..., -1:] if N else None
         for s in reversed(starts):
             e = min(N, s + chunk)
-            q_c, k_c, v_c, g_c, c = qf[..., s:e, :], kf[..., s:e, :], v[..., s:e, :], grad[..., s:e, :], logscale[..., s:e]
+            q_c, k_c, v_c, g_c = qf[..., s:e, :], kf[..., s:e, :], v[..., s:e, :], grad[..., s:e, :]
+            c = logscale[..., s:e]
             decay = torch.exp((c.unsqueeze(-2) - c.unsqueeze(-1)).clamp(max=0.0)).tril()  # [i, j]
             to_next = torch.exp(c - c_next).unsqueeze(-1)  # exp(C_j - C_next) <= 1
             a_gv = (g_c @ v_c.transpose(-1, -2)) * decay  # [i, j] = decay (g_i . v_j)
