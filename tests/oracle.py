@@ -23,6 +23,13 @@ API (q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv); radius a scalar, (H, 1), (
            each term to a relative eps bounds an element's error by about eps times this, even
            where the terms cancel and the exact gradient is far smaller.
 
+    oracle_mismatches(ours, q, k, v, radius, grad_out, **same keywords) -> list of strings
+        (empty when every one of ours = (out, dq, dk, dv, dradius) is within the bound
+        ``max |ours - oracle| <= 4 max |plain - oracle| + 16 eps32 scale + 1e-30``: flash-
+        attention's rule against a plain float32 implementation, plus a few float32 eps of the
+        scale, where terms cancel and the plain one can be exact by luck, e.g. a weight of
+        exactly 1, plus float32's underflow; see tests/test_op_fuzz.py).
+
     plain_attention / plain_gradients: the same formula in the inputs' own dtype (float32
     for float32 inputs), written the plain way: log(abs(sin(x) / x)) (sinc(0) = 1), a
     max-subtracted softmax, autograd through it. Tests derive their tolerances from its
@@ -199,6 +206,37 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
         out = torch.matmul(P, v.abs())
         dv = torch.matmul(P.transpose(-1, -2), go.abs())
     return tuple(t.abs().max().item() if t.numel() else 0.0 for t in (out, dq, dk, dv, dr))
+
+
+EPS32 = 2.0**-24
+PLAIN_FACTOR = 4.0
+SCALE_FACTOR = 16.0
+UNDERFLOW = 1e-30
+NAMES = ("out", "dq", "dk", "dv", "dradius")
+
+
+def oracle_mismatches(ours, q, k, v, radius, grad_out, **kwargs):
+    """Which of ours = (out, dq, dk, dv, dradius) break the float32 bound; [] if none."""
+    args = (q, k, v, radius, grad_out)
+    exact = oracle_gradients(*args, **kwargs)
+    plain = plain_gradients(*[t.float() for t in args], **kwargs)
+    scales = oracle_gradient_scales(*args, **kwargs)
+    bad = []
+    for name, a, x, pl, scale in zip(NAMES, ours, exact, plain, scales):
+        if a is None:
+            continue
+        if tuple(a.shape) != tuple(x.shape):
+            bad.append(f"{name}: shape {tuple(a.shape)}, expected {tuple(x.shape)}")
+            continue
+        if not torch.isfinite(a).all():
+            bad.append(f"{name}: not finite")
+            continue
+        err = (a.detach().double() - x).abs().max().item() if a.numel() else 0.0
+        perr = (pl.double() - x).abs().max().item() if pl.numel() else 0.0
+        bound = PLAIN_FACTOR * perr + SCALE_FACTOR * EPS32 * scale + UNDERFLOW
+        if not err <= bound:
+            bad.append(f"{name}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps x scale {scale:.3e}")
+    return bad
 
 
 def relative_error(ours: torch.Tensor, exact: torch.Tensor) -> float:

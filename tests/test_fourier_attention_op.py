@@ -2,7 +2,9 @@
 
 Tolerance rule (flash-attention's): a backend's error against the float64 reference is at
 most 2x the error of the pure-PyTorch reference run in the backend's own precision, plus
-a small absolute slack.
+a small absolute slack. Tests against the independent oracle (tests/oracle.py) use its
+bound: 4x the error of a plain float32 implementation plus 16 float32 eps of the terms'
+scale (oracle.oracle_mismatches). Every input is drawn from a seeded generator.
 """
 import itertools
 import math
@@ -12,6 +14,9 @@ import sys
 
 import pytest
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle import oracle_attention, oracle_mismatches  # noqa: E402
 
 from fourierformer_fairseq.ops import (
     backend_unavailable_reason,
@@ -181,6 +186,215 @@ def test_torch_compile_runs_the_fused_op():
     assert r.grad is not None and torch.isfinite(r.grad).all()
 
 
+def fused_and_grads(q, k, v, r, grad_out, **kwargs):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, r)]
+    out = fourier_attention(*leaves, backend="cpu", **kwargs)
+    return (out.detach(), *torch.autograd.grad(out, leaves, grad_out))
+
+
+def assert_matches_oracle(q, k, v, r, grad_out, what="", **kwargs):
+    ours = fused_and_grads(q, k, v, r, grad_out, **kwargs)
+    bad = oracle_mismatches(ours, q, k, v, r, grad_out, **kwargs)
+    assert not bad, f"{what} p={kwargs.get('power')}: " + "; ".join(bad)
+
+
+MASK_KINDS = ("none", "causal", "padded", "causal_padded", "additive")
+
+
+def mask_kwargs(mask_kind, B, N, M, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    kwargs = {}
+    if mask_kind.startswith("causal"):
+        kwargs["causal"] = True
+    if mask_kind.endswith("padded"):
+        kpm = torch.zeros(B, M, dtype=torch.bool)
+        kpm[-1, -(M // 3 + 1):] = True  # the last sequence right-padded
+        kpm[0, :2] = True  # the first left-padded
+        kwargs["key_padding_mask"] = kpm
+    if mask_kind == "additive":  # finite, non-zero values (the kernels' log-domain path) and some -inf
+        mask = torch.randn(N, M, generator=g) * 2
+        mask[:, 1] = float("-inf")
+        kwargs["attn_mask"] = mask
+    return kwargs
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("mask_kind", MASK_KINDS)
+@pytest.mark.parametrize("radius_kind", RADIUS_SHAPES)
+@pytest.mark.parametrize("power", [2, 4, 6])
+def test_cpu_every_power_radius_shape_and_mask(power, radius_kind, mask_kind):
+    # every combination explicitly (p = 4 with each radius shape, causal and padded; causal with
+    # per-head and per-(head, feature) radii), forward and the four gradients, against the
+    # oracle. N = 19 and M = 37 leave a remainder in every row group and lane width; Dv = 37
+    # leaves a tail after two 16-column chunks.
+    B, H, N, M, D, Dv = 2, 2, 19, 37, 16, 37
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=power * 10 + len(radius_kind)))
+    r = make_radius(radius_kind, H, D, torch.float32, value=1.5).detach()
+    grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(3))
+    assert_matches_oracle(q, k, v, r, grad_out, f"{radius_kind} {mask_kind}", power=power,
+                          **mask_kwargs(mask_kind, B, N, M))
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("power", [2, 4])
+@pytest.mark.parametrize("D", [64, 128])
+def test_cpu_head_dims_64_and_128(power, D):
+    B, H, N, M, Dv = 1, 2, 9, 33, 16
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=D + power))
+    q = q * 0.5
+    k = torch.cat([k[:, :, :-2] * 0.5, q[:, :, :2]], 2)  # two keys duplicate queries
+    r = torch.tensor(1.0 / math.sqrt(D / 16))
+    grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(4))
+    assert_matches_oracle(q, k, v, r, grad_out, f"D={D}", power=power, causal=True)
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("radius", [10.0, 100.0])
+def test_cpu_large_angles_range_reduction(radius):
+    # |R q| up to ~4e8: beyond the kernels' Cody-Waite reduction (2^28) for R = 100, far into
+    # it for R = 10. q and k are near 2^22 on a grid of 0.5, so q - k is exact in float32 and
+    # a plain float32 implementation keeps x = R (q - k) to an ulp.
+    g = torch.Generator().manual_seed(int(radius))
+    B, H, N, M, D, Dv = 1, 1, 5, 11, 8, 3
+    base = 2.0**22
+    q = base + 0.5 * torch.randint(-8, 9, (B, H, N, D), generator=g).float()
+    k = base + 0.5 * torch.randint(-8, 9, (B, H, M, D), generator=g).float()
+    k[0, 0, 3] = q[0, 0, 1]  # one duplicate
+    v = torch.randn(B, H, M, Dv, generator=g)
+    grad_out = torch.randn(B, H, N, Dv, generator=g)
+    r = torch.tensor(radius)
+    assert (r * q).abs().max() > (2**28 if radius == 100.0 else 2**25)
+    assert_matches_oracle(q, k, v, r, grad_out, f"R={radius}", power=2)
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("shape", [(0, 2, 3, 4), (2, 2, 0, 4), (2, 2, 3, 0)], ids=["B0", "N0", "M0"])
+def test_cpu_empty_batch_queries_or_keys(shape):
+    B, H, N, M = shape
+    D, Dv = 5, 3
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, N, D, generator=g).requires_grad_()
+    k = torch.randn(B, H, M, D, generator=g).requires_grad_()
+    v = torch.randn(B, H, M, Dv, generator=g).requires_grad_()
+    r = torch.tensor(1.0, requires_grad=True)
+    out = fourier_attention(q, k, v, r, backend="cpu")
+    assert out.shape == (B, H, N, Dv) and (out == 0).all()  # no keys: every row fully masked
+    out.sum().backward()
+    for t in (q, k, v, r):
+        assert t.grad is not None and t.grad.shape == t.shape and (t.grad == 0).all()
+
+
+@needs_cpu_kernel
+@pytest.mark.slow
+def test_cpu_workspace_above_the_kept_size():
+    # a slice's tables above 16 MiB (4M floats: 4 key fields x D x M = 4.2M here) take the
+    # per-call workspace instead of the thread's kept one
+    B, H, N, M, D, Dv = 1, 1, 6, 4100, 256, 5
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(B, H, N, D, generator=g) * 0.3
+    k = torch.randn(B, H, M, D, generator=g) * 0.3
+    k[0, 0, 77] = q[0, 0, 2]
+    v = torch.randn(B, H, M, Dv, generator=g)
+    grad_out = torch.randn(B, H, N, Dv, generator=g)
+    assert 4 * D * M > (1 << 22)
+    assert_matches_oracle(q, k, v, torch.tensor(1.0), grad_out, "workspace", power=4)
+
+
+@needs_cpu_kernel
+def test_cpu_non_contiguous_inputs_equal_contiguous():
+    B, H, N, M, D, Dv = 2, 3, 7, 9, 16, 5
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(B, N, H, D, generator=g).transpose(1, 2)  # fairseq-like (B, N, H, D) views
+    k = torch.randn(B, M, H, D, generator=g).transpose(1, 2)
+    v = torch.randn(B, H, Dv, M, generator=g).transpose(2, 3)
+    r = torch.tensor(1.3)
+    grad_out = torch.randn(B, H, N, Dv, generator=g)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    strided = fused_and_grads(q, k, v, r, grad_out, power=4, causal=True)
+    dense = fused_and_grads(q.contiguous(), k.contiguous(), v.contiguous(), r, grad_out, power=4, causal=True)
+    for a, b in zip(strided, dense):
+        assert torch.equal(a, b)
+
+
+@needs_cpu_kernel
+def test_cpu_results_do_not_depend_on_the_thread_count():
+    B, H, N, M, D, Dv = 3, 4, 17, 29, 16, 8
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=12))
+    r = make_radius("head_feature", H, D, torch.float32).detach()
+    grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(6))
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(fused_and_grads(q, k, v, r, grad_out, power=4, causal=True))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cpu_half_inputs_are_refused_clearly_and_auto_runs_the_reference(dtype):
+    B, H, N, M, D, Dv = 1, 2, 5, 7, 8, 3
+    q, k, v = (t.detach().to(dtype) for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=8))
+    r = torch.tensor(1.0, dtype=dtype)
+    with pytest.raises(ValueError, match="the cpu kernel takes torch.float32, torch.float64"):
+        fourier_attention(q, k, v, r, backend="cpu")
+    with pytest.raises(RuntimeError, match="float32 and float64 are supported"):
+        torch.ops.fourierformer.fourier_attention_forward(q, k, v, r.expand(H, D).float(), 4.0, None, None, False, 0.0, 0)
+    out = fourier_attention(q, k, v, r)  # auto: the reference, in the inputs' dtype
+    assert out.dtype == dtype
+    exact = oracle_attention(q.double(), k.double(), v.double(), r.double())
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    torch.testing.assert_close(out.double(), exact, rtol=tol, atol=tol)
+
+
+@needs_cpu_kernel
+def test_opcheck_backward_op():
+    B, H, N, M, D, Dv = 2, 2, 5, 6, 4, 3
+    for dtype in (torch.float32, torch.float64):
+        q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, dtype, seed=1))
+        r = torch.full((H, D), 1.3, dtype=dtype)
+        mask = torch.zeros(1, H, N, M, dtype=dtype)
+        mask[..., 1] = float("-inf")
+        bias = torch.zeros(B, M, dtype=dtype)
+        for masks in ((mask, bias, True), (None, None, False)):
+            fwd = (q, k, v, r, 4.0, *masks, 0.0, 0)
+            out, lse = torch.ops.fourierformer.fourier_attention_forward(*fwd)
+            assert lse.dtype == torch.float64
+            grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=dtype)
+            bwd = (grad_out, q, k, v, r, out, lse, 4.0, *masks, 0.0, 0)
+            torch.library.opcheck(torch.ops.fourierformer.fourier_attention_backward.default, bwd)
+
+
+@needs_cpu_kernel
+@pytest.mark.slow
+def test_fake_and_autograd_registered_when_the_extension_loads():
+    # in a fresh process: load the extension, make no call, then run the op on fake tensors and
+    # with autograd
+    code = (
+        "import torch\n"
+        "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+        "from fourierformer_fairseq.ops.extension import extension_status\n"
+        "assert extension_status().loaded\n"
+        "with FakeTensorMode():\n"
+        "    q = torch.empty(1, 2, 3, 4); v = torch.empty(1, 2, 5, 6); r = torch.empty(2, 4)\n"
+        "    out, lse = torch.ops.fourierformer.fourier_attention_forward(q, torch.empty(1, 2, 5, 4), v, r, 4.0,"
+        " None, None, False, 0.0, 0)\n"
+        "    print(tuple(out.shape), tuple(lse.shape), lse.dtype)\n"
+        "q = torch.ones(1, 1, 2, 3, requires_grad=True)\n"
+        "out, _ = torch.ops.fourierformer.fourier_attention_forward(q, q.detach(), q.detach(), torch.ones(1, 3), 2.0,"
+        " None, None, False, 0.0, 0)\n"
+        "print('grad_fn', out.grad_fn is not None)\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(1, 2, 3, 6) (1, 2, 3) torch.float64" in result.stdout
+    assert "grad_fn True" in result.stdout
+
+
 def backends_here():
     return ["reference"] + (["cpu"] if CPU_FUSED else [])
 
@@ -188,21 +402,26 @@ def backends_here():
 @pytest.mark.parametrize("backend", backends_here())
 def test_all_keys_equal_gives_mean_of_values(backend):
     B, H, N, M, D = 1, 2, 4, 9, 16
-    q = torch.randn(B, H, N, D)
-    k = torch.randn(B, H, 1, D).expand(B, H, M, D).contiguous()
-    v = torch.randn(B, H, M, 5)
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(B, H, N, D, generator=g)
+    k = torch.randn(B, H, 1, D, generator=g).expand(B, H, M, D).contiguous()
+    v = torch.randn(B, H, M, 5, generator=g)
     out = fourier_attention(q, k, v, torch.tensor(1.5), backend=backend)
     torch.testing.assert_close(out, v.mean(2, keepdim=True).expand_as(out), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", backends_here())
-def test_query_equal_to_a_key_at_large_radius_returns_that_value(backend):
+@pytest.mark.parametrize("seed", range(8))
+def test_query_equal_to_a_key_at_large_radius_returns_that_value(backend, seed):
+    # (N = 1 leaves padding rows in every kernel's row group)
     B, H, M, D = 1, 1, 12, 16
-    k = torch.randn(B, H, M, D)
-    v = torch.randn(B, H, M, 3)
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(B, H, M, D, generator=g)
+    v = torch.randn(B, H, M, 3, generator=g)
     q = k[:, :, 5:6].clone()
-    out = fourier_attention(q, k, v, torch.tensor(40.0), backend=backend)
-    torch.testing.assert_close(out[0, 0, 0], v[0, 0, 5], rtol=1e-5, atol=1e-5)
+    for radius in (10.0, 40.0):
+        out = fourier_attention(q, k, v, torch.tensor(radius), backend=backend)
+        torch.testing.assert_close(out[0, 0, 0], v[0, 0, 5], rtol=1e-5, atol=1e-5)
 
 
 @needs_cpu_kernel
@@ -241,7 +460,7 @@ def test_sinc_zeros_and_q_equal_k_are_finite(backend):
     k[0, 0, 1, :] = math.pi
     k[0, 0, 2, 0] = 2 * math.pi
     k[0, 0, 3, :2] = -math.pi
-    v = torch.randn(1, 1, 5, 2)
+    v = torch.randn(1, 1, 5, 2, generator=torch.Generator().manual_seed(5))
     tensors = [t.clone().requires_grad_() for t in (q, k, v)] + [torch.tensor(1.0, requires_grad=True)]
     out = fourier_attention(*tensors, power=2, backend=backend)
     out.sum().backward()
@@ -426,7 +645,7 @@ def test_bad_inputs_raise_clear_errors():
         with pytest.raises(exc, match=message):
             fourier_attention(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("radius"), **args)
     with pytest.raises(ValueError, match="causal attention needs N <= M"):
-        fourier_attention(torch.randn(1, 1, 5, 2), torch.randn(1, 1, 3, 2), torch.randn(1, 1, 3, 2), r, causal=True)
+        fourier_attention(torch.zeros(1, 1, 5, 2), torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2), r, causal=True)
 
 
 def run_python(code, **env):
@@ -439,7 +658,7 @@ def test_without_the_extension_everything_runs_on_the_reference():
         "import torch\n"
         "from fourierformer_fairseq.ops import fourier_attention, select_backend\n"
         "from fourierformer_fairseq.ops.inputs import prepare_inputs\n"
-        "q = torch.randn(1, 1, 3, 2); r = torch.tensor(1.0)\n"
+        "q = torch.randn(1, 1, 3, 2, generator=torch.Generator().manual_seed(0)); r = torch.tensor(1.0)\n"
         "print('auto ->', select_backend('auto', prepare_inputs(q, q, q, r)))\n"
         "print(fourier_attention(q, q, q, r).shape)\n"
         "try:\n    fourier_attention(q, q, q, r, backend='cpu')\nexcept ValueError as e:\n    print('cpu:', e)\n"
@@ -492,13 +711,15 @@ OTHER_ISAS = [
 
 @pytest.mark.slow
 @needs_cpu_kernel
+@pytest.mark.slow
 @pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
 @pytest.mark.parametrize("isa", OTHER_ISAS)
 def test_every_cpu_kernel_variant(isa):
     selection = (
         "requested_cpu_kernel_variant or cpu_forward_float32 or cpu_gradients_float32 or all_keys_equal "
         "or query_equal_to_a_key or sinc_zeros or keys_at_the_floor or underflow or fully_masked or mask_forms "
-        "or dropout"
+        "or dropout or every_power_radius or head_dims or large_angles or empty_batch or workspace_above "
+        "or non_contiguous or thread_count"
     )
     env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa)
     result = subprocess.run(

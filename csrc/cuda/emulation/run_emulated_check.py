@@ -169,9 +169,71 @@ def check_empty_shapes():
     print("  ok  empty shapes (M = 0, N = 0, B = 0)")
 
 
+def fuzz_case(seed):
+    """Seeded float32 case: exact / near duplicates, keys at sinc's zeros, remainders of the tiles."""
+    g = torch.Generator().manual_seed(7919 * seed + 3)
+
+    def pick(xs):
+        return xs[int(torch.randint(len(xs), (1,), generator=g))]
+
+    B, H = pick((1, 2)), pick((1, 2))
+    N, M = pick((1, 3, 5, 31, 33)), pick((1, 4, 31, 33, 40))
+    D, Dv = pick((1, 4, 16, 33, 64, 128)), pick((1, 3, 33))
+    std, R, power = pick((0.3, 1.0, 3.0)), pick((0.5, 2.0, 10.0)), pick((2, 4, 6))
+    kind = ("plain", "duplicate", "near", "sinc_zeros")[seed % 4]
+    k = torch.randn(B, H, M, D, generator=g) * std
+    v = torch.randn(B, H, M, Dv, generator=g)
+    if kind in ("duplicate", "near"):
+        q = k[:, :, torch.randint(M, (N,), generator=g)].clone()
+        if kind == "near":
+            q = q + 1e-6 * std * torch.randn(q.shape, generator=g)
+    else:
+        q = torch.randn(B, H, N, D, generator=g) * std
+    radius = R * (0.7 + 0.6 * torch.rand(H, D, generator=g))
+    if kind == "sinc_zeros":
+        for _ in range(max(1, N * M // 4)):
+            b, h, i, j, d = (int(torch.randint(n, (1,), generator=g)) for n in (B, H, N, M, D))
+            k[b, h, j, d] = q[b, h, i, d] - pick((-1, 1, 2)) * math.pi * (1 + pick((0.0, 1e-6, 1e-3))) / float(radius[h, d])
+    kwargs = dict(power=power)
+    if seed % 3 == 1 and N <= M:
+        kwargs["causal"] = True
+    if seed % 3 == 2:
+        kpm = torch.rand(B, M, generator=g) < 0.3
+        kpm[-1, : M // 2] = True
+        kwargs["key_padding_mask"] = kpm
+    label = f"fuzz {seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} p={power} {sorted(kwargs)}"
+    return q, k, v, radius, kwargs, label
+
+
+def run_fuzz(count):
+    """float32 cases against tests/oracle.py, with its bound (oracle_mismatches)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from oracle import oracle_mismatches
+
+    failures = 0
+    for seed in range(count):
+        t0 = time.time()
+        q, k, v, radius, kwargs, label = fuzz_case(seed)
+        kpm = kwargs.get("key_padding_mask")
+        key_bias = None if kpm is None else torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
+        causal = kwargs.get("causal", False)
+        power = float(kwargs["power"])
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(q, k, v, radius, power, None, key_bias, causal,
+                                                                     0.0, 0)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+        grads = torch.ops.fourierformer.fourier_attention_backward(dout, q, k, v, radius, out, lse, power, None,
+                                                                   key_bias, causal, 0.0, 0)
+        bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, **kwargs)
+        print(f"  {'ok ' if not bad else 'BAD'} {label:90s} ({time.time() - t0:.1f}s) {'; '.join(bad)}")
+        failures += bool(bad)
+    print(f"fuzz: {failures} of {count} cases outside the oracle's bound")
+    return failures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer cases")
+    ap.add_argument("--fuzz", type=int, default=0, help="also run this many seeded float32 cases against tests/oracle.py")
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.time()
@@ -207,6 +269,8 @@ def main():
         ]
     for name, case, power, p, tol in cases:
         run_case(name, case, power, dropout_p=p, **tol)
+    if args.fuzz and run_fuzz(args.fuzz):
+        sys.exit(1)
     print(f"all emulated checks passed in {time.time() - t0:.0f}s")
 
 
