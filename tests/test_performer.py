@@ -779,3 +779,22 @@ def test_performer_lm_trains_with_redraws_and_evaluates(lm_data, tmp_path):
     assert abs(float(fresh.group(2)) - float(result["perplexity"])) <= 0.0051, (fresh.group(0), result)
     print(f"performer LM: perplexity {float(result['perplexity']):.4f} (fresh process {fresh.group(2)}), "
           f"half the unigram perplexity {threshold:.4f}")
+
+
+@pytest.mark.slow
+def test_approximation_script_prints_its_table(capsys, monkeypatch):
+    """scripts/performer_approximation.py at the LM shape, one draw: a row per estimator and m;
+    fourier_rf never has a non-positive normaliser; FAVOR+'s error falls from m = 16 to 1024."""
+    import runpy
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                          "performer_approximation.py")
+    monkeypatch.setattr(sys, "argv", [script, "--draws", "1", "--shapes", "lm"])
+    runpy.run_path(script, run_name="__main__")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| lm")]
+    assert len(rows) == 2 + 4 * 4 + 2 + 3 * 4
+    rf = [r for r in rows if r[2].startswith("fourier_rf")]
+    assert len(rf) == 8 and all(r[6] == "0.0%" and r[8] == "0.0%" for r in rf)
+    favor_rows = {int(r[3]): float(r[5].split()[0]) for r in rows if r[2] == "positive, orthogonal (FAVOR+)"}
+    assert favor_rows[1024] < favor_rows[16]
