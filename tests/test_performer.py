@@ -15,7 +15,6 @@ import textwrap
 
 import pytest
 import torch
-from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fairseq_helpers import (
