@@ -29,8 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from fairseq.modules.multihead_attention import MultiheadAttention
-
+from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 from fourierformer_fairseq.ops import fourier_attention
 from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
 from fourierformer_fairseq.ops.inputs import PHIS, causal_bias, prepare_inputs
@@ -71,7 +70,7 @@ def radius_parameter_shape(radius_shape: str, num_heads: int, head_dim: int) -> 
     raise ValueError(f"radius_shape must be one of {RADIUS_SHAPES}, got {radius_shape!r}")
 
 
-class FourierMultiheadAttention(MultiheadAttention):
+class FourierMultiheadAttention(ProjectedMultiheadAttention):
     """Multi-head Fourier integral attention (FourierFormer, Nguyen et al. 2022).
 
     Args beyond fairseq's ``MultiheadAttention``:
@@ -93,21 +92,7 @@ class FourierMultiheadAttention(MultiheadAttention):
         self,
         embed_dim,
         num_heads,
-        kdim=None,
-        vdim=None,
-        dropout=0.0,
-        bias=True,
-        add_bias_kv=False,
-        add_zero_attn=False,
-        self_attention=False,
-        encoder_decoder_attention=False,
-        dictionary=None,
-        q_noise=0.0,
-        qn_block_size=8,
-        xformers_att_config: Optional[str] = None,
-        xformers_blocksparse_layout: Optional[torch.Tensor] = None,
-        xformers_blocksparse_blocksize: Optional[int] = 16,
-        *,
+        *args,  # fairseq's MultiheadAttention arguments (see ProjectedMultiheadAttention)
         power: int = 4,
         phi: str = "power",
         radius_init: Optional[float] = None,
@@ -116,12 +101,8 @@ class FourierMultiheadAttention(MultiheadAttention):
         kernel: str = "sinc",
         log_interval: int = 0,
         backend: str = "auto",
+        **kwargs,
     ):
-        if xformers_att_config is not None:
-            raise ValueError(
-                "FourierMultiheadAttention computes its own attention and cannot use xFormers "
-                "(got xformers_att_config); drop --encoder/--decoder-xformers-att-config"
-            )
         if phi not in PHIS:
             raise ValueError(f"phi must be one of {PHIS}, got {phi!r}")
         if isinstance(power, bool) or int(power) != power or power < 1:
@@ -138,21 +119,7 @@ class FourierMultiheadAttention(MultiheadAttention):
             raise ValueError(f"kernel='gaussian' is exp(-(p R^2 / 6) |q - k|^2) and takes phi='power', got {phi!r}")
         if isinstance(log_interval, bool) or int(log_interval) != log_interval or log_interval < 0:
             raise ValueError(f"log_interval must be a non-negative integer, got {log_interval!r}")
-        super().__init__(
-            embed_dim,
-            num_heads,
-            kdim=kdim,
-            vdim=vdim,
-            dropout=dropout,
-            bias=bias,
-            add_bias_kv=add_bias_kv,
-            add_zero_attn=add_zero_attn,
-            self_attention=self_attention,
-            encoder_decoder_attention=encoder_decoder_attention,
-            dictionary=dictionary,
-            q_noise=q_noise,
-            qn_block_size=qn_block_size,
-        )
+        super().__init__(embed_dim, num_heads, *args, **kwargs)
         self.power = int(power)
         self.phi = phi
         self.radius_shape = radius_shape
@@ -199,37 +166,6 @@ class FourierMultiheadAttention(MultiheadAttention):
             if seen.any():
                 site = self.log_name.rstrip("0123456789")
                 metrics.log_scalar(f"entropy_{site}", H[seen].mean().item(), round=3)
-
-    # ------------------------------------------------------------------ projections
-
-    def _project(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor],
-        bsz: int,
-    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-        """q, k, v in (time, batch, channels), as the stock forward projects them."""
-        q = self.q_proj(query)
-        if self.self_attention:
-            return q, self.k_proj(query), self.v_proj(query), key_padding_mask
-        if self.encoder_decoder_attention:
-            if key is None:  # static keys already cached
-                assert value is None
-                return q, None, None, key_padding_mask
-            if self.beam_size > 1 and bsz == key.size(1):
-                # beamable enc-dec attention: the encoder output is repeated beam_size times; keep one copy
-                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
-                if key_padding_mask is not None:
-                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0, :]
-            return q, self.k_proj(key), self.v_proj(key), key_padding_mask
-        assert key is not None and value is not None
-        return q, self.k_proj(key), self.v_proj(value), key_padding_mask
-
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """(time, batch, heads * head_dim) -> (batch, heads, time, head_dim)."""
-        return x.contiguous().view(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
     # ------------------------------------------------------------------ forward
 
@@ -290,30 +226,9 @@ class FourierMultiheadAttention(MultiheadAttention):
             v = self._split_heads(v)
 
         if saved_state is not None:
-            # the stock cache: (kv_batch, heads, seq, head_dim) tensors and a (kv_batch, seq) padding mask
-            if "prev_key" in saved_state:
-                prev_key = saved_state["prev_key"]
-                assert prev_key is not None
-                kv_bsz = prev_key.size(0)
-                prev_key = prev_key.reshape(kv_bsz, self.num_heads, -1, self.head_dim)
-                k = prev_key if static_kv else torch.cat([prev_key, k], dim=2)
-            if "prev_value" in saved_state:
-                prev_value = saved_state["prev_value"]
-                assert prev_value is not None and prev_value.size(0) == kv_bsz
-                prev_value = prev_value.reshape(kv_bsz, self.num_heads, -1, self.head_dim)
-                v = prev_value if static_kv else torch.cat([prev_value, v], dim=2)
-            assert k is not None and v is not None
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask,
-                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-                batch_size=kv_bsz,
-                src_len=k.size(2),
-                static_kv=static_kv,
+            k, v, key_padding_mask, kv_bsz = self._cache_keys_values(
+                saved_state, incremental_state, k, v, key_padding_mask, kv_bsz, static_kv
             )
-            saved_state["prev_key"] = k
-            saved_state["prev_value"] = v
-            saved_state["prev_key_padding_mask"] = key_padding_mask
-            incremental_state = self._set_input_buffer(incremental_state, saved_state)
         assert k is not None and v is not None
 
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
@@ -364,8 +279,7 @@ class FourierMultiheadAttention(MultiheadAttention):
             out = self._unfold_beam(out, kv_bsz, beam)
             weights = None if weights is None else self._unfold_beam(weights, kv_bsz, beam)
 
-        attn = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.num_heads * self.head_dim)
-        attn = self.out_proj(attn)
+        attn = self._output(out, tgt_len, bsz)
         attn_weights: Optional[Tensor] = None
         if weights is not None:
             attn_weights = weights.transpose(0, 1)  # (heads, batch, tgt, src), as stock returns them
@@ -384,26 +298,6 @@ class FourierMultiheadAttention(MultiheadAttention):
         else:
             expected = causal_bias(tgt_len, src_len, attn_mask.device, attn_mask.dtype)
         return torch.equal(attn_mask, expected)
-
-    @staticmethod
-    def _fold_beam(q: Tensor, attn_mask: Optional[Tensor], kv_bsz: int, beam: int):
-        """(kv_bsz * beam, H, N, D) -> (kv_bsz, H, beam * N, D); a 2-D mask is tiled to match."""
-        _, H, N, D = q.shape
-        q = q.view(kv_bsz, beam, H, N, D).transpose(1, 2).reshape(kv_bsz, H, beam * N, D)
-        if attn_mask is not None:
-            if attn_mask.dim() != 2:
-                raise ValueError(
-                    "beamable encoder-decoder attention takes a 2-D (tgt_len, src_len) attn_mask, "
-                    f"got shape {tuple(attn_mask.shape)}"
-                )
-            attn_mask = attn_mask.repeat(beam, 1)
-        return q, attn_mask
-
-    @staticmethod
-    def _unfold_beam(x: Tensor, kv_bsz: int, beam: int) -> Tensor:
-        """(kv_bsz, H, beam * N, X) -> (kv_bsz * beam, H, N, X)."""
-        _, H, BN, X = x.shape
-        return x.view(kv_bsz, H, beam, BN // beam, X).transpose(1, 2).reshape(kv_bsz * beam, H, BN // beam, X)
 
     def _log_weights(self, q, k, v, key_padding_mask, attn_mask, causal):
         """``before_softmax``: the log-weights sum_d log phi(sinc(R_d (q_d - k_d))) plus masks."""

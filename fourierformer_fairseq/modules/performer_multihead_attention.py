@@ -46,10 +46,9 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from fairseq.modules.multihead_attention import MultiheadAttention
-
 from fourierformer_fairseq.modules import register_attention
 from fourierformer_fairseq.modules.fourier_multihead_attention import RADIUS_SHAPES, radius_parameter_shape
+from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 from fourierformer_fairseq.ops.favor import (
     DEFAULT_CHUNK,
     FEATURE_TYPES,
@@ -72,7 +71,7 @@ logger = logging.getLogger(__name__)
 
 
 @register_attention("performer_multihead_attention")
-class PerformerMultiheadAttention(MultiheadAttention):
+class PerformerMultiheadAttention(ProjectedMultiheadAttention):
     """Multi-head random-feature attention (FAVOR+ and variants).
 
     Args beyond fairseq's ``MultiheadAttention``:
@@ -90,21 +89,7 @@ class PerformerMultiheadAttention(MultiheadAttention):
         self,
         embed_dim,
         num_heads,
-        kdim=None,
-        vdim=None,
-        dropout=0.0,
-        bias=True,
-        add_bias_kv=False,
-        add_zero_attn=False,
-        self_attention=False,
-        encoder_decoder_attention=False,
-        dictionary=None,
-        q_noise=0.0,
-        qn_block_size=8,
-        xformers_att_config: Optional[str] = None,
-        xformers_blocksparse_layout: Optional[torch.Tensor] = None,
-        xformers_blocksparse_blocksize: Optional[int] = 16,
-        *,
+        *args,  # fairseq's MultiheadAttention arguments (see ProjectedMultiheadAttention)
         num_features: int = 0,
         kernel: str = "softmax",
         redraw_interval: int = 0,
@@ -114,14 +99,8 @@ class PerformerMultiheadAttention(MultiheadAttention):
         radius_init: float = 2.0,
         radius_shape: str = "scalar",
         chunk_size: int = DEFAULT_CHUNK,
+        **kwargs,
     ):
-        if xformers_att_config is not None:
-            raise ValueError(
-                "PerformerMultiheadAttention computes its own attention and cannot use xFormers "
-                "(got xformers_att_config); drop --encoder/--decoder-xformers-att-config"
-            )
-        if add_bias_kv or add_zero_attn:
-            raise ValueError("PerformerMultiheadAttention does not support add_bias_kv / add_zero_attn")
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         if feature_type not in FEATURE_TYPES:
@@ -135,24 +114,12 @@ class PerformerMultiheadAttention(MultiheadAttention):
                 raise ValueError(f"the fourier_rf kernel needs an even power >= 2, got {power!r}")
             if not float(radius_init) > 0:
                 raise ValueError(f"radius_init must be positive, got {radius_init}")
-        super().__init__(
-            embed_dim,
-            num_heads,
-            kdim=kdim,
-            vdim=vdim,
-            dropout=dropout,
-            bias=bias,
-            add_bias_kv=False,
-            add_zero_attn=False,
-            self_attention=self_attention,
-            encoder_decoder_attention=encoder_decoder_attention,
-            dictionary=dictionary,
-            q_noise=q_noise,
-            qn_block_size=qn_block_size,
-        )
-        if dropout > 0:
+        super().__init__(embed_dim, num_heads, *args, **kwargs)
+        if self.bias_k is not None or self.add_zero_attn:
+            raise ValueError("PerformerMultiheadAttention does not support add_bias_kv / add_zero_attn")
+        if self.dropout_module.p > 0:
             logger.warning("PerformerMultiheadAttention: attention dropout %s is not applied "
-                           "(random-feature attention never forms the weights)", dropout)
+                           "(random-feature attention never forms the weights)", self.dropout_module.p)
         self.kernel = kernel
         self.num_features = int(num_features) or default_num_features(self.head_dim, kernel)
         self.redraw_interval = int(redraw_interval)
@@ -217,30 +184,6 @@ class PerformerMultiheadAttention(MultiheadAttention):
             state_dict[key] = state_dict[key].float()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-
-    # ------------------------------------------------------------------ projections
-
-    def _project(self, query, key, value, key_padding_mask, bsz):
-        """q, k, v in (time, batch, channels), as the stock forward projects them."""
-        q = self.q_proj(query)
-        if self.self_attention:
-            return q, self.k_proj(query), self.v_proj(query), key_padding_mask
-        if self.encoder_decoder_attention:
-            if key is None:  # static keys already cached
-                assert value is None
-                return q, None, None, key_padding_mask
-            if self.beam_size > 1 and bsz == key.size(1):
-                # beamable enc-dec attention: the encoder output is repeated beam_size times; keep one copy
-                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
-                if key_padding_mask is not None:
-                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0, :]
-            return q, self.k_proj(key), self.v_proj(key), key_padding_mask
-        assert key is not None and value is not None
-        return q, self.k_proj(key), self.v_proj(value), key_padding_mask
-
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """(time, batch, heads * head_dim) -> (batch, heads, time, head_dim)."""
-        return x.contiguous().view(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
     @staticmethod
     def _is_future_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
@@ -319,29 +262,9 @@ class PerformerMultiheadAttention(MultiheadAttention):
             v = self._split_heads(v)
         if saved_state is not None:
             # encoder-decoder attention: the stock cache of projected keys / values
-            if "prev_key" in saved_state:
-                prev_key = saved_state["prev_key"]
-                assert prev_key is not None
-                kv_bsz = prev_key.size(0)
-                prev_key = prev_key.reshape(kv_bsz, self.num_heads, -1, self.head_dim)
-                k = prev_key if static_kv else torch.cat([prev_key, k], dim=2)
-            if "prev_value" in saved_state:
-                prev_value = saved_state["prev_value"]
-                assert prev_value is not None
-                prev_value = prev_value.reshape(kv_bsz, self.num_heads, -1, self.head_dim)
-                v = prev_value if static_kv else torch.cat([prev_value, v], dim=2)
-            assert k is not None and v is not None
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask,
-                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-                batch_size=kv_bsz,
-                src_len=k.size(2),
-                static_kv=static_kv,
+            k, v, key_padding_mask, kv_bsz = self._cache_keys_values(
+                saved_state, incremental_state, k, v, key_padding_mask, kv_bsz, static_kv
             )
-            saved_state["prev_key"] = k
-            saved_state["prev_value"] = v
-            saved_state["prev_key_padding_mask"] = key_padding_mask
-            self._set_input_buffer(incremental_state, saved_state)
             if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
                 key_padding_mask = key_padding_mask != 0
         assert k is not None and v is not None
@@ -351,8 +274,7 @@ class PerformerMultiheadAttention(MultiheadAttention):
         beam = bsz // kv_bsz
         if beam != 1:
             # beamable enc-dec attention: the beam_size queries of each sentence share its keys
-            B_, H, N, D = q.shape
-            q = q.view(kv_bsz, beam, H, N, D).transpose(1, 2).reshape(kv_bsz, H, beam * N, D)
+            q, _ = self._fold_beam(q, None, kv_bsz, beam)
         common = dict(kernel=self.kernel, key_padding_mask=key_padding_mask, causal=causal, radius=self.radius)
         out = favor_attention(q, k, v, self.projection, chunk=self.chunk_size, **common)
         weights = favor_weights(q, k, self.projection, **common) if need_weights else None
@@ -368,16 +290,6 @@ class PerformerMultiheadAttention(MultiheadAttention):
         return attn, attn_weights
 
     # ------------------------------------------------------------------ helpers
-
-    def _output(self, out: Tensor, tgt_len: int, bsz: int) -> Tensor:
-        attn = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.num_heads * self.head_dim)
-        return self.out_proj(attn)
-
-    @staticmethod
-    def _unfold_beam(x: Tensor, kv_bsz: int, beam: int) -> Tensor:
-        """(kv_bsz, H, beam * N, X) -> (kv_bsz * beam, H, N, X)."""
-        _, H, BN, X = x.shape
-        return x.view(kv_bsz, H, beam, BN // beam, X).transpose(1, 2).reshape(kv_bsz * beam, H, BN // beam, X)
 
     def _incremental_step(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
                           saved_state: Dict[str, Optional[Tensor]], incremental_state) -> Tensor:
