@@ -20,7 +20,6 @@ from typing import FrozenSet, Optional, Sequence
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.utils import safe_getattr
 
 from fourierformer_fairseq.modules.fourier_multihead_attention import (
@@ -31,7 +30,8 @@ from fourierformer_fairseq.modules.fourier_multihead_attention import (
 )
 from fourierformer_fairseq.ops.inputs import PHIS
 
-SITES = ("encoder", "decoder", "cross")
+from .attention_options import SITES, AttentionOptions
+
 SITE_HELP = {
     "encoder": "encoder self-attention",
     "decoder": "decoder (causal) self-attention",
@@ -102,7 +102,7 @@ def add_fourier_args(parser) -> None:
 
 
 @dataclass(frozen=True)
-class FourierAttentionOptions:
+class FourierAttentionOptions(AttentionOptions):
     sites: FrozenSet[str]
     power: int
     phi: str
@@ -149,15 +149,10 @@ class FourierAttentionOptions:
             log_interval=int(log_interval),
         )
 
-    def build_attention(self, site: str, embed_dim: int, num_heads: int, **kwargs) -> MultiheadAttention:
-        """The attention for ``site``: Fourier if selected, else fairseq's MultiheadAttention."""
-        if site not in SITES:
-            raise ValueError(f"unknown attention site {site!r}; expected one of {SITES}")
-        if site not in self.sites:
-            return MultiheadAttention(embed_dim, num_heads, **kwargs)
-        return FourierMultiheadAttention(
-            embed_dim,
-            num_heads,
+    attention_class = FourierMultiheadAttention
+
+    def attention_kwargs(self):
+        return dict(
             power=self.power,
             phi=self.phi,
             radius_init=self.radius_init,
@@ -165,8 +160,15 @@ class FourierAttentionOptions:
             qk_norm=self.qk_norm,
             kernel=self.kernel,
             log_interval=self.log_interval,
-            **kwargs,
         )
+
+    @staticmethod
+    def add_args(parser) -> None:
+        add_fourier_args(parser)
+
+    @staticmethod
+    def prepare_model(model, args) -> None:
+        name_fourier_layers(model)
 
 
 def set_fourier_defaults(args, *, power: int, paper_radius_init: float) -> None:

@@ -21,27 +21,13 @@ so the archs also run on small vocabularies.
 
 from dataclasses import dataclass
 
-from fairseq import options
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig
-from fairseq.models.transformer_lm import (
-    DEFAULT_MAX_TARGET_POSITIONS,
-    TransformerLanguageModel,
-    TransformerLanguageModelConfig,
-    base_lm_architecture,
-)
-from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
+from fairseq.models.transformer_lm import TransformerLanguageModelConfig, base_lm_architecture
 from fairseq.utils import safe_getattr
 
-from .fourier_attention_options import (
-    FourierAttentionConfig,
-    FourierAttentionOptions,
-    name_fourier_layers,
-    set_fourier_defaults,
-)
-from .fourierformer_transformer import FourierTransformerDecoder
-
-LM_SITES = ("decoder",)
+from .attention_options import LM_SITES  # noqa: F401  (the sites of a language model)
+from .attention_transformer import AttentionOptionsLanguageModel
+from .fourier_attention_options import FourierAttentionConfig, FourierAttentionOptions, set_fourier_defaults
 
 
 @dataclass
@@ -50,67 +36,10 @@ class FourierFormerLanguageModelConfig(TransformerLanguageModelConfig, FourierAt
 
 
 @register_model("fourierformer_lm", dataclass=FourierFormerLanguageModelConfig)
-class FourierFormerLanguageModel(TransformerLanguageModel):
+class FourierFormerLanguageModel(AttentionOptionsLanguageModel):
     """fairseq's Transformer language model with Fourier integral self-attention."""
 
-    @classmethod
-    def hub_models(cls):
-        return {}
-
-    @classmethod
-    def build_model(cls, args, task):
-        """``TransformerLanguageModel.build_model`` with the Fourier decoder.
-
-        Mirrors the stock method step for step (same modules built in the same order), so a
-        FourierFormer LM and its softmax twin initialise identically under one seed.
-        """
-        fourier = FourierAttentionOptions.from_args(args, LM_SITES)
-        if args.decoder_layers_to_keep:
-            args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
-        if safe_getattr(args, "max_target_positions", None) is None:
-            args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
-
-        if args.character_embeddings:
-            embed_tokens = CharacterTokenEmbedder(
-                task.source_dictionary,
-                eval(args.character_filters),
-                args.character_embedding_dim,
-                args.decoder_embed_dim,
-                args.char_embedder_highway_layers,
-            )
-        elif args.adaptive_input:
-            embed_tokens = AdaptiveInput(
-                len(task.source_dictionary),
-                task.source_dictionary.pad(),
-                args.decoder_input_dim,
-                args.adaptive_input_factor,
-                args.decoder_embed_dim,
-                options.eval_str_list(args.adaptive_input_cutoff, type=int),
-                args.quant_noise_pq,
-                args.quant_noise_pq_block_size,
-            )
-        else:
-            embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
-
-        if args.tie_adaptive_weights:
-            if not args.adaptive_input:
-                raise ValueError("--tie-adaptive-weights needs --adaptive-input")
-            if args.adaptive_input_factor != args.adaptive_softmax_factor:
-                raise ValueError("--tie-adaptive-weights needs --adaptive-input-factor == --adaptive-softmax-factor")
-            if args.adaptive_softmax_cutoff != args.adaptive_input_cutoff:
-                raise ValueError(
-                    f"--tie-adaptive-weights needs --adaptive-softmax-cutoff == --adaptive-input-cutoff, "
-                    f"got {args.adaptive_softmax_cutoff} != {args.adaptive_input_cutoff}"
-                )
-            if args.decoder_input_dim != args.decoder_output_dim:
-                raise ValueError("--tie-adaptive-weights needs --decoder-input-dim == --decoder-output-dim")
-
-        decoder = FourierTransformerDecoder(
-            TransformerConfig.from_namespace(args), task.target_dictionary, embed_tokens, fourier, no_encoder_attn=True
-        )
-        model = cls(decoder)
-        name_fourier_layers(model)
-        return model
+    options_class = FourierAttentionOptions
 
 
 def paper_lm_sizes(args, embed_dim: int, context: int) -> None:

@@ -8,185 +8,35 @@ same command-line options plus ``--fourier-*``) and architecture:
                                 --fourier-paper-exact); its softmax twin is stock
                                 ``transformer_iwslt_de_en``.
 
-Only the attention modules differ from the stock model: the layers below override
-``build_self_attention`` / ``build_encoder_attention`` and nothing else, so parameter
-names match the twin's and, under one seed, every shared weight initialises identically.
+Only the attention modules differ from the stock model (see ``attention_transformer``), so
+parameter names match the twin's and, under one seed, every shared weight initialises identically.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
-
-from torch import Tensor
-
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
-from fairseq.models.transformer.transformer_legacy import TransformerModel, transformer_iwslt_de_en
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from fairseq.models.transformer.transformer_legacy import transformer_iwslt_de_en
 
-from .fourier_attention_options import (
-    SITES,
-    FourierAttentionOptions,
-    add_fourier_args,
-    name_fourier_layers,
-    set_fourier_defaults,
+from .attention_transformer import (
+    AttentionOptionsDecoder,
+    AttentionOptionsDecoderLayer,
+    AttentionOptionsEncoder,
+    AttentionOptionsEncoderLayer,
+    AttentionOptionsTransformerModel,
 )
+from .fourier_attention_options import FourierAttentionOptions, set_fourier_defaults
 
-
-NO_ALIGNMENT_LAYER = -1  # an alignment_layer index that matches no layer: no weights are requested
-
-
-def wrap_layer(layer, cfg):
-    """Activation checkpointing and FSDP wrapping, as fairseq's build_{en,de}coder_layer do."""
-    checkpoint = cfg.checkpoint_activations
-    if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    # if we are checkpointing, enforce that FSDP always wraps the checkpointed layer
-    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
-    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
-
-
-class FourierTransformerEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer; self-attention from ``fourier`` (Fourier if "encoder" is selected)."""
-
-    def __init__(self, cfg, fourier: FourierAttentionOptions, return_fc=False):
-        self.fourier = fourier  # read by build_self_attention during super().__init__
-        super().__init__(cfg, return_fc=return_fc)
-
-    def build_self_attention(self, embed_dim, cfg):
-        return self.fourier.build_attention(
-            "encoder",
-            embed_dim,
-            cfg.encoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            self_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            xformers_att_config=cfg.encoder.xformers_att_config,
-        )
-
-
-class FourierTransformerDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's decoder layer; self-attention ("decoder") and encoder attention ("cross") from ``fourier``."""
-
-    def __init__(self, cfg, fourier: FourierAttentionOptions, no_encoder_attn=False, add_bias_kv=False,
-                 add_zero_attn=False):
-        self.fourier = fourier
-        super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
-
-    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        return self.fourier.build_attention(
-            "decoder",
-            embed_dim,
-            cfg.decoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            add_bias_kv=add_bias_kv,
-            add_zero_attn=add_zero_attn,
-            self_attention=not cfg.cross_self_attention,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            xformers_att_config=cfg.decoder.xformers_att_config,
-        )
-
-    def build_encoder_attention(self, embed_dim, cfg):
-        return self.fourier.build_attention(
-            "cross",
-            embed_dim,
-            cfg.decoder.attention_heads,
-            kdim=cfg.encoder.embed_dim,
-            vdim=cfg.encoder.embed_dim,
-            dropout=cfg.attention_dropout,
-            encoder_decoder_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            xformers_att_config=cfg.encoder.xformers_att_config,
-        )
-
-
-class FourierTransformerEncoder(TransformerEncoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, fourier: FourierAttentionOptions, return_fc=False):
-        self.fourier = fourier
-        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-
-    def build_encoder_layer(self, cfg):
-        return wrap_layer(FourierTransformerEncoderLayer(cfg, self.fourier, return_fc=self.return_fc), cfg)
-
-
-class FourierTransformerDecoder(TransformerDecoderBase):
-    """fairseq's decoder with Fourier layers.
-
-    One difference in training mode: fairseq's decoder always asks its last layer's encoder
-    attention for its weights (``extra["attn"]``), which ordinary criteria discard. Fourier
-    weights have to be materialised outside the fused kernel (about 10x the cost of the
-    attention itself), so in training they are computed only when the caller names an
-    ``alignment_layer`` (as fairseq's alignment models do); otherwise ``extra["attn"]`` is
-    ``[None]``. In eval mode (validation, generation, ``--print-alignment``, analysis) the
-    weights are returned exactly as stock.
-    """
-
-    def __init__(self, cfg, dictionary, embed_tokens, fourier: FourierAttentionOptions, no_encoder_attn=False,
-                 output_projection=None):
-        self.fourier = fourier
-        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
-                         output_projection=output_projection)
-
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return wrap_layer(FourierTransformerDecoderLayer(cfg, self.fourier, no_encoder_attn), cfg)
-
-    def extract_features(
-        self,
-        prev_output_tokens,
-        encoder_out: Optional[Dict[str, List[Tensor]]],
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        full_context_alignment: bool = False,
-        alignment_layer: Optional[int] = None,
-        alignment_heads: Optional[int] = None,
-    ):
-        if self.training and alignment_layer is None and "cross" in self.fourier.sites:
-            alignment_layer = NO_ALIGNMENT_LAYER  # see the class docstring
-        return super().extract_features(
-            prev_output_tokens,
-            encoder_out,
-            incremental_state=incremental_state,
-            full_context_alignment=full_context_alignment,
-            alignment_layer=alignment_layer,
-            alignment_heads=alignment_heads,
-        )
+# the layers and stacks with Fourier attention where FourierAttentionOptions selects it
+FourierTransformerEncoderLayer = AttentionOptionsEncoderLayer
+FourierTransformerDecoderLayer = AttentionOptionsDecoderLayer
+FourierTransformerEncoder = AttentionOptionsEncoder
+FourierTransformerDecoder = AttentionOptionsDecoder
 
 
 @register_model("fourierformer")
-class FourierFormerModel(TransformerModel):
+class FourierFormerModel(AttentionOptionsTransformerModel):
     """fairseq's Transformer (legacy argparse model) with Fourier integral attention."""
 
-    @classmethod
-    def hub_models(cls):
-        return {}
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_fourier_args(parser)
-
-    @classmethod
-    def build_model(cls, args, task):
-        FourierAttentionOptions.from_args(args, SITES)  # fail early, with the flag names, on bad options
-        model = super().build_model(args, task)
-        name_fourier_layers(model)
-        return model
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return FourierTransformerEncoder(cfg, src_dict, embed_tokens, FourierAttentionOptions.from_args(args, SITES))
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return FourierTransformerDecoder(
-            cfg, tgt_dict, embed_tokens, FourierAttentionOptions.from_args(args, SITES),
-            no_encoder_attn=cfg.no_cross_attention,
-        )
+    options_class = FourierAttentionOptions
 
 
 @register_model_architecture("fourierformer", "fourierformer_iwslt_de_en")

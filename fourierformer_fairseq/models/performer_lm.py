@@ -13,27 +13,12 @@ from dataclasses import dataclass
 
 from omegaconf import II
 
-from fairseq import options
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig
-from fairseq.models.transformer_lm import (
-    DEFAULT_MAX_TARGET_POSITIONS,
-    TransformerLanguageModel,
-    TransformerLanguageModelConfig,
-)
-from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
-from fairseq.utils import safe_getattr
+from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 
+from .attention_transformer import AttentionOptionsLanguageModel
 from .fourierformer_lm import paper_lm_sizes
-from .performer_options import (
-    PerformerAttentionOptions,
-    PerformerConfig,
-    seed_performer_features,
-    set_performer_defaults,
-)
-from .performer_transformer import PerformerTransformerDecoder
-
-LM_SITES = ("decoder",)
+from .performer_options import PerformerAttentionOptions, PerformerConfig, set_performer_defaults
 
 
 @dataclass
@@ -44,68 +29,10 @@ class PerformerLanguageModelConfig(TransformerLanguageModelConfig, PerformerConf
 
 
 @register_model("performer_lm", dataclass=PerformerLanguageModelConfig)
-class PerformerLanguageModel(TransformerLanguageModel):
+class PerformerLanguageModel(AttentionOptionsLanguageModel):
     """fairseq's Transformer language model with FAVOR+ (random-feature) causal self-attention."""
 
-    @classmethod
-    def hub_models(cls):
-        return {}
-
-    @classmethod
-    def build_model(cls, args, task):
-        """``TransformerLanguageModel.build_model`` with the Performer decoder.
-
-        Mirrors the stock method step for step (same modules built in the same order), so a
-        Performer LM and its softmax twin initialise identically under one seed.
-        """
-        performer = PerformerAttentionOptions.from_args(args, LM_SITES)
-        if args.decoder_layers_to_keep:
-            args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
-        if safe_getattr(args, "max_target_positions", None) is None:
-            args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
-
-        if args.character_embeddings:
-            embed_tokens = CharacterTokenEmbedder(
-                task.source_dictionary,
-                eval(args.character_filters),
-                args.character_embedding_dim,
-                args.decoder_embed_dim,
-                args.char_embedder_highway_layers,
-            )
-        elif args.adaptive_input:
-            embed_tokens = AdaptiveInput(
-                len(task.source_dictionary),
-                task.source_dictionary.pad(),
-                args.decoder_input_dim,
-                args.adaptive_input_factor,
-                args.decoder_embed_dim,
-                options.eval_str_list(args.adaptive_input_cutoff, type=int),
-                args.quant_noise_pq,
-                args.quant_noise_pq_block_size,
-            )
-        else:
-            embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
-
-        if args.tie_adaptive_weights:
-            if not args.adaptive_input:
-                raise ValueError("--tie-adaptive-weights needs --adaptive-input")
-            if args.adaptive_input_factor != args.adaptive_softmax_factor:
-                raise ValueError("--tie-adaptive-weights needs --adaptive-input-factor == --adaptive-softmax-factor")
-            if args.adaptive_softmax_cutoff != args.adaptive_input_cutoff:
-                raise ValueError(
-                    f"--tie-adaptive-weights needs --adaptive-softmax-cutoff == --adaptive-input-cutoff, "
-                    f"got {args.adaptive_softmax_cutoff} != {args.adaptive_input_cutoff}"
-                )
-            if args.decoder_input_dim != args.decoder_output_dim:
-                raise ValueError("--tie-adaptive-weights needs --decoder-input-dim == --decoder-output-dim")
-
-        decoder = PerformerTransformerDecoder(
-            TransformerConfig.from_namespace(args), task.target_dictionary, embed_tokens, performer,
-            no_encoder_attn=True,
-        )
-        model = cls(decoder)
-        seed_performer_features(model, safe_getattr(args, "seed", 1))
-        return model
+    options_class = PerformerAttentionOptions
 
 
 @register_model_architecture("performer_lm", "performer_lm_wiki103_small")

@@ -15,14 +15,13 @@ from typing import FrozenSet, Sequence
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.utils import safe_getattr
 
 from fourierformer_fairseq.modules.fourier_multihead_attention import RADIUS_SHAPES
 from fourierformer_fairseq.modules.performer_multihead_attention import PerformerMultiheadAttention
 from fourierformer_fairseq.ops.favor import FEATURE_TYPES, KERNELS, feature_seed
 
-SITES = ("encoder", "decoder", "cross")
+from .attention_options import SITES, AttentionOptions
 
 
 @dataclass
@@ -82,7 +81,7 @@ def parse_sites(spec, available: Sequence[str]) -> FrozenSet[str]:
 
 
 @dataclass(frozen=True)
-class PerformerAttentionOptions:
+class PerformerAttentionOptions(AttentionOptions):
     sites: FrozenSet[str]
     kernel: str
     num_features: int
@@ -127,15 +126,10 @@ class PerformerAttentionOptions:
             radius_shape=radius_shape,
         )
 
-    def build_attention(self, site: str, embed_dim: int, num_heads: int, **kwargs) -> MultiheadAttention:
-        """The attention for ``site``: Performer if selected, else fairseq's MultiheadAttention."""
-        if site not in SITES:
-            raise ValueError(f"unknown attention site {site!r}; expected one of {SITES}")
-        if site not in self.sites:
-            return MultiheadAttention(embed_dim, num_heads, **kwargs)
-        return PerformerMultiheadAttention(
-            embed_dim,
-            num_heads,
+    attention_class = PerformerMultiheadAttention
+
+    def attention_kwargs(self):
+        return dict(
             num_features=self.num_features,
             kernel=self.kernel,
             redraw_interval=self.redraw_interval,
@@ -143,8 +137,15 @@ class PerformerAttentionOptions:
             power=self.power,
             radius_init=self.radius_init,
             radius_shape=self.radius_shape,
-            **kwargs,
         )
+
+    @staticmethod
+    def add_args(parser) -> None:
+        add_performer_args(parser)
+
+    @staticmethod
+    def prepare_model(model, args) -> None:
+        seed_performer_features(model, safe_getattr(args, "seed", 1))
 
 
 def seed_performer_features(model, seed: int) -> None:
