@@ -43,6 +43,11 @@ def read_log(path: str):
     return out
 
 
+def valid_key(log):
+    """Translation criteria log valid_nll_loss; the language model's cross_entropy only valid_loss."""
+    return "valid_nll_loss" if any("valid_nll_loss" in r for r in log["valid"]) else "valid_loss"
+
+
 def series(records, key):
     xs, ys = [], []
     for r in records:
@@ -80,7 +85,7 @@ def main(argv=None):
     for i, (name, log) in enumerate(runs):
         color = f"C{i}"
         ax_loss.plot(*series(log["train"], "loss"), color=color, label=name)
-        ax_valid.plot(*series(log["valid"], "valid_nll_loss"), "o-", color=color, label=name)
+        ax_valid.plot(*series(log["valid"], valid_key(log)), "o-", color=color, label=name)
         ax_gnorm.plot(*series(log["train"], "gnorm"), color=color, label=name)
         radius_keys = sorted({k for r in log["train"] for k in r if k.startswith("radius_")})
         for j, key in enumerate(radius_keys):
@@ -101,7 +106,7 @@ def main(argv=None):
                 ax_entropy.plot([p[0] for p in pts], [p[1] for p in pts], "s", color=color,
                                 ls=["-", "--", ":"][j % 3], label=f"{name}: {site} (checkpoints)")
     ax_loss.set_title("train loss (label-smoothed, base 2)")
-    ax_valid.set_title("valid nll_loss (base 2)")
+    ax_valid.set_title("valid nll_loss / loss (base 2)")
     ax_gnorm.set_title("gradient norm (before clipping)")
     ax_gnorm.set_yscale("log")
     ax_radius.set_title("radius, every Fourier layer")
@@ -117,11 +122,12 @@ def main(argv=None):
     fig.savefig(args.out, dpi=80)
     print(f"wrote {args.out}")
 
-    print("| run | " + " | ".join(["valid nll_loss by update"]) + " |")
+    print("| run | valid nll_loss (ppl) by update |")
     print("|---|---|")
     for name, log in runs:
-        xs, ys = series(log["valid"], "valid_nll_loss")
-        cells = ", ".join(f"{y:.2f} @{int(x)}" for x, y in zip(xs, ys))
+        xs, ys = series(log["valid"], valid_key(log))
+        _, ppl = series(log["valid"], "valid_ppl")
+        cells = ", ".join(f"{y:.3f} ({p:.1f}) @{int(x)}" for x, y, p in zip(xs, ys, ppl or [float("nan")] * len(ys)))
         print(f"| {name} | {cells} |")
 
 
