@@ -41,6 +41,14 @@ class FourierFormerLanguageModel(AttentionOptionsLanguageModel):
 
     options_class = FourierAttentionOptions
 
+    @classmethod
+    def build_model(cls, args, task):
+        if safe_getattr(args, "fourier_power", None) is None:
+            # --arch fourierformer_lm (the model's own name: dataclass defaults, no arch function);
+            # a saved config always has the power, so old checkpoints keep their formulation
+            set_fourier_defaults(args, power=LM_POWER, paper_radius_init=LM_PAPER_RADIUS_INIT)
+        return super().build_model(args, task)
+
 
 def paper_lm_sizes(args, embed_dim: int, context: int) -> None:
     """The paper's WikiText-103 LM shape (shared by the Fourier models and their softmax twins)."""
@@ -56,15 +64,18 @@ def paper_lm_sizes(args, embed_dim: int, context: int) -> None:
     base_lm_architecture(args)
 
 
+LM_POWER, LM_PAPER_RADIUS_INIT = 4, 2.0  # the paper's p and radius init for its language models
+
+
 @register_model_architecture("fourierformer_lm", "fourierformer_lm_wiki103_small")
 def fourierformer_lm_wiki103_small(args):
-    set_fourier_defaults(args, power=4, paper_radius_init=2.0)
+    set_fourier_defaults(args, power=LM_POWER, paper_radius_init=LM_PAPER_RADIUS_INIT)
     paper_lm_sizes(args, embed_dim=128, context=256)
 
 
 @register_model_architecture("fourierformer_lm", "fourierformer_lm_wiki103_medium")
 def fourierformer_lm_wiki103_medium(args):
-    set_fourier_defaults(args, power=4, paper_radius_init=2.0)
+    set_fourier_defaults(args, power=LM_POWER, paper_radius_init=LM_PAPER_RADIUS_INIT)
     paper_lm_sizes(args, embed_dim=256, context=384)
 
 
