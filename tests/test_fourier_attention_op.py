@@ -689,15 +689,7 @@ def test_info_reports_backends():
     assert ("unavailable" not in cpu_line) == CPU_FUSED
 
 
-def cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-
-
-REQUESTED_ISA = os.environ.get("FOURIERFORMER_CPU_ISA")
+from cpu_variants import OTHER_ISAS, REQUESTED_ISA  # noqa: E402
 
 
 @needs_cpu_kernel
@@ -711,16 +703,10 @@ def test_requested_cpu_kernel_variant_is_in_use():
 # Every instruction-set variant of the float32 kernels this CPU can run (the best one is what
 # every other test uses): the float32 accuracy and exact-case tests, again, in a subprocess
 # with FOURIERFORMER_CPU_ISA set.
-OTHER_ISAS = [
-    isa
-    for isa, flags in (("avx2", ("avx2", "fma")), ("generic", ()))
-    if all(f in cpu_flags() for f in flags)
-]
 
 
 @pytest.mark.slow
 @needs_cpu_kernel
-@pytest.mark.slow
 @pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
 @pytest.mark.parametrize("isa", OTHER_ISAS)
 def test_every_cpu_kernel_variant(isa):

@@ -188,16 +188,7 @@ def test_query_equal_to_one_key_returns_its_value(seed):
     torch.testing.assert_close(out[0, 0, 0], v[0, 0, 5], rtol=1e-6, atol=1e-6)
 
 
-def cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-
-
-REQUESTED_ISA = os.environ.get("FOURIERFORMER_CPU_ISA")
-OTHER_ISAS = [isa for isa, flags in (("avx2", ("avx2", "fma")), ("generic", ())) if all(f in cpu_flags() for f in flags)]
+from cpu_variants import OTHER_ISAS, REQUESTED_ISA  # noqa: E402
 
 
 @pytest.mark.skipif(REQUESTED_ISA is None, reason="runs in the subprocesses of test_fuzz_every_cpu_kernel_variant")
