@@ -1,4 +1,5 @@
-"""scripts/: make_tables, average_checkpoints, fourier_estimators, head_redundancy, benchmark_model.
+"""scripts/: make_tables, average_checkpoints, fourier_estimators, head_redundancy, benchmark_model,
+benchmark_attention.
 
 Fast unit tests on synthetic inputs; the runs that build or train fairseq models are slow.
 """
@@ -214,7 +215,28 @@ def test_head_redundancy_small(tiny_lm, tmp_path):
         assert png.stat().st_size > 1000
     for arch, v in res.items():
         assert v["site"] == "decoder" and v["layers"] == 1 and v["heads"] == 2
-        assert v["mean"] > 0 and v["var"] >= 0 and v["per_layer"][0]["pairs"] >= 1
+        assert v["mean"] > 1e-3 and v["var"] >= 0 and v["per_layer"][0]["pairs"] >= 1
+    # the same checkpoints with head 1's query and key projections copied from head 0: the two
+    # heads' attention maps are then identical, so every distance must vanish
+    import torch
+
+    for arch, ck in ckpts.items():
+        state = torch.load(ck, map_location="cpu", weights_only=False)
+        model = state["model"]
+        hd = model["decoder.layers.0.self_attn.q_proj.weight"].shape[0] // 2
+        for proj in ("q_proj", "k_proj"):
+            for t in ("weight", "bias"):
+                w = model[f"decoder.layers.0.self_attn.{proj}.{t}"]
+                w[hd:] = w[:hd]
+        twin = tmp_path / f"{arch}_twin_heads.pt"
+        torch.save(state, twin)
+        out = tmp_path / f"{arch}_twin_heads.json"
+        r = run([sys.executable, os.path.join(SCRIPTS, "head_redundancy.py"), "--small", "--cpu", "--checkpoint", str(twin),
+                 "--data", str(data), "--out", str(out), "--label", arch])
+        assert r.returncode == 0, r.stderr[-3000:]
+        twin_res = json.load(open(out))
+        assert twin_res["per_layer"][0]["pairs"] == res[arch]["per_layer"][0]["pairs"]
+        assert twin_res["mean"] < 1e-5 * res[arch]["mean"], (arch, twin_res["mean"], res[arch]["mean"])
 
 
 @pytest.mark.slow
@@ -228,3 +250,131 @@ def test_benchmark_model_small(tmp_path):
     for m in res["models"]:
         assert m["train_ms_per_sample"] > 0 and m["infer_ms_per_sample"] > 0 and m["train_peak_mem_mb"] > 0
     assert "| fourier small |" in r.stdout
+
+
+# --------------------------------------------------------------------------- benchmark_attention
+SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
+
+
+def test_benchmark_attention_crossover():
+    ba = load("benchmark_attention")
+    # a linear op 40 N against a quadratic one N^2 / 100: faster from N > 4000 on
+    lin = {n: 40.0 * n for n in SWEEP}
+    quad = {n: n * n / 100.0 for n in SWEEP}
+    assert ba.crossover(SWEEP, lin, quad) == (4096, 16384)
+    assert ba.crossover(SWEEP, quad, lin) == (None, 16384)  # the quadratic one is faster only up to 2048
+    # faster at 256 and 512, slower at 1024, faster from 2048 on: it stays faster only from 2048
+    fast = {n: 1.0 for n in SWEEP}
+    slow = {256: 2.0, 512: 2.0, 1024: 0.5, 2048: 2.0, 4096: 2.0, 8192: 2.0, 16384: 2.0}
+    assert ba.crossover(SWEEP, fast, slow) == (2048, 16384)
+    assert ba.crossover(list(reversed(SWEEP)), fast, slow) == (2048, 16384)  # order of the sizes does not matter
+    assert ba.crossover(SWEEP, fast, {n: 2.0 for n in SWEEP}) == (256, 16384)  # faster everywhere
+    only_last = {**slow, **{n: 0.5 for n in SWEEP[:-1]}}
+    assert ba.crossover(SWEEP, fast, only_last) == (16384, 16384)
+    # a tie is not faster
+    assert ba.crossover(SWEEP, fast, {**slow, 16384: 1.0}) == (None, 16384)
+    # an implementation skipped beyond N = 1024 (None): compared where both ran
+    skipped = {256: 0.5, 512: 2.0, 1024: 2.0, 2048: None, 4096: None}
+    assert ba.crossover(SWEEP, fast, skipped) == (512, 1024)
+    assert ba.crossover(SWEEP, {}, slow) == (None, None)
+    assert ba.fmt_crossover(4096, 16384) == "N = 4096"
+    assert ba.fmt_crossover(None, 16384) == "none up to 16384"
+    assert ba.fmt_crossover(None, None) == "-"
+
+
+def test_benchmark_attention_scaling_report():
+    """The scaling table and the crossover table from a synthetic timing table."""
+    ba = load("benchmark_attention")
+    impls = ["fused", "sdpa", "performer", "fourier_rf"]
+    cost = {  # ms as a function of N, per (causal, backward) group: scaled so that the crossovers differ
+        "fused": lambda n, s: s * n * n / 1000.0,
+        "sdpa": lambda n, s: s * n * n / 4000.0,
+        "performer": lambda n, s: 2.0 * n,
+        "fourier_rf": lambda n, s: 20.0 * n,
+    }
+    rows = []
+    for causal, backward in ba.SCALING_GROUPS:
+        s = (4.0 if backward else 1.0) / (2.0 if causal else 1.0)
+        for n in SWEEP:
+            rows.append(dict(N=n, causal=causal, backward=backward, rounds=3,
+                             ms={i: cost[i](n, s) for i in impls}, mem={i: 2**20 * n / 256 for i in impls}))
+    lines = ba.scaling_report(impls, rows)
+    header = lines[0]
+    assert header == ("| mask | pass | N | fused ms | sdpa ms | performer ms | fourier_rf ms | performer / fused | "
+                      "performer / sdpa | fourier_rf / fused | fourier_rf / sdpa | fused MiB | sdpa MiB | "
+                      "performer MiB | fourier_rf MiB | rounds |")
+    body = [line for line in lines[2:2 + 4 * len(SWEEP)]]
+    assert all(line.count("|") == header.count("|") for line in body)
+    # grouped (none fwd, none fwd+bwd, causal fwd, causal fwd+bwd), N ascending in each
+    assert [tuple(c.strip() for c in line.split("|")[1:4]) for line in body[:2]] == [("none", "fwd", "256"),
+                                                                                     ("none", "fwd", "512")]
+    assert body[len(SWEEP)].split("|")[1:3] == [" none ", " fwd+bwd "]
+    assert body[-1].split("|")[1:4] == [" causal ", " fwd+bwd ", " 16384 "]
+    # none fwd, N = 1024: fused 1048.58, performer 2048 -> 1.95x; memory 4 MiB
+    row = next(line for line in body if line.startswith("| none | fwd | 1024 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[3:7] == ["1048.58", "262.14", "2048.00", "20480.00"]
+    assert cells[7] == f"{2048 / 1048.576:.2f}x" and cells[11:15] == ["4.0"] * 4 and cells[15] == "3"
+    # crossovers: performer (2 N) beats fused (s N^2 / 1000) once N > 2000 / s, sdpa once N > 8000 / s;
+    # fourier_rf (20 N) beats fused once N > 20000 / s and sdpa once N > 80000 / s
+    cross = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
+             for line in lines if line.startswith("| performer |") or line.startswith("| fourier_rf |")}
+    assert "| linear-time op | against | fwd | fwd+bwd | causal fwd | causal fwd+bwd |" in lines
+    #                        s = 1           s = 4          s = 0.5            s = 2
+    assert cross[("performer", "fused")] == ["N = 2048", "N = 512", "N = 4096", "N = 1024"]
+    assert cross[("performer", "sdpa")] == ["N = 8192", "N = 2048", "N = 16384", "N = 4096"]
+    assert cross[("fourier_rf", "fused")] == ["none up to 16384", "N = 8192", "none up to 16384", "N = 16384"]
+    assert cross[("fourier_rf", "sdpa")] == ["none up to 16384", "none up to 16384", "none up to 16384",
+                                             "none up to 16384"]
+
+
+def test_benchmark_attention_scaling_quick():
+    """--scaling runs end to end at small N: the table's rows and cells, the ratios, the crossovers."""
+    r = run([sys.executable, os.path.join(SCRIPTS, "benchmark_attention.py"), "--device", "cpu", "--scaling", "--quick",
+             "--sizes", "32,64", "--scaling-shape", "1,2,16", "--reps", "2", "--no-memory"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    assert "# scaling: B=1, H=2, D=16, N = 32, 64; performer m=44 (44 features), fourier_rf m=16 (528 features)" in out
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
+            if line.startswith("| none |") or line.startswith("| causal |")]
+    assert [r_[:3] for r_ in rows] == [[m, p, n] for m in ("none", "causal") for p in ("fwd", "fwd+bwd")
+                                       for n in ("32", "64")]
+    ms = {}
+    for cells in rows:
+        times = [float(c) for c in cells[3:7]]
+        assert all(t > 0 for t in times)
+        fused, sdpa, performer, fourier_rf = times
+        # each ratio is that of the unrounded times: within the printed times' rounding (0.005 ms)
+        for got, (a, b) in zip(cells[7:11], [(performer, fused), (performer, sdpa), (fourier_rf, fused),
+                                              (fourier_rf, sdpa)]):
+            ratio = float(got.rstrip("x"))
+            assert ratio + 0.005 >= (a - 0.005) / (b + 0.005), (got, a, b)
+            assert b <= 0.005 or ratio - 0.005 <= (a + 0.005) / (b - 0.005), (got, a, b)
+        assert cells[11:15] == ["-"] * 4 and cells[15] == "2"
+        ms[(cells[0], cells[1], int(cells[2]))] = dict(zip(["fused", "sdpa", "performer", "fourier_rf"], times))
+    cross = [line for line in out.splitlines() if line.startswith("| performer |") or line.startswith("| fourier_rf |")]
+    assert len(cross) == 4
+    groups = [("none", "fwd"), ("none", "fwd+bwd"), ("causal", "fwd"), ("causal", "fwd+bwd")]
+    for line in cross:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        op, against = cells[:2]
+        for cell, (mask, p) in zip(cells[2:], groups):
+            t = {n: ms[(mask, p, n)] for n in (32, 64)}
+            if any(t[n][op] == t[n][against] for n in (32, 64)):
+                continue  # equal once rounded: the printed times cannot tell which was faster
+            faster = [t[n][op] < t[n][against] for n in (32, 64)]
+            want = "N = 32" if all(faster) else "N = 64" if faster[1] else "none up to 64"
+            assert cell == want, (line, t)
+
+
+def test_benchmark_attention_linear_ops_selectable():
+    """The default table takes the linear-time ops through --impls; unknown names are refused."""
+    script = os.path.join(SCRIPTS, "benchmark_attention.py")
+    r = run([sys.executable, script, "--device", "cpu", "--quick", "--reps", "2", "--shapes", "sweep N=256",
+             "--impls", "fused,sdpa,performer,fourier_rf", "--no-memory"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| sweep N=256")]
+    assert [line.split("|")[2].strip() for line in rows] == ["fused", "sdpa", "performer", "fourier_rf"]
+    assert all(float(line.split("|")[3]) > 0 and line.split("|")[4].strip().endswith("x") for line in rows)
+    bad = run([sys.executable, script, "--device", "cpu", "--impls", "fused,favor"], timeout=600)
+    assert bad.returncode != 0 and "unknown ['favor']" in bad.stderr
