@@ -38,27 +38,29 @@ def load_prepare_text():
 P = load_prepare_text()
 
 # --------------------------------------------------------------------------- tiny data
+# A word-for-word "language pair": EN[i] translates DE[i], so a translation model can learn the
+# test set from the training set, and a score can be compared with baselines that know nothing.
 DE = "der die das und ist ein eine nicht mit über für wir sie haben große Welt Straße Häuser Menschen Zeit heute".split()
-EN = "the a and is not with about for we they have big world street houses people time today".split()
-
-
-def sentence(rng, words, n):
-    w = [rng.choice(words) for _ in range(n)]
-    w[0] = w[0].capitalize()
-    s = " ".join(w)
-    extra = rng.random()
-    if extra < 0.2:
-        s += ', "' + rng.choice(words) + '"'
-    elif extra < 0.3:
-        s += " & " + rng.choice(words) + " (5,300)"
-    elif extra < 0.4:
-        s += " usw"
-    return s + rng.choice([".", "?", "!", "..."])
+EN = "the a this and is one an not with about for we they have big world street houses people time today".split()
+assert len(DE) == len(EN)
 
 
 def pair(rng, n=None):
+    """A German sentence and its word-for-word English translation, with Moses-relevant extras."""
     n = n or rng.randint(3, 12)
-    return sentence(rng, DE, n), sentence(rng, EN, n)
+    idx = [rng.randrange(len(DE)) for _ in range(n)]
+    de, en = [DE[i] for i in idx], [EN[i] for i in idx]
+    de[0], en[0] = de[0].capitalize(), en[0].capitalize()
+    de, en = " ".join(de), " ".join(en)
+    extra, j = rng.random(), rng.randrange(len(DE))
+    if extra < 0.2:  # quotes, on both sides
+        de, en = de + ', "' + DE[j] + '"', en + ', "' + EN[j] + '"'
+    elif extra < 0.3:  # Moses escapes and numbers, German only (a copied source gains nothing)
+        de = de + " & " + DE[j] + " (5,300)"
+    elif extra < 0.4:
+        de, en = de + " usw", en + " etc"
+    end = rng.choice([".", "?", "!", "..."])
+    return de + end, en + end
 
 
 def write_fake_iwslt(folder: str, n_train: int = 230, n_seg: int = 6, seed: int = 0) -> dict:
@@ -201,6 +203,7 @@ def test_prepare_checksum_mismatch_fails(tmp_path):
     assert r.returncode != 0 and "MD5 mismatch" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("curl") or shutil.which("wget")), reason="needs curl or wget")
 def test_prepare_download_path(tmp_path):
     """The online path, with a file:// URL: download, checksum, extraction, a second call reuses the file."""
@@ -223,15 +226,55 @@ def test_prepare_download_path(tmp_path):
     assert r.returncode != 0 and "MD5 mismatch" in r.stderr
 
 
+def corpus_bleu(hyps, refs):
+    import sacrebleu
+    return sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score
+
+
+def baseline_bleus(text_dir):
+    """sacreBLEU of two systems that translate nothing: the source copied, and the target
+    training set's most frequent words, as many as the source has."""
+    import collections
+
+    src, ref = lines(text_dir / "raw" / "test.de"), lines(text_dir / "raw" / "test.en")
+    counts = collections.Counter(w for x in lines(text_dir / "tmp" / "train.en") for w in x.split())
+    top = [w for w, _ in counts.most_common()]
+    unigram = [" ".join(top[: len(x.split())]) for x in src]
+    return {"copy": corpus_bleu(src, ref), "unigram": corpus_bleu(unigram, ref)}
+
+
+def assert_average_of(avg_path, inputs):
+    """checkpoint_avgN.pt holds the element-wise mean of its inputs' parameters."""
+    import torch
+
+    states = [torch.load(p, map_location="cpu", weights_only=False)["model"] for p in inputs]
+    avg = torch.load(avg_path, map_location="cpu", weights_only=False)["model"]
+    assert set(avg) == set(states[0])
+    for name, value in avg.items():
+        if value.is_floating_point():
+            mean = sum(s[name].double() for s in states) / len(states)
+            torch.testing.assert_close(value.double(), mean, rtol=1e-6, atol=1e-7, msg=name)
+
+
+# a few hundred updates that a tiny model needs to learn the word-for-word pair (the
+# recipe's small mode stops after 3 epochs, which checks the pipeline but learns nothing)
+LEARN_MT = ["--lr", "0.01", "--", "--max-epoch", "1000", "--max-update", "400", "--max-tokens", "512",
+            "--dropout", "0"]
+
+
 @pytest.mark.slow
 def test_iwslt_small_end_to_end(tmp_path):
-    """prepare (offline, archive with a verified checksum) -> train (both twins) -> evaluate -> tables."""
+    """prepare (offline, archive with a verified checksum) -> train (both twins) -> evaluate -> tables.
+
+    The scores are recomputed from the files the recipe wrote and must beat, by 5 BLEU, both a
+    copy of the source and the target's most frequent words."""
     write_fake_iwslt(str(tmp_path / "src" / "de-en"), n_train=400)
     tgz = make_tgz(str(tmp_path / "src" / "de-en"), str(tmp_path / "de-en.tgz"))
     md5 = hashlib.md5(open(tgz, "rb").read()).hexdigest()
     data = tmp_path / "data-bin"
+    # 300 merges: every word of the pair stays whole
     r = run(["bash", os.path.join(IWSLT, "prepare.sh"), "--raw", tgz, "--md5", md5, "--out", str(data),
-             "--small", "--bpe-merges", "60", "--workers", "1"])
+             "--small", "--bpe-merges", "300", "--workers", "1"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "checksum OK" in r.stderr
     for f in ("dict.de.txt", "dict.en.txt", "train.de-en.de.bin", "valid.de-en.en.idx", "test.de-en.en.bin"):
@@ -240,46 +283,81 @@ def test_iwslt_small_end_to_end(tmp_path):
     r2 = run(["bash", os.path.join(IWSLT, "prepare.sh"), "--raw", str(tmp_path / "src"), "--out", str(tmp_path / "d2"),
               "--small", "--bpe-merges", "60", "--workers", "1"])
     assert r2.returncode == 0, r2.stderr[-3000:]
+    baselines = baseline_bleus(data / "text")
+    refs = lines(data / "text" / "raw" / "test.en")
 
     models = ["softmax", "fourier"]
     runs = tmp_path / "runs"
     for m in models:
         r = run(["bash", os.path.join(IWSLT, "train.sh"), "--model", m, "--small", "--seeds", "3",
-                 "--data", str(data), "--runs", str(runs)])
+                 "--data", str(data), "--runs", str(runs)] + LEARN_MT)
         assert r.returncode == 0, r.stderr[-3000:]
         run_dir = runs / f"{m}_seed3"
-        assert (run_dir / "checkpoints" / "checkpoint_last.pt").exists()
+        ck = run_dir / "checkpoints"
+        assert (ck / "checkpoint_last.pt").exists()
         meta = json.load(open(run_dir / "meta.json"))
         assert meta["seed"] == 3 and meta["task"] == "iwslt14"
         r = run(["bash", os.path.join(IWSLT, "evaluate.sh"), "--small", "--data", str(data), str(run_dir)])
         assert r.returncode == 0, r.stderr[-3000:]
         res = json.load(open(run_dir / "results-test.json"))
-        assert res["bleu_tok"] is not None and res["sacrebleu"] is not None
+        assert res["sentences"] == len(refs) == 5 * 6  # every test sentence translated, in order
+        hyps = lines(run_dir / "generate-test.detok.en")
+        assert len(hyps) == len(refs)
+        assert res["sacrebleu"] == pytest.approx(corpus_bleu(hyps, refs), abs=0.006)
+        assert res["sacrebleu"] > max(baselines.values()) + 5, (m, res, baselines)
+        assert res["bleu_tok"] > 0
         assert res["sacrebleu_signature"].startswith("nrefs:1|case:lc")
         assert res["sacrebleu_references"].startswith("raw references")
-        assert res["sentences"] == 5 * 6  # every test sentence translated
-        assert (run_dir / "checkpoints" / "checkpoint_avg2.pt").exists()
+        epochs = sorted(int(p.name[len("checkpoint"):-3]) for p in ck.glob("checkpoint[0-9]*.pt"))
+        assert_average_of(ck / "checkpoint_avg2.pt", [ck / f"checkpoint{e}.pt" for e in epochs[-2:]])
     r = run([sys.executable, os.path.join(REPO, "scripts", "make_tables.py"), "--runs", str(runs)])
     assert r.returncode == 0, r.stderr
     assert "Table 5" in r.stdout and "34.42" in r.stdout
+    for m in models:  # the table shows what was measured
+        res = json.load(open(runs / f"{m}_seed3" / "results-test.json"))
+        assert f"{res['bleu_tok']:.2f}" in r.stdout and f"{res['sacrebleu']:.2f}" in r.stdout
 
 
 def write_fake_wiki(folder: str, n_train=400, n_valid=40, seed=0):
+    """WikiText-like lines in which each word is followed, nine times in ten, by one of two
+    successors: a language model can learn what a unigram model cannot."""
     rng = random.Random(seed)
     words = [f"w{i}" for i in range(60)] + ["the", "of", ",", ".", "<unk>", "@-@"]
+    n = len(words)
+    successors = [((i * 7 + 3) % n, (i * 13 + 5) % n) for i in range(n)]  # two permutations
     os.makedirs(folder, exist_ok=True)
-    for split, n in (("train", n_train), ("valid", n_valid)):
+    for split, count in (("train", n_train), ("valid", n_valid)):
         with open(os.path.join(folder, f"wiki.{split}.tokens"), "w") as fh:
-            for i in range(n):
+            for i in range(count):
                 if i % 15 == 0:
                     fh.write(f" = Heading {i} = \n")
-                else:
-                    fh.write(" " + " ".join(rng.choice(words) for _ in range(rng.randint(5, 30))) + " \n")
+                    continue
+                ids = [rng.randrange(n)]
+                for _ in range(rng.randint(5, 30) - 1):
+                    ids.append(rng.choice(successors[ids[-1]]) if rng.random() < 0.9 else rng.randrange(n))
+                fh.write(" " + " ".join(words[j] for j in ids) + " \n")
+
+
+def unigram_perplexity(folder) -> float:
+    """Perplexity on valid of add-one unigram frequencies from train (a line ends in </s>)."""
+    import collections
+    import math
+
+    def tokens(split):
+        return [t for x in lines(os.path.join(folder, f"wiki.{split}.tokens")) for t in x.split() + ["</s>"]]
+
+    train, valid = tokens("train"), tokens("valid")
+    counts = collections.Counter(train)
+    total, types = len(train), len(counts) + 1
+    return math.exp(-sum(math.log((counts[t] + 1) / (total + types)) for t in valid) / len(valid))
 
 
 @pytest.mark.slow
 def test_wikitext_small_end_to_end(tmp_path):
+    """prepare -> train (both twins, 300 updates) -> evaluate -> tables; each model's valid
+    perplexity must be under a quarter of the unigram perplexity of the same data."""
     write_fake_wiki(str(tmp_path / "raw"))
+    unigram = unigram_perplexity(tmp_path / "raw")
     data = tmp_path / "data-bin"
     r = run(["bash", os.path.join(WIKI, "prepare.sh"), "--raw", str(tmp_path / "raw"), "--out", str(data), "--small"])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -290,16 +368,21 @@ def test_wikitext_small_end_to_end(tmp_path):
     runs = tmp_path / "runs"
     for m in models:
         r = run(["bash", os.path.join(WIKI, "train.sh"), "--model", m, "--size", "small", "--small", "--seeds", "1",
-                 "--data", str(data), "--runs", str(runs)])
+                 "--lr", "0.003", "--data", str(data), "--runs", str(runs), "--", "--max-update", "300"])
         assert r.returncode == 0, r.stderr[-3000:]
         run_dir = runs / f"{m}_small_seed1"
         r = run(["bash", os.path.join(WIKI, "evaluate.sh"), "--small", "--data", str(data), str(run_dir)])
         assert r.returncode == 0, r.stderr[-3000:]
         res = json.load(open(run_dir / "results-lm.json"))
-        assert res["valid_ppl"] > 1 and res["context"] == 32 and "test_ppl" not in res
+        assert res["context"] == 32 and "test_ppl" not in res
+        assert res["valid_ppl"] == pytest.approx(2 ** res["valid_loss_base2"], rel=2e-3)
+        assert res["valid_ppl"] < unigram / 4, (m, res["valid_ppl"], unigram)
     r = run([sys.executable, os.path.join(REPO, "scripts", "make_tables.py"), "--runs", str(runs)])
     assert r.returncode == 0, r.stderr
     assert "Table 1" in r.stdout and "softmax small" in r.stdout
+    for m in models:  # the table shows what was measured
+        res = json.load(open(runs / f"{m}_small_seed1" / "results-lm.json"))
+        assert f"{res['valid_ppl']:.2f}" in r.stdout
 
 
 @pytest.mark.slow
