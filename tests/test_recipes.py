@@ -399,15 +399,18 @@ def test_reproduce_small_tables_offline(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     table5 = (runs / "table5.md").read_text()
     assert "Table 5" in table5 and "34.42" in table5 and "34.68" in table5
-    for model in ("softmax", "fourier"):
-        res = json.load(open(runs / "iwslt14" / f"{model}_seed1" / "results-test.json"))
-        assert res["bleu_tok"] is not None and res["sentences"] == 5 * 6
-        assert (runs / "wikitext103" / f"{model}_small_seed1" / "results-lm.json").exists()
-        hr = json.load(open(runs / f"head_redundancy_{model}_small.json"))
-        assert hr["mean"] > 0
-        assert (runs / f"attention_maps_{model}_small.png").stat().st_size > 1000
     table6 = (runs / "table6.md").read_text()
     assert "Table 6" in table6 and "7.45" in table6 and "6.20" in table6
+    # the small mode's three epochs learn little; what is checked here is that every number
+    # measured reaches its table (the scores themselves are checked in the tests above)
+    for model in ("softmax", "fourier"):
+        res = json.load(open(runs / "iwslt14" / f"{model}_seed1" / "results-test.json"))
+        assert res["sentences"] == 5 * 6
+        assert f"{res['bleu_tok']:.2f}" in table5 and f"{res['sacrebleu']:.2f}" in table5
+        assert (runs / "wikitext103" / f"{model}_small_seed1" / "results-lm.json").exists()
+        hr = json.load(open(runs / f"head_redundancy_{model}_small.json"))
+        assert hr["mean"] > 1e-3 and f"| {model} small | {hr['mean']:.4g} | {hr['var']:.4g} |" in table6
+        assert (runs / f"attention_maps_{model}_small.png").stat().st_size > 1000
     # a second call reuses the evaluated runs instead of training again
     r = run(["bash", os.path.join(REPO, "examples", "reproduce.sh"), "--small", "--seeds", "1",
              "--iwslt-raw", str(tmp_path / "iwslt"), "--data-root", str(tmp_path / "data-bin"),
