@@ -3,6 +3,7 @@
 
     python scripts/benchmark_attention.py            # full run (CPU here, CUDA if --device cuda)
     python scripts/benchmark_attention.py --quick    # fewer repetitions and sweep sizes
+    python scripts/benchmark_attention.py --scaling  # N = 256 ... 16384 at one head shape, with crossovers
 
 For each shape it prints the median time of forward and of forward+backward (the fast
 implementations timed in alternating rounds, so that they share the machine's load), the peak
@@ -13,6 +14,20 @@ extra memory of each, and every time as a ratio to softmax
   published  the published code's approach: materialised weights, product of sincs, + 1e-6
   reference  fourier_attention_reference, the pure-PyTorch log-domain implementation
   sdpa       softmax attention at the same shapes
+  performer  FAVOR+ random-feature softmax attention (ops.favor.favor_attention, kernel "softmax"),
+             round(d ln d) orthogonal features, as PerformerMultiheadAttention's default
+  fourier_rf the random-feature Fourier kernel (kernel "fourier_rf"), 16 frequencies
+             (528 features), radius 2 as the others, as the module's default
+
+The default run times the first four (--impls adds the two linear-time ops to it). --scaling
+instead sweeps N = 256, 512, ..., 16384 at one head shape (--scaling-shape, default B=1, H=4,
+D=64) for fused, sdpa, performer and fourier_rf, without and with the causal mask, forward and
+forward+backward, and prints one table of times, ratios and peak memory and then, for each
+linear-time op, the crossover N against each exact one: the smallest N of the sweep from which
+it is faster at every larger N ("none up to N" if it is not faster at the largest). There a row
+runs up to --reps alternating rounds (default 10) but stops after --min-reps (default 3) once its
+rounds have taken --row-budget-s (default 20 s), so the largest N gets fewer rounds; the rounds
+column says how many each row had.
 
 Peak memory: on CUDA, torch.cuda.max_memory_allocated; on CPU (Linux), the growth of the
 peak resident set size of a fresh subprocess that runs the call once after a small
@@ -35,7 +50,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-IMPLS = ("fused", "published", "reference", "sdpa")
+IMPLS = ("fused", "published", "reference", "sdpa")  # the default run's implementations
+LINEAR_IMPLS = ("performer", "fourier_rf")
+ALL_IMPLS = IMPLS + LINEAR_IMPLS
+MATERIALISING = ("published", "reference")
+SCALING_IMPLS = ("fused", "sdpa") + LINEAR_IMPLS
+SCALING_SIZES = tuple(256 * 2 ** i for i in range(7))  # 256 ... 16384
+QUICK_SCALING_SIZES = (256, 512, 1024)
+#: the seed of the linear-time ops' random features (ops.favor.feature_seed)
+FEATURE_SEED = 0
 
 
 def published_attention(q, k, v, radius, power, causal):
@@ -60,7 +83,35 @@ def make_call(impl, q, k, v, radius, power, causal):
         return lambda: fourier_attention_reference(q, k, v, radius, power=power, causal=causal)
     if impl == "sdpa":
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if impl in LINEAR_IMPLS:
+        from fourierformer_fairseq.ops.favor import favor_attention
+
+        kernel, projection = linear_projection(impl, q.size(-1), power)
+        projection = projection.to(q.device)
+        if kernel == "fourier_rf":
+            return lambda: favor_attention(q, k, v, projection, kernel=kernel, causal=causal, radius=radius)
+        return lambda: favor_attention(q, k, v, projection, kernel=kernel, causal=causal)
     raise ValueError(impl)
+
+
+def linear_projection(impl, head_dim, power):
+    """(kernel, projection) of a linear-time op: the module's default feature count and draw."""
+    from fourierformer_fairseq.ops.favor import default_num_features, draw_projection, feature_seed
+
+    kernel = "softmax" if impl == "performer" else "fourier_rf"
+    m = default_num_features(head_dim, kernel)
+    return kernel, draw_projection(kernel, m, head_dim, feature_seed(FEATURE_SEED, "benchmark"), power=power)
+
+
+def linear_features(impl, head_dim):
+    """(m, feature dimension) of a linear-time op at head_dim."""
+    from fourierformer_fairseq.ops.favor import default_num_features
+
+    if impl == "performer":
+        m = default_num_features(head_dim, "softmax")
+        return m, m
+    m = default_num_features(head_dim, "fourier_rf")
+    return m, m * (2 * m + 1)
 
 
 def make_inputs(shape, device, dtype, requires_grad):
@@ -96,32 +147,49 @@ def timed_ms(call, tensors, backward, device):
 OUT_OF_ROUNDS = 20.0
 
 
-def median_ms(calls, backward, device, reps, warmup=2):
+def median_ms(calls, backward, device, reps, warmup=2, budget_s=None, min_reps=3):
     """Median ms of each call in {impl: (call, tensors)}, timed in alternating rounds (one call
     of each implementation per round) so that they share whatever else the machine is doing.
-    A call slower than a second, or more than OUT_OF_ROUNDS times slower than the quickest,
-    is timed three times, after the others: in the rounds, the materialising baselines'
-    temporaries (up to gigabytes) would evict the caches and occupy the memory bus of the fast
-    calls they alternate with."""
+    A materialising baseline (published, reference) slower than a second, or more than
+    OUT_OF_ROUNDS times slower than the quickest, is timed three times, after the others: in
+    the rounds, its temporaries (up to gigabytes) would evict the caches and occupy the memory
+    bus of the fast calls it alternates with. With ``budget_s``, the rounds stop after
+    ``min_reps`` once they have taken that many seconds. Returns ({impl: ms}, rounds run)."""
     last = {}
     for impl, (call, tensors) in calls.items():
         for _ in range(warmup):
             last[impl] = timed_ms(call, tensors, backward, device)
     quickest = min(last.values())
-    fast = [impl for impl in calls if last[impl] <= min(1000.0, OUT_OF_ROUNDS * quickest)]
+    fast = [impl for impl in calls
+            if impl not in MATERIALISING or last[impl] <= min(1000.0, OUT_OF_ROUNDS * quickest)]
     times = {impl: [] for impl in calls}
+    start = time.perf_counter()
+    rounds = 0
     for _ in range(reps):
         for impl in fast:
             times[impl].append(timed_ms(*calls[impl], device=device, backward=backward))
+        rounds += 1
+        if budget_s is not None and rounds >= min_reps and time.perf_counter() - start >= budget_s:
+            break
     for impl in calls:
         if impl not in fast:
             times[impl] = [timed_ms(*calls[impl], device=device, backward=backward) for _ in range(min(reps, 3))]
-    return {impl: statistics.median(t) for impl, t in times.items()}
+    return {impl: statistics.median(t) for impl, t in times.items()}, rounds
 
 
 def materialised_bytes(shape, dtype):
     """Size of one (B, H, N, M, D) intermediate of the published / reference implementations."""
     return shape["B"] * shape["H"] * shape["N"] * shape["N"] * shape["D"] * torch.tensor([], dtype=dtype).element_size()
+
+
+def skip_reason(impl, shape, dtype, args):
+    """Why impl is not run at this shape (a materialising one over the memory budget), or None."""
+    need = materialised_bytes(shape, dtype)
+    if impl in MATERIALISING and need > args.memory_budget_gib * 2**30:
+        return f"skipped: one (B,H,N,M,D) intermediate is {need / 2**30:.1f} GiB"
+    if impl == "fourier_rf" and args.power % 2:
+        return f"skipped: fourier_rf needs an even power, got {args.power}"
+    return None
 
 
 def peak_memory_cuda(impl, shape, dtype, backward, power):
@@ -198,44 +266,14 @@ def fmt_mib(x):
     return "-" if x is None else f"{x / 2**20:.1f}"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--power", type=int, default=4)
-    parser.add_argument("--reps", type=int, default=None,
-                        help="timed rounds (default 20, --quick 5; at most 3 for calls over 1 s)")
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions and sweep sizes")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
-    parser.add_argument("--memory-budget-gib", type=float, default=0.5,
-                        help="skip the materialising implementations (published, reference) when one (B,H,N,M,D) "
-                             "intermediate exceeds this; their peak is about 9x that in forward+backward "
-                             "(default 0.5: N=1024 at B=1, H=8, D=16 runs, N=2048 is skipped)")
-    parser.add_argument("--shapes", default="",
-                        help="comma-separated substrings of shape names to run (e.g. 'causal,N=4096'; default all)")
-    parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {IMPLS}")
-    parser.add_argument("--probe", help=argparse.SUPPRESS)
-    parser.add_argument("--probe-impl", help=argparse.SUPPRESS)
-    parser.add_argument("--probe-backward", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.probe:
-        return probe_cpu_memory(args)
+def fmt_ratio(x):
+    if x is None:
+        return "-"
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.3f}x"
 
-    from fourierformer_fairseq.ops import backend_unavailable_reason
-    from fourierformer_fairseq.ops.extension import extension_status
 
-    dtype = getattr(torch, args.dtype)
-    reps = args.reps or (5 if args.quick else 20)
-    impls = [i for i in args.impls.split(",") if i]
-    reason = backend_unavailable_reason(args.device)
-    if "fused" in impls and reason:
-        print(f"fused {args.device} backend unavailable ({reason}); dropping it", file=sys.stderr)
-        impls.remove("fused")
-    status = extension_status()
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"# Fourier attention benchmark: {device_name}, {args.dtype}, p={args.power}, torch {torch.__version__}, "
-          f"kernels {status.build.get('cpu_isa', '-') if args.device == 'cpu' else 'cuda'}, median of {reps}")
-    print()
+def run_shapes(args, impls, dtype, reps):
+    """The default run: one table row per (shape, implementation)."""
     print("| shape | impl | fwd ms | fwd / sdpa | fwd peak MiB | fwd+bwd ms | fwd+bwd / sdpa | fwd+bwd peak MiB |")
     print("|---|---|---|---|---|---|---|---|")
     for shape in shapes_for(args):
@@ -243,9 +281,9 @@ def main():
         rows = {}
         runnable = []
         for impl in impls:
-            need = materialised_bytes(shape, dtype)
-            if impl in ("published", "reference") and need > args.memory_budget_gib * 2**30:
-                rows[impl] = f"skipped: one (B,H,N,M,D) intermediate is {need / 2**30:.1f} GiB"
+            reason = skip_reason(impl, shape, dtype, args)
+            if reason:
+                rows[impl] = reason
             else:
                 rows[impl] = {}
                 runnable.append(impl)
@@ -254,16 +292,11 @@ def main():
             for impl in runnable:
                 q, k, v, r = make_inputs(shape, args.device, dtype, backward)
                 calls[impl] = (make_call(impl, q, k, v, r, args.power, shape["causal"]), (q, k, v, r))
-            for impl, ms in median_ms(calls, backward, args.device, reps).items():
+            for impl, ms in (median_ms(calls, backward, args.device, reps)[0] if calls else {}).items():
                 rows[impl][("ms", backward)] = ms
             del calls
             for impl in runnable:
-                if args.no_memory:
-                    rows[impl][("mem", backward)] = None
-                elif args.device == "cuda":
-                    rows[impl][("mem", backward)] = peak_memory_cuda(impl, shape, dtype, backward, args.power)
-                else:
-                    rows[impl][("mem", backward)] = peak_memory_cpu(impl, shape, args, backward)
+                rows[impl][("mem", backward)] = peak_memory(impl, shape, args, dtype, backward)
         print(f"  measured {label}", file=sys.stderr, flush=True)
         # (rows keep the order of --impls)
         sdpa = rows.get("sdpa")
@@ -276,6 +309,194 @@ def main():
                 ratio = [f"{result[('ms', b)] / sdpa[('ms', b)]:.2f}x" for b in (False, True)]
             print(f"| {label} | {impl} | {fmt_ms(result[('ms', False)])} | {ratio[0]} | {fmt_mib(result[('mem', False)])} "
                   f"| {fmt_ms(result[('ms', True)])} | {ratio[1]} | {fmt_mib(result[('mem', True)])} |", flush=True)
+
+
+def peak_memory(impl, shape, args, dtype, backward):
+    if args.no_memory:
+        return None
+    if args.device == "cuda":
+        return peak_memory_cuda(impl, shape, dtype, backward, args.power)
+    return peak_memory_cpu(impl, shape, args, backward)
+
+
+# ----------------------------------------------------------------------------- --scaling
+
+#: (causal, backward) groups of the scaling table, in their order, and their names
+SCALING_GROUPS = ((False, False), (False, True), (True, False), (True, True))
+
+
+def group_name(causal, backward):
+    return ("causal " if causal else "") + ("fwd+bwd" if backward else "fwd")
+
+
+def crossover(sizes, fast_ms, slow_ms):
+    """Where an op starts to beat another: (the smallest N of ``sizes`` from which
+    ``fast_ms[N] < slow_ms[N]`` at that N and every larger one, or None if it is not faster at
+    the largest; the largest N compared). Sizes where either time is missing (None or absent:
+    not run) are left out of the comparison; (None, None) when no size has both."""
+    compared = [n for n in sorted(sizes) if fast_ms.get(n) is not None and slow_ms.get(n) is not None]
+    if not compared:
+        return None, None
+    found = None
+    for n in reversed(compared):
+        if fast_ms[n] < slow_ms[n]:
+            found = n
+        else:
+            break
+    return found, compared[-1]
+
+
+def fmt_crossover(found, largest):
+    if largest is None:
+        return "-"
+    return f"N = {found}" if found is not None else f"none up to {largest}"
+
+
+def scaling_shape(args):
+    try:
+        B, H, D = (int(x) for x in args.scaling_shape.split(","))
+    except ValueError:
+        raise SystemExit(f"--scaling-shape takes B,H,D (three integers), got {args.scaling_shape!r}")
+    return B, H, D
+
+
+def scaling_sizes(args):
+    if args.sizes:
+        try:
+            return sorted({int(n) for n in args.sizes.split(",") if n.strip()})
+        except ValueError:
+            raise SystemExit(f"--sizes takes comma-separated integers, got {args.sizes!r}")
+    return list(QUICK_SCALING_SIZES if args.quick else SCALING_SIZES)
+
+
+def measure_scaling(args, impls, dtype, reps):
+    """Rows {N, causal, backward, ms {impl: ms or None}, mem {impl: bytes or None}, rounds}."""
+    B, H, D = scaling_shape(args)
+    rows = []
+    for N in scaling_sizes(args):
+        for causal in (False, True):
+            shape = dict(name=f"scaling N={N}" + (", causal" if causal else ""), B=B, H=H, N=N, D=D, causal=causal)
+            runnable = [impl for impl in impls if not skip_reason(impl, shape, dtype, args)]
+            for backward in (False, True):
+                calls = {}
+                for impl in runnable:
+                    q, k, v, r = make_inputs(shape, args.device, dtype, backward)
+                    calls[impl] = (make_call(impl, q, k, v, r, args.power, causal), (q, k, v, r))
+                ms, rounds = (median_ms(calls, backward, args.device, reps, warmup=1, budget_s=args.row_budget_s,
+                                       min_reps=min(args.min_reps, reps)) if calls else ({}, 0))
+                del calls
+                mem = {impl: peak_memory(impl, shape, args, dtype, backward) for impl in runnable}
+                rows.append(dict(N=N, causal=causal, backward=backward, rounds=rounds,
+                                 ms={impl: ms.get(impl) for impl in impls}, mem={impl: mem.get(impl) for impl in impls}))
+                print(f"  measured N={N} {group_name(causal, backward)}: "
+                      + ", ".join(f"{impl} {fmt_ms(ms.get(impl))} ms {fmt_mib(mem.get(impl))} MiB" for impl in impls)
+                      + f" ({rounds} rounds)", file=sys.stderr, flush=True)
+    return rows
+
+
+def scaling_report(impls, rows):
+    """The scaling table and the crossover table (markdown lines) from measure_scaling's rows."""
+    linear = [impl for impl in impls if impl in LINEAR_IMPLS]
+    exact = [impl for impl in impls if impl not in LINEAR_IMPLS]
+    header = (["mask", "pass", "N"] + [f"{impl} ms" for impl in impls]
+              + [f"{a} / {b}" for a in linear for b in exact] + [f"{impl} MiB" for impl in impls] + ["rounds"])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for causal, backward in SCALING_GROUPS:
+        for row in sorted((r for r in rows if (r["causal"], r["backward"]) == (causal, backward)), key=lambda r: r["N"]):
+            ms = row["ms"]
+            ratios = [fmt_ratio(ms[a] / ms[b] if ms.get(a) is not None and ms.get(b) is not None else None)
+                      for a in linear for b in exact]
+            cells = (["causal" if causal else "none", "fwd+bwd" if backward else "fwd", str(row["N"])]
+                     + [fmt_ms(ms.get(impl)) for impl in impls] + ratios
+                     + [fmt_mib(row["mem"].get(impl)) for impl in impls] + [str(row["rounds"])])
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Crossover N (the smallest N of the sweep from which the linear-time op is faster at every larger N):", ""]
+    header = ["linear-time op", "against"] + [group_name(c, b) for c, b in SCALING_GROUPS]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for a in linear:
+        for b in exact:
+            cells = [a, b]
+            for causal, backward in SCALING_GROUPS:
+                group = [r for r in rows if (r["causal"], r["backward"]) == (causal, backward)]
+                sizes = [r["N"] for r in group]
+                cells.append(fmt_crossover(*crossover(sizes, {r["N"]: r["ms"].get(a) for r in group},
+                                                      {r["N"]: r["ms"].get(b) for r in group})))
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def run_scaling(args, impls, dtype, reps):
+    B, H, D = scaling_shape(args)
+    features = [f"{impl} m={m} ({dim} features)" for impl in impls if impl in LINEAR_IMPLS
+                for m, dim in [linear_features(impl, D)]]
+    print(f"# scaling: B={B}, H={H}, D={D}, N = {', '.join(map(str, scaling_sizes(args)))}"
+          + (f"; {', '.join(features)}" if features else "")
+          + f"; up to {reps} alternating rounds per row, at least {min(args.min_reps, reps)}, "
+          f"fewer past {args.row_budget_s:g} s")
+    print()
+    for line in scaling_report(impls, measure_scaling(args, impls, dtype, reps)):
+        print(line)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--power", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=None,
+                        help="timed rounds (default 20, --quick 5; --scaling 10, --scaling --quick 3; "
+                             "at most 3 for the materialising baselines' calls over 1 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and sweep sizes")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
+    parser.add_argument("--memory-budget-gib", type=float, default=0.5,
+                        help="skip the materialising implementations (published, reference) when one (B,H,N,M,D) "
+                             "intermediate exceeds this; their peak is about 9x that in forward+backward "
+                             "(default 0.5: N=1024 at B=1, H=8, D=16 runs, N=2048 is skipped)")
+    parser.add_argument("--shapes", default="",
+                        help="comma-separated substrings of shape names to run (e.g. 'causal,N=4096'; default all)")
+    parser.add_argument("--impls", default=None,
+                        help=f"comma-separated subset of {ALL_IMPLS} (default {','.join(IMPLS)}; "
+                             f"with --scaling {','.join(SCALING_IMPLS)})")
+    parser.add_argument("--scaling", action="store_true",
+                        help="sweep N at one head shape instead, with the linear-time ops' crossover N")
+    parser.add_argument("--scaling-shape", default="1,4,64", help="B,H,D of --scaling (default 1,4,64)")
+    parser.add_argument("--sizes", default="",
+                        help="comma-separated N of --scaling (default 256,512,...,16384; --quick 256,512,1024)")
+    parser.add_argument("--min-reps", type=int, default=3, help="--scaling: rounds a row gets at least (default 3)")
+    parser.add_argument("--row-budget-s", type=float, default=20.0,
+                        help="--scaling: no further rounds once a row's rounds have taken this long (default 20)")
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-impl", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-backward", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe:
+        return probe_cpu_memory(args)
+
+    from fourierformer_fairseq.ops import backend_unavailable_reason
+    from fourierformer_fairseq.ops.extension import extension_status
+
+    dtype = getattr(torch, args.dtype)
+    if args.scaling:
+        reps = args.reps or (3 if args.quick else 10)
+    else:
+        reps = args.reps or (5 if args.quick else 20)
+    impls = [i.strip() for i in (args.impls or ",".join(SCALING_IMPLS if args.scaling else IMPLS)).split(",") if i.strip()]
+    unknown = [i for i in impls if i not in ALL_IMPLS]
+    if unknown:
+        raise SystemExit(f"--impls: unknown {unknown}; choose from {ALL_IMPLS}")
+    reason = backend_unavailable_reason(args.device)
+    if "fused" in impls and reason:
+        print(f"fused {args.device} backend unavailable ({reason}); dropping it", file=sys.stderr)
+        impls.remove("fused")
+    status = extension_status()
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"# Fourier attention benchmark: {device_name}, {args.dtype}, p={args.power}, torch {torch.__version__}, "
+          f"kernels {status.build.get('cpu_isa', '-') if args.device == 'cpu' else 'cuda'}, median of {reps}")
+    print()
+    if args.scaling:
+        run_scaling(args, impls, dtype, reps)
+    else:
+        run_shapes(args, impls, dtype, reps)
     return 0
 
 
