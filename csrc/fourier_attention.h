@@ -3,10 +3,31 @@
 
 #include <ATen/ATen.h>
 
+#include <cstddef>
 #include <optional>
+#include <string>
 #include <tuple>
 
+#include "backend_limits.h"
+
 namespace fourierformer {
+
+// Whether dtype is one of the torch dtype names of a limits:: list (backend_limits.h).
+template <size_t N>
+bool dtype_in(const char* const (&names)[N], at::ScalarType dtype) {
+  const std::string name(c10::getDtypeNames(dtype).first);
+  for (const char* n : names)
+    if (name == n) return true;
+  return false;
+}
+
+// "float32, float16 and bfloat16": a limits:: dtype list for error messages.
+template <size_t N>
+std::string dtype_list(const char* const (&names)[N]) {
+  std::string s;
+  for (size_t i = 0; i < N; ++i) s += std::string(i == 0 ? "" : i + 1 == N ? " and " : ", ") + names[i];
+  return s;
+}
 
 // Shapes of one call, after validation.
 struct AttentionShape {

@@ -35,9 +35,9 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
   TORCH_CHECK(radius.dim() == 2 && radius.size(0) == s.H && radius.size(1) == s.D,
               "fourier_attention: the kernel takes radius expanded to (H, D) = (", s.H, ", ", s.D, "), got ",
               radius.sizes());
-  TORCH_CHECK(power >= 2 && std::fmod(power, 2.0) == 0.0,
-              "fourier_attention: the fused kernels take phi(x) = x^p with even p >= 2 (log domain), got p = ",
-              power, "; other phis run on the reference backend");
+  TORCH_CHECK(power >= limits::kFusedMinPower && std::fmod(power, 2.0) == 0.0,
+              "fourier_attention: the fused kernels take phi(x) = x^p with even p >= ", limits::kFusedMinPower,
+              " (log domain), got p = ", power, "; other phis run on the reference backend");
   TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "fourier_attention: dropout_p must be in [0, 1), got ",
               dropout_p);
   TORCH_CHECK(!causal || s.N <= s.M, "fourier_attention: causal attention needs N <= M");
@@ -82,8 +82,37 @@ TORCH_LIBRARY_IMPL(fourierformer, CPU, m) {
 
 }  // namespace fourierformer
 
+namespace {
+
+template <size_t N>
+PyObject* dtype_tuple(const char* const (&names)[N]) {
+  PyObject* t = PyTuple_New(N);
+  for (size_t i = 0; t != nullptr && i < N; ++i) PyTuple_SET_ITEM(t, i, PyUnicode_FromString(names[i]));
+  return t;
+}
+
+// {"cpu": {...}, "cuda": {...}}: the limits of backend_limits.h for Python (ops/backends.py).
+// A limit a backend does not have is None.
+PyObject* backend_limits_dict() {
+  namespace L = fourierformer::limits;
+  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:d,s:O,s:O}", "device", "cpu", "dtypes", dtype_tuple(L::kCpuDtypes),
+                                "min_power", L::kFusedMinPower, "max_head_dim", Py_None, "seq_len_bound", Py_None);
+  PyObject* cuda = Py_BuildValue("{s:s,s:N,s:d,s:i,s:L}", "device", "cuda", "dtypes", dtype_tuple(L::kCudaDtypes),
+                                 "min_power", L::kFusedMinPower, "max_head_dim", L::kCudaMaxHeadDim,
+                                 "seq_len_bound", (long long)L::kCudaSeqLenBound);
+  if (cpu == nullptr || cuda == nullptr) {
+    Py_XDECREF(cpu);
+    Py_XDECREF(cuda);
+    return nullptr;
+  }
+  return Py_BuildValue("{s:N,s:N}", "cpu", cpu, "cuda", cuda);
+}
+
+}  // namespace
+
 // `import fourierformer_fairseq._C` loads this library (which registers the ops above) and
-// exposes how it was built, so the loader can tell a stale build from a working one.
+// exposes how it was built, so the loader can tell a stale build from a working one, and
+// what each fused backend accepts (backend_limits).
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "fused Fourier attention kernels", -1,
                                           nullptr};
@@ -92,5 +121,11 @@ extern "C" PyObject* PyInit__C(void) {
   PyModule_AddStringConstant(module, "torch_version", FF_TORCH_VERSION);
   PyModule_AddStringConstant(module, "cuda_version", FF_CUDA_VERSION);
   PyModule_AddStringConstant(module, "cpu_isa", fourierformer::cpu_kernel_isa());
+  PyObject* limits = backend_limits_dict();
+  if (limits == nullptr || PyModule_AddObject(module, "backend_limits", limits) < 0) {
+    Py_XDECREF(limits);
+    Py_DECREF(module);
+    return nullptr;
+  }
   return module;
 }

@@ -9,7 +9,7 @@ def describe() -> str:
     import torch
 
     from . import __version__
-    from .ops import BACKENDS, backend_unavailable_reason
+    from .ops.backends import DECLARATIONS
     from .ops.extension import extension_status
 
     status = extension_status()
@@ -26,12 +26,12 @@ def describe() -> str:
         )
     else:
         lines.append(f"extension: not loaded: {status.reason}")
-    lines.append("backends:")
-    for name in BACKENDS:
-        reason = backend_unavailable_reason(name)
-        if name == "cuda" and not reason and not torch.cuda.is_available():
-            reason = "compiled, but no CUDA device is visible"
-        lines.append(f"  {name:<10} {'available' if not reason else 'unavailable: ' + reason}")
+    lines.append("backends (what each accepts, and why it cannot run here):")
+    for name, declaration in DECLARATIONS.items():
+        reasons = declaration.not_supported_reasons()
+        state = "available" if not reasons else "unavailable: " + "; ".join(reasons)
+        lines.append(f"  {name:<10} {state}")
+        lines.append(f"  {'':<10} takes {declaration.describe()}")
     try:
         import fairseq
 

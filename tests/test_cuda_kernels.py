@@ -39,14 +39,14 @@ from fourierformer_fairseq.ops import fourier_attention, fourier_attention_refer
 DEV = torch.device("cuda")
 NAMES = ("out", "dq", "dk", "dv", "dradius")
 # Allowed error on top of 2x the same-precision reference's.
-ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+ATOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 # Bound used where that reference is not finite itself (the float16 reference's gradients
 # overflow). dradius gets more room: it sums dx (q - k) over b, i, j (and d for a scalar or
 # per-head radius) with heavy cancellation, and the backward takes Delta_i = dO_i . O_i from
 # the output as stored in float16 / bfloat16 (as flash attention does), whose rounding no
 # longer cancels there.
-FALLBACK = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-FALLBACK_DRADIUS = {torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 2e-1}
+FALLBACK = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+FALLBACK_DRADIUS = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 2e-1}
 
 
 def _radius(kind: str, H: int, D: int, g: torch.Generator) -> torch.Tensor:
@@ -147,6 +147,8 @@ CASES = [
     (2, 2, 97, 97, 16, 16, "full", 4, False, "batch4d", torch.bfloat16),
     (1, 2, 97, 256, 128, 64, "scalar", 2, True, "none", torch.bfloat16),
     (2, 1, 256, 256, 59, 32, "full", 6, False, "bool", torch.bfloat16),
+    (2, 2, 7, 97, 16, 24, "full", 4, True, "padding", torch.float64),
+    (1, 2, 97, 97, 59, 59, "feature", 6, False, "float", torch.float64),
 ]
 
 

@@ -276,8 +276,8 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
   const auto dtype = q_in.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
-              "fourier_attention (cpu): float32 and float64 are supported, got ", dtype);
+  TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
+              " are supported, got ", dtype);
   const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
                    prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed};
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, c.q.options());
@@ -307,8 +307,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
   const auto dtype = q_in.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
-              "fourier_attention (cpu): float32 and float64 are supported, got ", dtype);
+  TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
+              " are supported, got ", dtype);
   TORCH_CHECK(dout_in.sizes() == out_in.sizes() && out_in.size(0) == sh.B && out_in.size(2) == sh.N &&
                   out_in.size(3) == sh.Dv,
               "fourier_attention backward: grad_out and out must be (B, H, N, Dv)");

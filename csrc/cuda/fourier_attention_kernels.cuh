@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "../backend_limits.h"
 #include "../fourier_element_math.h"
 
 #if defined(FF_HOST_EMULATION)
@@ -51,7 +52,7 @@ constexpr int kWarps = 4;                 // rows per block
 constexpr int kThreads = kWarps * 32;     // threads per block
 constexpr int kTile = 32;                 // rows of the other side staged per step (one per lane)
 constexpr int kTileStride = kTile + 1;    // transposed tile: element (row r, dim d) at d * kTileStride + r
-constexpr int kMaxHeadDim = 256;          // D and Dv
+constexpr int kMaxHeadDim = limits::kCudaMaxHeadDim;  // D and Dv
 constexpr int kPerLane = kMaxHeadDim / 32;  // register accumulators per lane
 constexpr unsigned kFullMask = 0xffffffffu;
 

@@ -22,13 +22,12 @@ namespace cuda {
 inline at::ScalarType accumulation_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 inline void check_cuda_call(const AttentionShape& sh, at::ScalarType dtype, const char* what) {
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble,
-              "fourier_attention (cuda) ", what, ": float32, float16, bfloat16 and float64 are supported, got ",
-              dtype);
-  TORCH_CHECK(sh.D <= kMaxHeadDim && sh.Dv <= kMaxHeadDim, "fourier_attention (cuda) ", what,
-              ": head dims up to ", kMaxHeadDim, " are supported, got D = ", sh.D, ", Dv = ", sh.Dv);
-  TORCH_CHECK(sh.N < INT_MAX / 2 && sh.M < INT_MAX / 2, "fourier_attention (cuda) ", what,
-              ": sequence lengths must be below 2^30, got N = ", sh.N, ", M = ", sh.M);
+  TORCH_CHECK(dtype_in(limits::kCudaDtypes, dtype), "fourier_attention (cuda) ", what, ": ",
+              dtype_list(limits::kCudaDtypes), " are supported, got ", dtype);
+  TORCH_CHECK(sh.D <= limits::kCudaMaxHeadDim && sh.Dv <= limits::kCudaMaxHeadDim, "fourier_attention (cuda) ",
+              what, ": head dims up to ", limits::kCudaMaxHeadDim, " are supported, got D = ", sh.D, ", Dv = ", sh.Dv);
+  TORCH_CHECK(sh.N < limits::kCudaSeqLenBound && sh.M < limits::kCudaSeqLenBound, "fourier_attention (cuda) ", what,
+              ": sequence lengths must be below ", limits::kCudaSeqLenBound, ", got N = ", sh.N, ", M = ", sh.M);
 }
 
 // Blocks of kWarps rows for `rows` rows per (b, h) slice; checked against the grid limit.
@@ -111,6 +110,7 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(at::kDouble));
   if (sh.B * sh.H * sh.N == 0) return {out, lse};
   const int64_t blocks = grid_blocks(sh, sh.N);
+  // instantiated for float32, float64, float16 and bfloat16: limits::kCudaDtypes
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_forward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     Params<scalar_t, acc_t> p = make_params<scalar_t, acc_t>(sh, in.q, in.k, in.v, in.radius, in.mask,

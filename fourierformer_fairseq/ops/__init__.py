@@ -7,14 +7,18 @@ computes, for each batch b and head h,
     w_ij = prod_d phi(sinc(R_d (q_id - k_jd))),   out_i = sum_j w_ij v_j / sum_j w_ij
 
 with phi(x) = x^p. Backends: "cuda" and "cpu" (fused kernels, even p only, in the log
-domain with a saved log-normaliser) and "reference" (pure PyTorch, every phi).
+domain with a saved log-normaliser) and "reference" (pure PyTorch, every phi); what each
+accepts is declared once, in backends.py.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+from .backends import BACKENDS, DECLARATIONS, get_backend
 from .extension import extension_status
-from .fused import fused_available, fused_forward
+from .fused import fused_forward
 from .inputs import AttentionInputs, prepare_inputs
 from .reference import (
     attention_weights,
@@ -24,58 +28,62 @@ from .reference import (
     reference_from_inputs,
 )
 
-BACKENDS = ("cuda", "cpu", "reference")
-CUDA_MAX_HEAD_DIM = 256
-
 __all__ = [
     "BACKENDS",
+    "DECLARATIONS",
     "backend_unavailable_reason",
     "dropout_keep_mask",
     "fourier_attention",
     "fourier_attention_reference",
+    "get_backend",
     "select_backend",
 ]
 
+_warned_fallbacks: set = set()
+
 
 def backend_unavailable_reason(backend: str, inp: AttentionInputs | None = None) -> str:
-    """Why ``backend`` cannot run these inputs (or, with inp=None, at all); '' if it can."""
-    if backend == "reference":
-        return ""
-    if backend not in BACKENDS:
+    """Why ``backend`` cannot run these inputs (or, with inp=None, at all), every reason
+    joined by '; '; '' if it can. The reasons are the backend's declaration's (backends.py)."""
+    if backend not in DECLARATIONS:
         return f"unknown backend {backend!r}; choose from {BACKENDS + ('auto',)}"
-    status = extension_status()
-    if not status.loaded:
-        return status.reason
-    if backend == "cuda" and not status.has_cuda:
-        return f"the extension was compiled without CUDA (torch {status.build.get('torch_version')})"
-    if inp is None:
-        return ""
-    device = inp.q.device.type
-    if device != backend:
-        return f"inputs are on {device}"
-    if not (inp.phi == "power" and inp.power % 2 == 0):
-        what = f"phi={inp.phi!r}" if inp.phi != "power" else f"power={inp.power} (odd)"
-        return f"fused kernels take phi(x) = x^p with even p only, got {what}; the reference runs it"
-    allowed = (torch.float32, torch.float64) if backend == "cpu" else (torch.float32, torch.float16, torch.bfloat16)
-    if inp.q.dtype not in allowed:
-        return f"the {backend} kernel takes {', '.join(str(t) for t in allowed)}, got {inp.q.dtype}"
-    if backend == "cuda" and max(inp.q.shape[-1], inp.v.shape[-1]) > CUDA_MAX_HEAD_DIM:
-        return f"the cuda kernel takes head dims up to {CUDA_MAX_HEAD_DIM}"
-    for name, t in (("attn_mask", inp.attn_mask),):
-        if t is not None and t.requires_grad:
-            return f"{name} requires grad; only the reference differentiates masks"
-    return ""
+    return "; ".join(DECLARATIONS[backend].not_supported_reasons(inp))
+
+
+def _warn_fallback(skipped: dict) -> None:
+    """Warns, once per distinct set of reasons, that 'auto' runs the slow reference."""
+    key = tuple((name, tuple(reasons)) for name, reasons in skipped.items())
+    if key in _warned_fallbacks:
+        return
+    _warned_fallbacks.add(key)
+    why = " ".join(f"{name}: {'; '.join(reasons)}." for name, reasons in skipped.items())
+    warnings.warn(
+        f"fourier_attention: backend 'auto' runs the (slow, O(N M) memory) PyTorch reference for this call, "
+        f"as no fused kernel can: {why}",
+        RuntimeWarning,
+        stacklevel=4,  # the caller of fourier_attention
+    )
 
 
 def select_backend(backend: str, inp: AttentionInputs) -> str:
-    """'auto' -> the fastest backend that can run inp; an explicit name -> it, or ValueError why not."""
+    """'auto' -> the first backend (fastest first) that can run inp; an explicit name -> it,
+    or ValueError with every reason why not.
+
+    'auto' warns once when it falls back to the reference while the extension is loaded.
+    """
     if backend == "auto":
-        for name in BACKENDS:
-            if not backend_unavailable_reason(name, inp):
+        skipped = {}
+        for name, declaration in DECLARATIONS.items():
+            reasons = declaration.not_supported_reasons(inp)
+            if not reasons:
+                if not declaration.fused and skipped and extension_status().loaded:
+                    _warn_fallback(skipped)
                 return name
-    reason = backend_unavailable_reason(backend, inp)
-    if reason:
-        raise ValueError(f"fourier_attention: backend {backend!r} cannot run this call: {reason}")
+            skipped[name] = reasons
+        raise AssertionError("the reference backend runs every call")  # pragma: no cover
+    reasons = get_backend(backend).not_supported_reasons(inp)
+    if reasons:
+        raise ValueError(f"fourier_attention: backend {backend!r} cannot run this call: {'; '.join(reasons)}")
     return backend
 
 

@@ -1,0 +1,34 @@
+// What each fused backend accepts, declared once.
+//
+// The C++ checks (check_forward_inputs, the CPU and CUDA entry points) read these, the
+// kernels size their buffers with them, and the extension exports them to Python as
+// `fourierformer_fairseq._C.backend_limits` (fourier_attention_ops.cpp), from which
+// fourierformer_fairseq/ops/backends.py builds each backend's declaration. No ATen here:
+// the CUDA kernels (device code) include this header too.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+namespace fourierformer {
+namespace limits {
+
+// p of phi(x) = x^p: the fused kernels work in the log domain (log |sinc|^p = p log |sinc|),
+// so p must be even, and at least this.
+constexpr double kFusedMinPower = 2.0;
+
+// Input dtypes, named as torch names them. The CPU kernels are float32 (vectorised) and
+// float64 (scalar loops); the CUDA kernels are instantiated by AT_DISPATCH_FLOATING_TYPES_AND2
+// (kHalf, kBFloat16) in cuda/fourier_attention_launch.h, i.e. for these four.
+constexpr const char* kCpuDtypes[] = {"float32", "float64"};
+constexpr const char* kCudaDtypes[] = {"float32", "float16", "bfloat16", "float64"};
+
+// Largest head dim (D and Dv) of the CUDA kernels: a lane keeps kCudaMaxHeadDim / 32
+// accumulators in registers. The CPU kernels have no such limit.
+constexpr int kCudaMaxHeadDim = 256;
+
+// The CUDA kernels index rows with int: sequence lengths N and M must be below this.
+constexpr int64_t kCudaSeqLenBound = INT_MAX / 2;
+
+}  // namespace limits
+}  // namespace fourierformer

@@ -1,0 +1,140 @@
+"""What each backend of ``fourier_attention`` accepts: one declaration per backend.
+
+Each backend is an object with its supported device, dtypes and limits, and
+``not_supported_reasons(inp)``, which lists every reason it cannot run a call (an empty
+list: it can). The fused backends' limits live with their kernels, in C++
+(``csrc/backend_limits.h``); the extension exports them as ``_C.backend_limits`` and the
+declarations read them from there, so that the Python checks and the C++ checks cannot
+disagree. ``select_backend`` (ops/__init__.py) and ``python -m fourierformer_fairseq.info``
+both ask these declarations.
+"""
+from __future__ import annotations
+
+import functools
+from typing import List, Optional, Tuple
+
+import torch
+
+from .extension import extension_status
+from .inputs import AttentionInputs
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_device_visible() -> bool:
+    return torch.cuda.is_available()
+
+
+class ReferenceBackend:
+    """Pure PyTorch: every phi and power, every floating dtype, every device, differentiable masks."""
+
+    name = "reference"
+    fused = False
+    supported_device: Optional[str] = None  # any
+    supported_dtypes: Optional[Tuple[torch.dtype, ...]] = None  # any floating dtype
+    max_head_dim: Optional[int] = None
+    min_power: Optional[float] = None  # any positive integer p, even or odd, and every phi
+
+    def not_supported_reasons(self, inp: Optional[AttentionInputs] = None) -> List[str]:
+        return []
+
+    def describe(self) -> str:
+        return "every phi and power, every floating dtype and device (materialises the N x M weights)"
+
+
+class FusedBackend:
+    """A fused kernel of the extension for one device type; its limits come from the extension."""
+
+    fused = True
+    differentiable_masks = False  # the op's autograd returns no gradient for attn_mask
+
+    def __init__(self, name: str):
+        self.name = name
+        self.supported_device = name
+
+    @functools.cached_property
+    def _limits(self) -> Optional[dict]:
+        status = extension_status()
+        return status.module.backend_limits[self.name] if status.loaded else None
+
+    @property
+    def supported_dtypes(self) -> Optional[Tuple[torch.dtype, ...]]:
+        """None while the extension is not loaded (the limits are the extension's)."""
+        return None if self._limits is None else tuple(getattr(torch, n) for n in self._limits["dtypes"])
+
+    @property
+    def max_head_dim(self) -> Optional[int]:
+        return None if self._limits is None else self._limits["max_head_dim"]
+
+    @property
+    def min_power(self) -> Optional[float]:
+        """phi(x) = x^p only, p even and at least this (the kernels work in the log domain)."""
+        return None if self._limits is None else self._limits["min_power"]
+
+    @property
+    def seq_len_bound(self) -> Optional[int]:
+        return None if self._limits is None else self._limits["seq_len_bound"]
+
+    @functools.cached_property
+    def _availability_reasons(self) -> Tuple[str, ...]:
+        status = extension_status()
+        if not status.loaded:
+            return (status.reason,)
+        if self.name == "cuda":
+            if not status.has_cuda:
+                return (f"the extension was compiled without CUDA (torch {status.build.get('torch_version')})",)
+            if not _cuda_device_visible():
+                return ("the extension has CUDA kernels, but no CUDA device is visible",)
+        return ()
+
+    @functools.cached_property
+    def _dtypes(self) -> Tuple[torch.dtype, ...]:
+        return self.supported_dtypes or ()
+
+    def not_supported_reasons(self, inp: Optional[AttentionInputs] = None) -> List[str]:
+        """Every reason this backend cannot run inp (with inp=None: cannot run at all here)."""
+        reasons = list(self._availability_reasons)
+        if inp is None or self._limits is None:
+            return reasons
+        device = inp.q.device.type
+        if device != self.supported_device:
+            reasons.append(f"inputs are on {device}")
+        if inp.phi != "power":
+            reasons.append(f"fused kernels take phi(x) = x^p with even p only, got phi={inp.phi!r}; the reference runs it")
+        elif inp.power % 2 != 0 or inp.power < self.min_power:
+            reasons.append(f"fused kernels take phi(x) = x^p with even p only, got power={inp.power}; the reference runs it")
+        if inp.q.dtype not in self._dtypes:
+            allowed = ", ".join(str(t) for t in self._dtypes)
+            reasons.append(f"the {self.name} kernel takes {allowed}, got {inp.q.dtype}")
+        D, Dv = inp.q.shape[-1], inp.v.shape[-1]
+        if self.max_head_dim is not None and max(D, Dv) > self.max_head_dim:
+            reasons.append(f"the {self.name} kernel takes head dims up to {self.max_head_dim}, got D = {D}, Dv = {Dv}")
+        N, M = inp.q.shape[-2], inp.k.shape[-2]
+        if self.seq_len_bound is not None and max(N, M) >= self.seq_len_bound:
+            reasons.append(f"the {self.name} kernel takes sequence lengths below {self.seq_len_bound}, got N = {N}, M = {M}")
+        if not self.differentiable_masks and inp.attn_mask is not None and inp.attn_mask.requires_grad:
+            reasons.append("attn_mask requires grad; only the reference differentiates masks")
+        return reasons
+
+    def describe(self) -> str:
+        if self._limits is None:
+            return "limits unknown (the extension is not loaded)"
+        dtypes = ", ".join(str(t).replace("torch.", "") for t in self._dtypes)
+        head = f"head dims up to {self.max_head_dim}" if self.max_head_dim is not None else "any head dim"
+        return f"{self.supported_device} tensors, {dtypes}, phi(x) = x^p with even p >= {self.min_power:g}, {head}"
+
+
+# In the order "auto" tries them: fastest first.
+DECLARATIONS = {
+    "cuda": FusedBackend("cuda"),
+    "cpu": FusedBackend("cpu"),
+    "reference": ReferenceBackend(),
+}
+BACKENDS = tuple(DECLARATIONS)
+
+
+def get_backend(name: str):
+    """The declaration of backend ``name``; ValueError for an unknown name."""
+    try:
+        return DECLARATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; choose from {BACKENDS + ('auto',)}") from None

@@ -1,0 +1,170 @@
+"""Backend declarations (ops/backends.py): every reason, the C++ limits they read, the fallback warning."""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import fourierformer_fairseq.ops as ops
+from fourierformer_fairseq.ops import DECLARATIONS, fourier_attention, select_backend
+from fourierformer_fairseq.ops.extension import extension_status
+from fourierformer_fairseq.ops.inputs import prepare_inputs
+
+LOADED = extension_status().loaded
+needs_extension = pytest.mark.skipif(not LOADED, reason=f"extension: {extension_status().reason}")
+CPU, CUDA = DECLARATIONS["cpu"], DECLARATIONS["cuda"]
+
+
+def inputs(B=1, H=2, N=3, M=4, D=5, Dv=6, dtype=torch.float32, seed=0, **kw):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, N, D, generator=g).to(dtype)
+    k = torch.randn(B, H, M, D, generator=g).to(dtype)
+    v = torch.randn(B, H, M, Dv, generator=g).to(dtype)
+    return q, k, v, torch.tensor(0.9, dtype=dtype), kw
+
+
+def reasons(backend, q, k, v, r, kw):
+    return backend.not_supported_reasons(prepare_inputs(q, k, v, r, **kw))
+
+
+@needs_extension
+def test_fused_limits_are_the_extensions():
+    limits = extension_status().module.backend_limits
+    for name, backend in (("cpu", CPU), ("cuda", CUDA)):
+        assert backend.supported_dtypes == tuple(getattr(torch, n) for n in limits[name]["dtypes"])
+        assert backend.max_head_dim == limits[name]["max_head_dim"]
+        assert backend.min_power == limits[name]["min_power"]
+    assert CPU.max_head_dim is None and CUDA.max_head_dim is not None
+
+
+@needs_extension
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_cpu_declaration_agrees_with_the_cpu_op(dtype):
+    """The raw C++ op runs exactly the dtypes and powers the declaration lists, and says the same."""
+    q, k, v, r, _ = inputs(dtype=dtype)
+    radius = r.to(torch.float64 if dtype == torch.float64 else torch.float32).expand(2, 5).contiguous()
+    for power in (2.0, 3.0, 4.0):
+        declared = dtype in CPU.supported_dtypes and power >= CPU.min_power and power % 2 == 0
+        run = lambda: torch.ops.fourierformer.fourier_attention_forward(q, k, v, radius, power, None, None, False, 0.0, 0)  # noqa: E731
+        if declared:
+            out, _ = run()
+            assert out.shape == (1, 2, 3, 6) and torch.isfinite(out).all()
+        else:
+            with pytest.raises(RuntimeError) as e:
+                run()
+            if dtype not in CPU.supported_dtypes and power % 2 == 0:
+                for t in CPU.supported_dtypes:
+                    assert str(t).replace("torch.", "") in str(e.value)
+
+
+@needs_extension
+def test_each_reason_alone():
+    """Each limit adds exactly its own reason to those of plain float32 inputs."""
+    q, k, v, r, kw = inputs()
+    assert reasons(CPU, q, k, v, r, kw) == []
+    cuda_base = reasons(CUDA, q, k, v, r, kw)
+    assert "inputs are on cpu" in cuda_base  # plus, on a machine without CUDA, why it cannot run at all
+    assert cuda_base == list(CUDA.not_supported_reasons()) + ["inputs are on cpu"]
+    cases = [
+        (CPU, dict(phi="abs"), "phi='abs'"),
+        (CPU, dict(power=3), "power=3"),
+        (CPU, dict(dtype=torch.float16), "the cpu kernel takes torch.float32, torch.float64, got torch.float16"),
+        (CPU, dict(attn_mask=torch.zeros(3, 4, requires_grad=True)), "attn_mask requires grad"),
+        (CUDA, dict(phi="sigmoid"), "phi='sigmoid'"),
+        (CUDA, dict(D=CUDA.max_head_dim + 1), f"head dims up to {CUDA.max_head_dim}, got D = {CUDA.max_head_dim + 1}"),
+        (CUDA, dict(Dv=CUDA.max_head_dim + 1), f"Dv = {CUDA.max_head_dim + 1}"),
+    ]
+    for backend, override, expected in cases:
+        dtype = override.pop("dtype", torch.float32)
+        shape = {n: override.pop(n) for n in ("D", "Dv") if n in override}
+        q, k, v, r, _ = inputs(dtype=dtype, **shape)
+        base = [] if backend is CPU else cuda_base
+        got = reasons(backend, q, k, v, r, override)
+        added = [g for g in got if g not in base]
+        assert got[: len(base)] == base and len(added) == 1 and expected in added[0], (override, got)
+    # no head-dim limit on the CPU; float16 is a dtype of the CUDA kernels
+    q, k, v, r, kw = inputs(D=CUDA.max_head_dim + 1, dtype=torch.float16)
+    assert not any("head dims" in g for g in reasons(CPU, q, k, v, r, kw))
+    assert not any("kernel takes torch" in g for g in reasons(CUDA, q, k, v, r, kw))
+
+
+@needs_extension
+def test_cuda_sequence_length_bound():
+    bound = CUDA.seq_len_bound
+    q = torch.zeros(1, 1, 1, 2).expand(1, 1, bound, 2)  # no memory behind the expanded rows
+    got = reasons(CUDA, q, q, q, torch.tensor(1.0), {})
+    assert any(f"sequence lengths below {bound}, got N = {bound}" in g for g in got), got
+    small = torch.zeros(1, 1, 2, 2)
+    assert not any("sequence lengths" in g for g in reasons(CUDA, small, small, small, torch.tensor(1.0), {}))
+
+
+@needs_extension
+def test_all_reasons_are_listed_together():
+    q, k, v, r, _ = inputs(dtype=torch.float16)
+    mask = torch.zeros(3, 4, dtype=torch.float16, requires_grad=True)
+    kw = dict(phi="relu", attn_mask=mask)
+    got = reasons(CPU, q, k, v, r, kw)
+    assert len(got) == 3, got
+    with pytest.raises(ValueError) as e:
+        fourier_attention(q, k, v, r, backend="cpu", **kw)
+    for reason in got:
+        assert reason in str(e.value)
+
+
+def test_reference_runs_everything():
+    q, k, v, r, _ = inputs(dtype=torch.float16)
+    kw = dict(phi="relu", power=3, attn_mask=torch.zeros(3, 4, dtype=torch.float16, requires_grad=True))
+    assert reasons(DECLARATIONS["reference"], q, k, v, r, kw) == []
+    assert select_backend("auto", prepare_inputs(q, k, v, r, **kw)) == "reference"
+
+
+@needs_extension
+def test_auto_falls_back_to_the_reference_with_one_warning(monkeypatch):
+    monkeypatch.setattr(ops, "_warned_fallbacks", set())
+    q, k, v, r, _ = inputs(dtype=torch.float16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fourier_attention(q, k, v, r)
+        fourier_attention(q, k, v, r)
+        fourier_attention(q.float(), k.float(), v.float(), r.float())  # the fused cpu kernel: no warning
+    fallback = [w for w in caught if "runs the (slow" in str(w.message)]
+    assert len(fallback) == 1, [str(w.message) for w in caught]
+    assert issubclass(fallback[0].category, RuntimeWarning)
+    message = str(fallback[0].message)
+    for reason in CPU.not_supported_reasons(prepare_inputs(q, k, v, r)) + CUDA.not_supported_reasons(prepare_inputs(q, k, v, r)):
+        assert reason in message
+    with warnings.catch_warnings(record=True) as caught:  # another reason: a new warning
+        warnings.simplefilter("always")
+        fourier_attention(q.float(), k.float(), v.float(), r.float(), power=3)
+    assert len([w for w in caught if "power=3" in str(w.message)]) == 1
+
+
+def test_no_fallback_warning_without_the_extension():
+    code = (
+        "import warnings, torch\n"
+        "from fourierformer_fairseq.ops import fourier_attention\n"
+        "from fourierformer_fairseq.ops.extension import extension_status\n"
+        "assert not extension_status().loaded\n"
+        "q = torch.ones(1, 1, 2, 2, dtype=torch.float16)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    fourier_attention(q, q, q, torch.tensor(1.0, dtype=torch.float16))\n"
+        "print('warnings:', len(caught))\n"
+    )
+    env = dict(os.environ, FOURIERFORMER_DISABLE_EXTENSION="1")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "warnings: 0" in result.stdout
+
+
+def test_info_reports_the_declarations():
+    from fourierformer_fairseq.info import describe
+
+    text = describe()
+    for name, backend in DECLARATIONS.items():
+        line = next(line for line in text.splitlines() if line.strip().startswith(name))
+        expected = backend.not_supported_reasons()
+        assert ("unavailable: " + "; ".join(expected) if expected else "available") in line
+        assert backend.describe() in text
