@@ -36,13 +36,24 @@ struct AttentionShape {
 
 // Checks q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv), radius (H,D), attn_mask (B|1,H|1,N,M),
 // key_bias (B,M) and the scalars; raises a c10::Error that names the offending argument.
+// attn_mask and key_bias are each either additive float masks or bool masks (true = may not
+// be attended, as nn.MultiheadAttention and fairseq mark them).
 AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& radius, double power,
                                     const std::optional<at::Tensor>& attn_mask,
                                     const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p);
 
-// The mask as the kernels read it: last dim contiguous, in the accumulation dtype.
+// A mask as an additive one in dtype: a bool mask becomes 0 / -inf (here, once), a float mask is cast.
+at::Tensor additive_mask(const at::Tensor& mask, at::ScalarType dtype);
+
+// attn_mask as the kernels read it: additive_mask with its last dim contiguous.
 at::Tensor prepare_mask(const at::Tensor& mask, at::ScalarType dtype);
+
+// Whether a mask only selects (bool: each weight kept or zeroed) rather than adds scores; the
+// kernels take a faster path when every mask of a call selects.
+inline bool mask_selects(const std::optional<at::Tensor>& mask) {
+  return !mask.has_value() || mask->scalar_type() == at::kBool;
+}
 
 // Element offset of slice (b, h) in a (B|1, H|1, N, M) mask (broadcast dims have offset 0).
 inline int64_t mask_slice_offset(const at::Tensor& mask, int64_t b, int64_t h) {

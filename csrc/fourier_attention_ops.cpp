@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 
 #include "fourier_attention.h"
 
@@ -46,27 +47,36 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
     TORCH_CHECK(m.dim() == 4 && (m.size(0) == 1 || m.size(0) == s.B) && (m.size(1) == 1 || m.size(1) == s.H) &&
                     m.size(2) == s.N && m.size(3) == s.M,
                 "fourier_attention: attn_mask must be (B|1, H|1, N, M), got ", m.sizes());
-    TORCH_CHECK(m.is_floating_point(), "fourier_attention: attn_mask must be an additive float mask");
+    TORCH_CHECK(m.is_floating_point() || m.scalar_type() == at::kBool,
+                "fourier_attention: attn_mask must be an additive float mask or a bool mask, got ", m.scalar_type());
     TORCH_CHECK(m.device() == q.device(), "fourier_attention: attn_mask is on another device than q");
   }
   if (key_bias.has_value()) {
     const at::Tensor& m = *key_bias;
     TORCH_CHECK(m.dim() == 2 && m.size(0) == s.B && m.size(1) == s.M,
                 "fourier_attention: key_bias must be (B, M), got ", m.sizes());
-    TORCH_CHECK(m.is_floating_point(), "fourier_attention: key_bias must be an additive float mask");
+    TORCH_CHECK(m.is_floating_point() || m.scalar_type() == at::kBool,
+                "fourier_attention: key_bias must be an additive float mask or a bool mask, got ", m.scalar_type());
     TORCH_CHECK(m.device() == q.device(), "fourier_attention: key_bias is on another device than q");
   }
   return s;
 }
 
+at::Tensor additive_mask(const at::Tensor& mask, at::ScalarType dtype) {
+  if (mask.scalar_type() != at::kBool) return mask.to(dtype);
+  return at::zeros(mask.sizes(), mask.options().dtype(dtype))
+      .masked_fill_(mask, -std::numeric_limits<double>::infinity());
+}
+
 at::Tensor prepare_mask(const at::Tensor& mask, at::ScalarType dtype) {
-  at::Tensor m = mask.to(dtype);
+  at::Tensor m = additive_mask(mask, dtype);
   if (m.stride(3) != 1 && m.size(3) > 1) m = m.contiguous();
   return m;
 }
 
 TORCH_LIBRARY(fourierformer, m) {
   m.def(
+      // attn_mask (B|1, H|1, N, M) and key_bias (B, M): additive float masks, or bool (true = masked)
       "fourier_attention_forward(Tensor q, Tensor k, Tensor v, Tensor radius, float power, Tensor? attn_mask, "
       "Tensor? key_bias, bool causal, float dropout_p, int seed) -> (Tensor, Tensor)");
   m.def(

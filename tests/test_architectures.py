@@ -145,6 +145,36 @@ def test_fourier_attention_sites_and_radius_shape():
     assert (attn.power, attn.phi, attn.radius.shape) == (2, "abs", (2, 8)) and torch.all(attn.radius == 0.5)
 
 
+def test_decoder_layers_mark_their_self_attention_causal(monkeypatch):
+    """The decoder layer tells its self-attention that its mask is the future mask: the op then
+    runs causal=True with no mask; encoder and encoder-decoder attention are not marked."""
+    import fourierformer_fairseq.modules.fourier_multihead_attention as fmha
+
+    model = eval_model()
+    layer = model.decoder.layers[0]
+    assert layer.self_attn.causal_self_attention
+    assert not layer.encoder_attn.causal_self_attention
+    assert not model.encoder.layers[0].self_attn.causal_self_attention
+    calls = []
+    real_attention = fmha.fourier_attention
+
+    def spy(*args, **kw):
+        calls.append((kw["attn_mask"], kw["causal"]))
+        return real_attention(*args, **kw)
+
+    monkeypatch.setattr(fmha, "fourier_attention", spy)
+    d = model.decoder.dictionary
+    g = torch.Generator().manual_seed(0)
+    src = random_tokens(d, [5, 4], pad_left=True, generator=g)
+    prev = random_tokens(d, [6, 6], pad_left=False, generator=g)
+    with torch.no_grad():
+        model(src, src.ne(d.pad()).sum(1), prev)
+    layers = len(model.encoder.layers) + 2 * len(model.decoder.layers)
+    assert len(calls) == layers
+    assert sum(1 for mask, causal in calls if causal and mask is None) == len(model.decoder.layers)
+    assert not any(mask is not None for mask, _ in calls)
+
+
 @pytest.mark.parametrize("arch,extra,message", [
     ("fourierformer_iwslt_de_en", ["--fourier-attention", "encoder,attic"], "subset of encoder,decoder,cross"),
     ("fourierformer_lm_wiki103_small", ["--fourier-attention", "cross"], "has no decoder encoder-decoder attention"),

@@ -354,6 +354,53 @@ def test_cpu_half_inputs_are_refused_clearly_and_auto_runs_the_reference(dtype):
 
 
 @needs_cpu_kernel
+@pytest.mark.parametrize("causal,dropout_p", [(False, 0.0), (True, 0.0), (False, 0.25)])
+def test_bool_masks_equal_float_inf_masks(causal, dropout_p):
+    """A bool attn_mask / key_padding_mask (passed to the kernels as bool) and the same masks as
+    additive float 0 / -inf give the same outputs and gradients, on the fused CPU kernel and the
+    reference, and agree across the two."""
+    B, H, N, M, D, Dv = 2, 3, 9, 11, 8, 5
+    g = torch.Generator().manual_seed(21)
+    blocked = torch.rand(B, H, N, M, generator=g) < 0.3
+    padding = torch.rand(B, M, generator=g) < 0.2
+    additive = torch.zeros(B, H, N, M).masked_fill(blocked, float("-inf"))
+    results = {}
+    for backend in ("cpu", "reference"):
+        for kind, mask in (("bool", blocked), ("float", additive)):
+            q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float32, seed=22)
+            r = make_radius("head", H, D, torch.float32)
+            torch.manual_seed(5)  # the dropout mask
+            out = fourier_attention(q, k, v, r, attn_mask=mask, key_padding_mask=padding, causal=causal,
+                                    dropout_p=dropout_p, backend=backend)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(23)))
+            results[backend, kind] = [t.detach() for t in (out, q.grad, k.grad, v.grad, r.grad)]
+    # (the fused kernel takes different float32 paths for the two: no logs for bool masks)
+    for backend in ("cpu", "reference"):
+        for a, b in zip(results[backend, "bool"], results[backend, "float"]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for a, b in zip(results["cpu", "bool"], results["reference", "bool"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_cpu_kernel
+def test_the_op_takes_float_and_bool_key_bias():
+    """The op's key_bias: an additive float (B, M) mask as before (finite values too), or bool."""
+    B, H, N, M, D, Dv = 2, 2, 5, 7, 4, 3
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=24))
+    radius = torch.full((H, D), 0.9)
+    padding = torch.zeros(B, M, dtype=torch.bool)
+    padding[0, 5:] = True
+    op = torch.ops.fourierformer.fourier_attention_forward
+    as_bool, _ = op(q, k, v, radius, 4.0, None, padding, False, 0.0, 0)
+    as_float, _ = op(q, k, v, radius, 4.0, None, torch.zeros(B, M).masked_fill(padding, float("-inf")), False, 0.0, 0)
+    torch.testing.assert_close(as_bool, as_float, rtol=1e-5, atol=1e-6)
+    bias = torch.randn(B, M, generator=torch.Generator().manual_seed(25))
+    finite, _ = op(q, k, v, radius, 4.0, None, bias, False, 0.0, 0)
+    expected = fourier_attention_reference(q, k, v, radius, power=4, attn_mask=bias.reshape(B, 1, 1, M).expand(B, 1, N, M))
+    torch.testing.assert_close(finite, expected, rtol=1e-4, atol=1e-5)
+
+
+@needs_cpu_kernel
 def test_opcheck_backward_op():
     B, H, N, M, D, Dv = 2, 2, 5, 6, 4, 3
     for dtype in (torch.float32, torch.float64):

@@ -164,41 +164,89 @@ def test_padded_keys_get_zero_weight_and_batch_equals_single_sentences():
         torch.testing.assert_close(w[:, b:b + 1, :n, :n], single_w, rtol=1e-5, atol=1e-6)
 
 
-def test_additive_mask_and_future_mask_fast_path():
-    """The decoder's future mask runs as causal=True; it must equal the generic additive-mask path."""
+def test_future_mask_runs_as_causal_with_the_flag_and_equals_the_masked_path(monkeypatch):
+    """A decoder self-attention (causal_self_attention, set by the decoder layer) runs fairseq's
+    future mask as causal=True and reads no mask; without the flag the mask is applied as given.
+    Both give the same outputs and gradients, for a float -inf and a bool future mask."""
+    import fourierformer_fairseq.modules.fourier_multihead_attention as fmha
+    import fourierformer_fairseq.modules.projected_attention as projected
 
-    class NoCausalDetection(FourierMultiheadAttention):
-        @staticmethod
-        def _is_future_mask(attn_mask, tgt_len, src_len):
-            return False
+    calls = []
+    real_attention = fmha.fourier_attention
 
-    m = make(self_attention=True).train()
-    generic = NoCausalDetection(E, H, self_attention=True, power=2, radius_init=0.7).train()
-    generic.load_state_dict(m.state_dict())
+    def spy(*args, **kw):
+        calls.append((kw["attn_mask"], kw["causal"]))
+        return real_attention(*args, **kw)
+
+    comparisons = []
+    real_causal_bias = projected.causal_bias
+
+    def counted_causal_bias(*args, **kw):
+        comparisons.append(args)
+        return real_causal_bias(*args, **kw)
+
+    monkeypatch.setattr(fmha, "fourier_attention", spy)
+    monkeypatch.setattr(projected, "causal_bias", counted_causal_bias)
+    causal = make(self_attention=True).train()
+    causal.causal_self_attention = True
+    masked = make(self_attention=True).train()
+    masked.load_state_dict(causal.state_dict())
     T = 7
     future = torch.triu(torch.full((T, T), float("-inf")), 1)
-    assert FourierMultiheadAttention._is_future_mask(future, T, T)
-    assert not FourierMultiheadAttention._is_future_mask(future.T.contiguous(), T, T)
     x = torch.randn(T, 3, E, requires_grad=True)
-    outs, grads = [], []
-    for mod in (m, generic):
-        mod.zero_grad()
-        x.grad = None
-        out, _ = mod(x, x, x, attn_mask=future, need_weights=False)
-        out.square().sum().backward()
-        outs.append(out)
-        grads.append((x.grad.clone(), mod.radius.grad.clone()))
-    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-4, atol=1e-5)
-    # and the first query sees only the first key
-    _, w = m.eval()(x, x, x, attn_mask=future, need_head_weights=True)
+    for mask in (future, torch.isinf(future)):
+        outs, grads = [], []
+        for mod in (causal, masked):
+            calls.clear()
+            mod.zero_grad()
+            x.grad = None
+            out, _ = mod(x, x, x, attn_mask=mask, need_weights=False)
+            out.square().sum().backward()
+            outs.append(out)
+            grads.append((x.grad.clone(), mod.radius.grad.clone()))
+            got_mask, got_causal = calls[-1]
+            if mod is causal:
+                assert got_causal and got_mask is None
+            else:
+                assert not got_causal and got_mask is mask
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-4, atol=1e-5)
+    # the values of a mask are compared once, not on every forward
+    comparisons.clear()
+    for _ in range(3):
+        causal(x, x, x, attn_mask=future[:T, :T], need_weights=False)  # fresh views of one buffer
+    assert len(comparisons) <= 1
+    # the first query sees only the first key
+    _, w = causal.eval()(x, x, x, attn_mask=future, need_head_weights=True)
     assert torch.all(w[:, :, 0, 1:] == 0)
 
 
+def test_a_flagged_module_applies_any_other_mask_as_given():
+    """causal_self_attention never turns a mask that is not the future mask into causal attention,
+    also when the future mask it saw before is changed in place."""
+    flagged = make(self_attention=True)
+    flagged.causal_self_attention = True
+    plain = make(self_attention=True)
+    T = 6
+    x = torch.randn(T, 2, E)
+    buffer = torch.triu(torch.full((T, T), float("-inf")), 1)
+    flagged(x, x, x, attn_mask=buffer)  # recognised as the future mask
+    g = torch.Generator().manual_seed(3)
+    others = [buffer.T.contiguous(), torch.randn(T, T, generator=g), torch.zeros(T, T)]
+    buffer[0, 1] = 0.0  # in place: no longer the future mask
+    others.append(buffer)
+    for mask in others:
+        a, _ = flagged(x, x, x, attn_mask=mask)
+        b, _ = plain(x, x, x, attn_mask=mask)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("causal_flag", [False, True])
 @pytest.mark.parametrize("add_zero_attn", [False, True])
-def test_incremental_self_attention_equals_full(add_zero_attn):
+def test_incremental_self_attention_equals_full(add_zero_attn, causal_flag):
     m = make(self_attention=True, add_zero_attn=add_zero_attn)
+    m.causal_self_attention = causal_flag
     T = 6
     x = torch.randn(T, 2, E)
     future = torch.triu(torch.full((T, T), float("-inf")), 1)

@@ -150,15 +150,17 @@ const char* cpu_kernel_isa() { return cpu::best_kernels().isa; }
 namespace {
 
 struct SliceMasks {
-  at::Tensor attn_mask;  // undefined if none
+  at::Tensor attn_mask;  // additive; undefined if none
   at::Tensor key_bias;
+  bool selections;  // every mask given was bool (0 / -inf): see SliceArgs::masks_select
 };
 
 SliceMasks prepare_masks(const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias,
                          at::ScalarType dtype) {
   SliceMasks m;
   if (attn_mask.has_value()) m.attn_mask = prepare_mask(*attn_mask, dtype);
-  if (key_bias.has_value()) m.key_bias = key_bias->to(dtype).contiguous();
+  if (key_bias.has_value()) m.key_bias = additive_mask(*key_bias, dtype).contiguous();
+  m.selections = mask_selects(attn_mask) && mask_selects(key_bias);
   return m;
 }
 
@@ -232,7 +234,11 @@ void for_each_float32_slice(const CallArgs& c, size_t ws_floats, Fn fn) {
         float* data = ws.data();
         return std::make_pair(data, std::move(once));
       },
-      [&](int64_t bh, auto& ws) { fn(slice_args<cpu::SliceArgs, float>(c, bh), bh, ws.first); });
+      [&](int64_t bh, auto& ws) {
+        cpu::SliceArgs s = slice_args<cpu::SliceArgs, float>(c, bh);
+        s.masks_select = c.masks.selections;
+        fn(s, bh, ws.first);
+      });
 }
 
 // fn(slice, bh) for every slice of a float64 call, in parallel.

@@ -23,8 +23,11 @@ struct SliceArgs {
   // Additive mask element (i, j) at attn_mask[i * mask_row_stride + j]; nullptr if none.
   const float* attn_mask;
   int64_t mask_row_stride;
-  const float* key_bias;  // (M,) additive 0 / -inf, nullptr if none
-  bool causal;            // key j visible to query i iff j <= i + (M - N)
+  const float* key_bias;  // (M,) additive, nullptr if none
+  // Whether attn_mask and key_bias (those given) are 0 / -inf only (they came as bool masks), so
+  // that weights are kept or zeroed and need no exp; known from the masks' dtype, not their values.
+  bool masks_select;
+  bool causal;  // key j visible to query i iff j <= i + (M - N)
   float dropout_p;        // 0 disables dropout
   uint32_t seed;
   uint32_t bh;  // b * H + h, the dropout counter

@@ -91,7 +91,7 @@ inline PreparedInputs prepare_inputs(const at::Tensor& q, const at::Tensor& k, c
   in.v = v.contiguous();
   in.radius = radius.to(in.acc).contiguous();
   if (attn_mask.has_value()) in.mask = prepare_mask(*attn_mask, in.acc);
-  if (key_bias.has_value()) in.key_bias = key_bias->to(in.acc).contiguous();
+  if (key_bias.has_value()) in.key_bias = additive_mask(*key_bias, in.acc).contiguous();
   return in;
 }
 

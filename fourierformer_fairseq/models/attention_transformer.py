@@ -23,6 +23,8 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from fairseq.utils import safe_getattr
 
+from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
+
 from .attention_options import LM_SITES, SITES, AttentionOptions
 
 NO_ALIGNMENT_LAYER = -1  # an alignment_layer index that matches no layer: no weights are requested
@@ -67,7 +69,7 @@ class AttentionOptionsDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        return self.attention_options.build_attention(
+        attention = self.attention_options.build_attention(
             "decoder",
             embed_dim,
             cfg.decoder.attention_heads,
@@ -79,6 +81,11 @@ class AttentionOptionsDecoderLayer(TransformerDecoderLayerBase):
             qn_block_size=self.quant_noise_block_size,
             xformers_att_config=cfg.decoder.xformers_att_config,
         )
+        if isinstance(attention, ProjectedMultiheadAttention):
+            # the self_attn_mask this layer passes is fairseq's future mask: the module runs it as
+            # causal attention (no mask read), see ProjectedMultiheadAttention._causal_from_future_mask
+            attention.causal_self_attention = True
+        return attention
 
     def build_encoder_attention(self, embed_dim, cfg):
         return self.attention_options.build_attention(

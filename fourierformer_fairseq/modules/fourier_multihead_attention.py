@@ -32,7 +32,7 @@ from torch.nn import Parameter
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 from fourierformer_fairseq.ops import fourier_attention
 from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
-from fourierformer_fairseq.ops.inputs import PHIS, causal_bias, prepare_inputs
+from fourierformer_fairseq.ops.inputs import PHIS, prepare_inputs
 from fourierformer_fairseq.ops.reference import log_weights
 
 RADIUS_SHAPES = ("scalar", "head", "feature")
@@ -244,10 +244,7 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             key_padding_mask = key_padding_mask != 0  # the cache keeps float 0/1 masks
         if attn_mask is not None and not (attn_mask.is_floating_point() or attn_mask.dtype == torch.bool):
             attn_mask = attn_mask != 0  # byte masks: nonzero = masked
-        causal = False
-        if attn_mask is not None and self._is_future_mask(attn_mask, tgt_len, k.size(2)):
-            # fairseq's decoder future mask: let the kernel skip the masked keys instead of adding -inf
-            attn_mask, causal = None, True
+        attn_mask, causal = self._causal_from_future_mask(attn_mask, tgt_len, k.size(2))
 
         if before_softmax:
             return self._log_weights(q, k, v, key_padding_mask, attn_mask, causal)
@@ -288,16 +285,6 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         return attn, attn_weights
 
     # ------------------------------------------------------------------ helpers
-
-    @staticmethod
-    def _is_future_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
-        if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (tgt_len, src_len) or tgt_len > src_len:
-            return False
-        if attn_mask.dtype == torch.bool:
-            expected = torch.isinf(causal_bias(tgt_len, src_len, attn_mask.device))
-        else:
-            expected = causal_bias(tgt_len, src_len, attn_mask.device, attn_mask.dtype)
-        return torch.equal(attn_mask, expected)
 
     def _log_weights(self, q, k, v, key_padding_mask, attn_mask, causal):
         """``before_softmax``: the log-weights sum_d log phi(sinc(R_d (q_d - k_d))) plus masks."""

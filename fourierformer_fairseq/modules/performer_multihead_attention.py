@@ -65,7 +65,6 @@ from fourierformer_fairseq.ops.favor import (
     query_features,
     with_ones,
 )
-from fourierformer_fairseq.ops.inputs import causal_bias
 
 logger = logging.getLogger(__name__)
 
@@ -184,18 +183,6 @@ class PerformerMultiheadAttention(ProjectedMultiheadAttention):
             state_dict[key] = state_dict[key].float()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-
-    @staticmethod
-    def _is_future_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
-        if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (tgt_len, src_len) or tgt_len != src_len:
-            return False
-        if attn_mask.dtype == torch.bool:
-            expected = torch.isinf(causal_bias(tgt_len, src_len, attn_mask.device))
-        elif attn_mask.is_floating_point():
-            expected = causal_bias(tgt_len, src_len, attn_mask.device, attn_mask.dtype)
-        else:
-            return False
-        return torch.equal(attn_mask, expected)
 
     # ------------------------------------------------------------------ forward
 

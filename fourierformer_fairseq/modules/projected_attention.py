@@ -15,9 +15,19 @@ from torch import Tensor
 
 from fairseq.modules.multihead_attention import MultiheadAttention
 
+from fourierformer_fairseq.ops.inputs import causal_bias
+
 
 class ProjectedMultiheadAttention(MultiheadAttention):
-    """fairseq's ``MultiheadAttention`` constructor and projections, for attentions computed in a subclass."""
+    """fairseq's ``MultiheadAttention`` constructor and projections, for attentions computed in a subclass.
+
+    ``causal_self_attention``: set (True) by the decoder layer that builds this module as its
+    self-attention (models/attention_transformer.py). fairseq's decoder then passes its future mask
+    as ``attn_mask``, and the module runs causal attention instead of applying the mask: see
+    ``_causal_from_future_mask``. Left False, an ``attn_mask`` is a mask like any other.
+    """
+
+    causal_self_attention: bool = False
 
     def __init__(
         self,
@@ -83,6 +93,46 @@ class ProjectedMultiheadAttention(MultiheadAttention):
             return q, self.k_proj(key), self.v_proj(key), key_padding_mask
         assert key is not None and value is not None
         return q, self.k_proj(key), self.v_proj(value), key_padding_mask
+
+    def _is_future_mask(self, attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
+        """Whether attn_mask is fairseq's future mask for queries aligned to the last keys: (tgt_len,
+        src_len), -inf (or True) exactly where key j > query i + src_len - tgt_len, 0 (False) elsewhere.
+
+        The values are compared only when attn_mask is not the tensor last found to be one (same
+        storage, shape, strides, dtype and version): fairseq's decoder passes views of one cached
+        buffer, so the comparison (a host sync on a GPU) runs once, not on every forward.
+        """
+        if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (tgt_len, src_len) or tgt_len > src_len:
+            return False
+        if not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
+            return False
+        try:
+            identity = (attn_mask.data_ptr(), attn_mask.stride(), attn_mask.dtype, attn_mask.device,
+                        attn_mask._version, tgt_len, src_len)
+        except RuntimeError:  # inference tensors keep no version counter: compare every time
+            identity = None
+        known = self.__dict__.get("_known_future_mask")
+        if identity is not None and known is not None and known[1] == identity:
+            return True
+        expected = causal_bias(tgt_len, src_len, attn_mask.device)
+        if attn_mask.dtype == torch.bool:
+            expected = torch.isinf(expected)
+        if not torch.equal(attn_mask, expected.to(attn_mask.dtype)):
+            return False
+        if identity is not None:
+            # (the reference keeps the storage alive, so no other tensor can take its address)
+            self.__dict__["_known_future_mask"] = (attn_mask, identity)
+        return True
+
+    def _causal_from_future_mask(
+        self, attn_mask: Optional[Tensor], tgt_len: int, src_len: int
+    ) -> Tuple[Optional[Tensor], bool]:
+        """(attn_mask, causal) for the attention: with ``causal_self_attention``, fairseq's future
+        mask becomes causal=True (the kernels skip the masked keys, no mask is read); any other
+        mask, or any mask of a module without the flag, is kept and applied as given."""
+        if attn_mask is not None and self.causal_self_attention and self._is_future_mask(attn_mask, tgt_len, src_len):
+            return None, True
+        return attn_mask, False
 
     def _split_heads(self, x: Tensor) -> Tensor:
         """(time, batch, heads * head_dim) -> (batch, heads, time, head_dim)."""

@@ -110,8 +110,9 @@ def fourier_attention(
         power: p of phi(x) = x^p (phi="power"). Even p: log domain, fused kernels.
             Odd p: direct normalisation on the reference backend (diverges, as in the paper).
         phi: "power", or "abs", "relu", "sigmoid" (reference backend; the paper's Table 7).
-        attn_mask: additive float mask (0 / -inf), (N, M), (B*H, N, M) or (B|1, H|1, N, M);
-            a bool mask marks with True the positions that may not be attended.
+        attn_mask: additive float mask (0 / -inf, or any finite values), (N, M), (B*H, N, M) or
+            (B|1, H|1, N, M); or a bool mask, True marking the positions that may not be
+            attended (it stays bool down to the kernels, which then only select).
         key_padding_mask: bool (B, M), True = padding.
         causal: key j > query i excluded; with N < M, queries are the last N positions.
         dropout_p: attention dropout on the normalised weights, drawn from a counter-based

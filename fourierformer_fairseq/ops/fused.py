@@ -7,7 +7,9 @@ The C++ library defines two ops (csrc/fourier_attention_ops.cpp):
     fourier_attention_backward(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias,
                                causal, dropout_p, seed) -> (dq, dk, dv, dradius)
 
-``radius`` is the (H, D) table, float32 (float64 for float64 inputs); ``lse`` the per-row
+``attn_mask`` (B|1, H|1, N, M) and ``key_bias`` (B, M) are additive float masks or bool masks
+(True = masked; the C++ side turns them into 0 / -inf once and knows from the dtype that they
+only select). ``radius`` is the (H, D) table, float32 (float64 for float64 inputs); ``lse`` the per-row
 log-normaliser (+inf for rows with no visible key), float64 for every input dtype: it is
 of order p * D (a sum of D logs), and the backward needs it to float32 accuracy relative
 to 1, which a float32 lse (error ulp(|lse|) / 2) would not give.
@@ -77,8 +79,11 @@ def fused_forward(inp: AttentionInputs, seed: int) -> torch.Tensor:
     assert fused_available()
     compute = _compute_dtype(inp.q.dtype)
     radius = inp.radius_hd.to(compute).contiguous()
-    attn_mask = None if inp.attn_mask is None else inp.attn_mask.to(compute)
-    key_bias = None if inp.key_bias is None else inp.key_bias.to(compute)
+    # bool masks go as they are: the kernels learn from the dtype that they only select
+    attn_mask = inp.attn_mask
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.to(compute)
+    key_bias = inp.key_padding_mask
     out, _ = torch.ops.fourierformer.fourier_attention_forward(
         inp.q, inp.k, inp.v, radius, float(inp.power), attn_mask, key_bias, inp.causal, inp.dropout_p, seed
     )

@@ -21,8 +21,9 @@ class AttentionInputs:
     radius_hd: torch.Tensor  # (H, D), differentiable view of the user's radius
     power: int
     phi: str
-    attn_mask: Optional[torch.Tensor]  # additive float, 4-D broadcastable to (B, H, N, M)
-    key_bias: Optional[torch.Tensor]  # additive float (B, M): 0 or -inf
+    # (B|1, H|1, N, M): additive float, or bool (True = may not be attended), as the caller gave it
+    attn_mask: Optional[torch.Tensor]
+    key_padding_mask: Optional[torch.Tensor]  # bool (B, M), True = padding
     causal: bool
     dropout_p: float
 
@@ -55,10 +56,9 @@ def expand_radius(radius: torch.Tensor, num_heads: int, head_dim: int) -> torch.
 
 
 def _normalise_attn_mask(mask: torch.Tensor, B: int, H: int, N: int, M: int, like: torch.Tensor) -> torch.Tensor:
-    if mask.dtype == torch.bool:
-        # nn.MultiheadAttention / fairseq convention: True marks a position that may not be attended.
-        mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(mask, float("-inf"))
-    elif not mask.is_floating_point():
+    # A bool mask stays bool (nn.MultiheadAttention / fairseq convention: True marks a position
+    # that may not be attended), so every backend knows from its dtype that it only selects.
+    if mask.dtype != torch.bool and not mask.is_floating_point():
         raise TypeError(f"attn_mask must be an additive float mask (0 / -inf) or bool, got {mask.dtype}")
     if mask.device != like.device:
         raise ValueError(f"attn_mask is on {mask.device} but q is on {like.device}")
@@ -77,7 +77,7 @@ def _normalise_attn_mask(mask: torch.Tensor, B: int, H: int, N: int, M: int, lik
     return mask
 
 
-def _key_padding_bias(mask: torch.Tensor, B: int, M: int, like: torch.Tensor) -> torch.Tensor:
+def _key_padding_mask(mask: torch.Tensor, B: int, M: int, like: torch.Tensor) -> torch.Tensor:
     if tuple(mask.shape) != (B, M):
         raise ValueError(f"key_padding_mask has shape {tuple(mask.shape)}; expected (B, M) = ({B}, {M})")
     if mask.device != like.device:
@@ -86,7 +86,7 @@ def _key_padding_bias(mask: torch.Tensor, B: int, M: int, like: torch.Tensor) ->
         if mask.is_floating_point():
             raise TypeError("key_padding_mask must be bool or integer (True / nonzero = padding), got a float tensor")
         mask = mask != 0
-    return torch.zeros((B, M), dtype=torch.float32, device=mask.device).masked_fill(mask, float("-inf"))
+    return mask
 
 
 def prepare_inputs(
@@ -125,7 +125,7 @@ def prepare_inputs(
         power=int(power),
         phi=phi,
         attn_mask=None if attn_mask is None else _normalise_attn_mask(attn_mask, B, H, N, M, q),
-        key_bias=None if key_padding_mask is None else _key_padding_bias(key_padding_mask, B, M, q),
+        key_padding_mask=None if key_padding_mask is None else _key_padding_mask(key_padding_mask, B, M, q),
         causal=bool(causal),
         dropout_p=float(dropout_p),
     )

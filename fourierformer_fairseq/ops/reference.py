@@ -72,13 +72,15 @@ def additive_mask(inp: AttentionInputs) -> torch.Tensor | None:
 
     def add(t):
         nonlocal total
+        if t.dtype == torch.bool:  # True = masked
+            t = torch.zeros(t.shape, dtype=dtype, device=t.device).masked_fill(t, float("-inf"))
         t = t.to(dtype)
         total = t if total is None else total + t
 
     if inp.attn_mask is not None:
         add(inp.attn_mask)
-    if inp.key_bias is not None:
-        add(inp.key_bias.reshape(B, 1, 1, M))
+    if inp.key_padding_mask is not None:
+        add(inp.key_padding_mask.reshape(B, 1, 1, M))
     if inp.causal:
         add(causal_bias(N, M, inp.q.device).reshape(1, 1, N, M))
     return total
