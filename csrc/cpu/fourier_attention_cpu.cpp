@@ -1,151 +1,20 @@
-// The fused CPU backend: splits a call into (batch, head) slices run in parallel with
-// ATen's thread pool. float32 runs the vectorised kernels of fourier_cpu_kernel.inc for the
-// best instruction set of this CPU; float64 runs the scalar loops below (same math, with
-// sin and log per element, for tests and gradcheck).
+// The fused CPU backend's entry points: checks a call, prepares its tensors and masks, and
+// runs its (batch, head) slices in parallel (thread_pool.h). float32 runs the vectorised
+// kernels of fourier_cpu_kernel.inc for the best instruction set of this CPU (isa_dispatch.cpp);
+// float64 runs the scalar loops of scalar_f64.h (same math, with sin and log per element).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "../fourier_attention.h"
-#include "../fourier_element_math.h"
 #include "fourier_cpu_kernel.h"
+#include "scalar_f64.h"
+#include "thread_pool.h"
 
 namespace fourierformer {
-namespace cpu {
-
-// The kernels for the best instruction set of this CPU, or for the one named by the
-// environment variable FOURIERFORMER_CPU_ISA (avx512, avx2 or generic) when this CPU has it,
-// so that every variant can be tested on one machine. Chosen once per process.
-static const KernelTable& best_kernels() {
-  static const KernelTable* table = [] {
-    const KernelTable* supported[3];
-    int n = 0;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
-      supported[n++] = &avx512::kKernels;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) supported[n++] = &avx2::kKernels;
-#endif
-    supported[n++] = &generic::kKernels;
-    const char* wanted = std::getenv("FOURIERFORMER_CPU_ISA");
-    if (wanted != nullptr)
-      for (int i = 0; i < n; ++i)
-        if (std::strcmp(wanted, supported[i]->isa) == 0) return supported[i];
-    return supported[0];
-  }();
-  return *table;
-}
-
-// ---- float64: scalar loops over the same math ----
-template <typename T>
-struct ScalarSlice {
-  const T* q;
-  const T* k;
-  const T* v;
-  const T* radius;
-  int64_t N, M, D, Dv;
-  T power;
-  const T* attn_mask;
-  int64_t mask_row_stride;
-  const T* key_bias;
-  bool causal;
-  T dropout_p;
-  uint32_t seed, bh;
-
-  int64_t visible_end(int64_t i) const { return causal ? std::min(M, i + (M - N) + 1) : M; }
-
-  T score(int64_t i, int64_t j) const {
-    T s = 0;
-    for (int64_t d = 0; d < D; ++d) {
-      T x = radius[d] * (q[i * D + d] - k[j * D + d]);
-      s += log_abs_sinc_from_sin(x, std::sin(x));
-    }
-    s *= power;
-    if (attn_mask) s += attn_mask[i * mask_row_stride + j];
-    if (key_bias) s += key_bias[j];
-    return s;
-  }
-
-  T dropout_scale(int64_t i, int64_t j) const {
-    if (dropout_p <= 0) return T(1);
-    return ff_dropout_uniform(seed, bh, (uint32_t)i, (uint32_t)j) >= (float)dropout_p ? T(1) / (T(1) - dropout_p)
-                                                                                       : T(0);
-  }
-
-  void forward(T* out, double* lse, std::vector<T>& row) const {
-    row.resize(M);
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t end = visible_end(i);
-      T m = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < end; ++j) {
-        row[j] = score(i, j);
-        m = std::max(m, row[j]);
-      }
-      T* out_i = out + i * Dv;
-      for (int64_t c = 0; c < Dv; ++c) out_i[c] = 0;
-      if (!(m > -std::numeric_limits<T>::infinity())) {
-        lse[i] = std::numeric_limits<T>::infinity();
-        continue;
-      }
-      T sum = 0;
-      for (int64_t j = 0; j < end; ++j) {
-        T e = std::exp(row[j] - m);
-        sum += e;
-        e *= dropout_scale(i, j);
-        if (e == 0) continue;
-        for (int64_t c = 0; c < Dv; ++c) out_i[c] += e * v[j * Dv + c];
-      }
-      for (int64_t c = 0; c < Dv; ++c) out_i[c] /= sum;
-      lse[i] = m + std::log(sum);
-    }
-  }
-
-  void backward(const T* out, const double* lse, const T* dout, T* dq, T* dk, T* dv, T* dradius) const {
-    for (int64_t n = 0; n < M * D; ++n) dk[n] = 0;
-    for (int64_t n = 0; n < M * Dv; ++n) dv[n] = 0;
-    for (int64_t n = 0; n < N * D; ++n) dq[n] = 0;
-    for (int64_t d = 0; d < D; ++d) dradius[d] = 0;
-    for (int64_t i = 0; i < N; ++i) {
-      if (!(lse[i] < std::numeric_limits<T>::infinity())) continue;
-      const T* dout_i = dout + i * Dv;
-      T delta = 0;
-      for (int64_t c = 0; c < Dv; ++c) delta += dout_i[c] * out[i * Dv + c];
-      const int64_t end = visible_end(i);
-      for (int64_t j = 0; j < end; ++j) {
-        const T P = std::exp(score(i, j) - lse[i]);
-        if (P == 0) continue;
-        const T f = dropout_scale(i, j);
-        T dP = 0;
-        for (int64_t c = 0; c < Dv; ++c) {
-          dP += dout_i[c] * v[j * Dv + c];
-          dv[j * Dv + c] += P * f * dout_i[c];
-        }
-        const T coef = power * P * (dP * f - delta);
-        for (int64_t d = 0; d < D; ++d) {
-          const T diff = q[i * D + d] - k[j * D + d];
-          const T x = radius[d] * diff;
-          const T dx = coef * dlog_sinc_from_sincos(x, std::sin(x), std::cos(x));
-          dq[i * D + d] += radius[d] * dx;
-          dk[j * D + d] -= radius[d] * dx;
-          dradius[d] += diff * dx;
-        }
-      }
-    }
-  }
-};
-
-}  // namespace cpu
-
-const char* cpu_kernel_isa() { return cpu::best_kernels().isa; }
 
 namespace {
 
@@ -203,22 +72,8 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   return s;
 }
 
-// Each thread keeps its workspace between calls while it is at most this many floats (16 MiB),
-// so that a call does not pay for fresh pages; a larger one is freed when the call ends.
-constexpr size_t kKeptWorkspaceFloats = size_t(1) << 22;
-
-// fn(bh) for bh in [0, n), in parallel: each worker takes the next slice as it finishes one,
-// so that a core slowed by other work does fewer slices (with ATen's static split, the
-// whole call would wait for its share). setup() runs once per worker.
-template <typename Setup, typename Fn>
-void for_each_slice_balanced(int64_t n, Setup setup, Fn fn) {
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    auto state = setup();
-    for (int64_t bh = next.fetch_add(1); bh < n; bh = next.fetch_add(1)) fn(bh, state);
-  });
-}
+using cpu::for_each_slice_balanced;
+using cpu::kKeptWorkspaceFloats;
 
 // fn(slice, bh, workspace) for every slice of a float32 call, in parallel; each worker
 // has one workspace of ws_floats floats.

@@ -1,8 +1,9 @@
 // Per-(batch, head) float32 kernels of the fused CPU backend.
 //
-// fourier_cpu_kernel.inc holds one implementation written with GCC vector extensions;
-// it is compiled once per instruction set (kernel_avx512.cpp, kernel_avx2.cpp,
-// kernel_generic.cpp) and fourier_attention_cpu.cpp picks one at run time.
+// fourier_cpu_kernel.inc holds one implementation written with GCC vector extensions (in
+// parts: vec.inc, sinc_tables.inc, masks_dropout.inc, forward.inc, backward.inc); it is
+// compiled once per instruction set (kernel_avx512.cpp, kernel_avx2.cpp, kernel_generic.cpp)
+// and isa_dispatch.cpp picks one at run time (best_kernels).
 #pragma once
 
 #include <cstddef>
@@ -57,6 +58,10 @@ extern const KernelTable kKernels;
 namespace generic {
 extern const KernelTable kKernels;
 }
+
+// The kernels for the best instruction set of this CPU, or for the one named by the
+// environment variable FOURIERFORMER_CPU_ISA (isa_dispatch.cpp).
+const KernelTable& best_kernels();
 
 }  // namespace cpu
 }  // namespace fourierformer

@@ -139,7 +139,7 @@ FF_DEV int take_exponent(float& x) {
 }
 
 // log(y) for y in (0.25, 4): reduce to [sqrt(1/2), sqrt(2)), then Cephes' logf polynomial
-// (the scalar twin of vlog_near_one in ../cpu/fourier_cpu_kernel.inc).
+// (the scalar twin of vlog_near_one in ../cpu/vec.inc).
 FF_DEV float log_near_one(float y) {
   float e = 0.0f;
   if (y > 1.41421356f) {

@@ -1,0 +1,114 @@
+// The float64 path of the CPU backend: scalar loops over the math of the float32 kernels
+// (sin and log per element), for tests and gradcheck. One (batch, head) slice per ScalarSlice.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "../fourier_element_math.h"
+
+namespace fourierformer {
+namespace cpu {
+
+template <typename T>
+struct ScalarSlice {
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* radius;
+  int64_t N, M, D, Dv;
+  T power;
+  const T* attn_mask;
+  int64_t mask_row_stride;
+  const T* key_bias;
+  bool causal;
+  T dropout_p;
+  uint32_t seed, bh;
+
+  int64_t visible_end(int64_t i) const { return causal ? std::min(M, i + (M - N) + 1) : M; }
+
+  T score(int64_t i, int64_t j) const {
+    T s = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      T x = radius[d] * (q[i * D + d] - k[j * D + d]);
+      s += log_abs_sinc_from_sin(x, std::sin(x));
+    }
+    s *= power;
+    if (attn_mask) s += attn_mask[i * mask_row_stride + j];
+    if (key_bias) s += key_bias[j];
+    return s;
+  }
+
+  T dropout_scale(int64_t i, int64_t j) const {
+    if (dropout_p <= 0) return T(1);
+    return ff_dropout_uniform(seed, bh, (uint32_t)i, (uint32_t)j) >= (float)dropout_p ? T(1) / (T(1) - dropout_p)
+                                                                                       : T(0);
+  }
+
+  void forward(T* out, double* lse, std::vector<T>& row) const {
+    row.resize(M);
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t end = visible_end(i);
+      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < end; ++j) {
+        row[j] = score(i, j);
+        m = std::max(m, row[j]);
+      }
+      T* out_i = out + i * Dv;
+      for (int64_t c = 0; c < Dv; ++c) out_i[c] = 0;
+      if (!(m > -std::numeric_limits<T>::infinity())) {
+        lse[i] = std::numeric_limits<T>::infinity();
+        continue;
+      }
+      T sum = 0;
+      for (int64_t j = 0; j < end; ++j) {
+        T e = std::exp(row[j] - m);
+        sum += e;
+        e *= dropout_scale(i, j);
+        if (e == 0) continue;
+        for (int64_t c = 0; c < Dv; ++c) out_i[c] += e * v[j * Dv + c];
+      }
+      for (int64_t c = 0; c < Dv; ++c) out_i[c] /= sum;
+      lse[i] = m + std::log(sum);
+    }
+  }
+
+  void backward(const T* out, const double* lse, const T* dout, T* dq, T* dk, T* dv, T* dradius) const {
+    for (int64_t n = 0; n < M * D; ++n) dk[n] = 0;
+    for (int64_t n = 0; n < M * Dv; ++n) dv[n] = 0;
+    for (int64_t n = 0; n < N * D; ++n) dq[n] = 0;
+    for (int64_t d = 0; d < D; ++d) dradius[d] = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      if (!(lse[i] < std::numeric_limits<T>::infinity())) continue;
+      const T* dout_i = dout + i * Dv;
+      T delta = 0;
+      for (int64_t c = 0; c < Dv; ++c) delta += dout_i[c] * out[i * Dv + c];
+      const int64_t end = visible_end(i);
+      for (int64_t j = 0; j < end; ++j) {
+        const T P = std::exp(score(i, j) - lse[i]);
+        if (P == 0) continue;
+        const T f = dropout_scale(i, j);
+        T dP = 0;
+        for (int64_t c = 0; c < Dv; ++c) {
+          dP += dout_i[c] * v[j * Dv + c];
+          dv[j * Dv + c] += P * f * dout_i[c];
+        }
+        const T coef = power * P * (dP * f - delta);
+        for (int64_t d = 0; d < D; ++d) {
+          const T diff = q[i * D + d] - k[j * D + d];
+          const T x = radius[d] * diff;
+          const T dx = coef * dlog_sinc_from_sincos(x, std::sin(x), std::cos(x));
+          dq[i * D + d] += radius[d] * dx;
+          dk[j * D + d] -= radius[d] * dx;
+          dradius[d] += diff * dx;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace cpu
+}  // namespace fourierformer
