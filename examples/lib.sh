@@ -26,19 +26,37 @@ for kv in rest:
     k, _, v = kv.partition("=")
     meta[k] = int(v) if v.lstrip("-").isdigit() else v
 meta["extra_args"] = extra
-# the ablation knobs of the paper's Tables 7/8, when given on the command line
-keys = {"--fourier-phi": "phi", "--fourier-radius-init": "radius_init", "--fourier-radius-shape": "radius_shape",
-        "--fourier-power": "power", "--fourier-attention": "fourier_attention",
-        "--fourier-qk-norm": "qk_norm", "--fourier-kernel": "kernel"}
+# every --fourier-* option given on the command line, named as its field in
+# FourierAttentionConfig without the prefix (--fourier-radius-init 1.0 -> "radius_init": "1.0";
+# a flag without a value -> 1); make_tables.py reads the options' meaning from there
 for i, a in enumerate(extra):
     name, eq, val = a.partition("=")
-    if name == "--fourier-paper-exact":
-        meta["paper_exact"] = 1
-    if name in keys:
-        meta[keys[name]] = val if eq else (extra[i + 1] if i + 1 < len(extra) else "")
+    if not name.startswith("--fourier-"):
+        continue
+    if not eq:
+        nxt = extra[i + 1] if i + 1 < len(extra) else "--"
+        val = 1 if nxt.startswith("--") else nxt
+    meta[name[len("--fourier-"):].replace("-", "_")] = val
 with open(path, "w") as fh:
     json.dump(meta, fh, indent=1, sort_keys=True)
 PY
+}
+
+# fourier_suffix ARGS...: a run-name suffix from the --fourier-* options among ARGS, any of them
+# (--fourier-phi abs --fourier-paper-exact -> _phiabs_paper_exact)
+fourier_suffix() {
+    local args=("$@") out="" i a next
+    for ((i = 0; i < ${#args[@]}; i++)); do
+        a="${args[$i]}"
+        case "$a" in
+            --fourier-*=*) out+="_${a#--fourier-}"; out="${out/=/}" ;;
+            --fourier-*)
+                next="${args[$((i + 1))]:-}"
+                if [[ -n "$next" && "$next" != --* ]]; then out+="_${a#--fourier-}$next"; i=$((i + 1))
+                else out+="_${a#--fourier-}"; fi ;;
+        esac
+    done
+    echo "${out//-/_}"
 }
 
 # has_cuda: 0 when torch sees a GPU

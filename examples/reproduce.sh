@@ -136,7 +136,7 @@ for T in "${TABLES[@]}"; do
         table8)
             prep_wiki
             lm fourier small fourier_small
-            for r in 0.5 1.0 4.0; do lm fourier small "fourier_small_radius$r" --fourier-radius-init "$r"; done
+            for r in 0.5 1.0 2.0 4.0; do lm fourier small "fourier_small_radius$r" --fourier-radius-init "$r"; done
             for s in head feature; do lm fourier small "fourier_small_radius_$s" --fourier-radius-shape "$s"; done
             tables "$RUNS/table8.md" --runs "$RUNS/wikitext103" ;;
         table9)

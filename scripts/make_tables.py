@@ -20,6 +20,7 @@ paper's number in a column beside ours (scripts/paper_numbers.json; "—" where 
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import math
@@ -29,10 +30,31 @@ import sys
 from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULTS = {  # the architectures' defaults, for runs that did not set an option
-    "iwslt14": {"phi": "power", "power": 2, "radius_init": 1.0, "radius_shape": "scalar"},
-    "wikitext103": {"phi": "power", "power": 4, "radius_init": 2.0, "radius_shape": "scalar"},
-}
+TASKS = ("iwslt14", "wikitext103")
+# A run's meta.json holds the --fourier-* options it set on the command line (examples/lib.sh,
+# write_meta: --fourier-radius-init 1.0 -> "radius_init": "1.0"); an option it did not set is at
+# its architecture's default. Runs that set none are the default rows; the others get rows of
+# their own, named by what they set. Options that do not change the model are not settings:
+NOT_SETTINGS = ("log_interval",)
+
+
+@functools.lru_cache(maxsize=None)
+def fourier_options() -> dict:
+    """Each --fourier-* option as meta.json names it -> what leaving it unset means.
+
+    Read from FourierAttentionConfig, where the options are declared; an unset radius init is
+    the automatic one (auto_radius), or the paper's with --fourier-paper-exact."""
+    from dataclasses import fields
+
+    sys.path.insert(0, os.path.dirname(HERE))
+    from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionConfig
+
+    out = {}
+    for f in fields(FourierAttentionConfig):
+        name = f.name[len("fourier_"):]
+        if name not in NOT_SETTINGS:
+            out[name] = "auto" if name == "radius_init" else f.default
+    return out
 DASH = "—"
 
 
@@ -72,10 +94,8 @@ def read_run(folder: str) -> dict | None:
     task = meta.get("task")
     run = dict(meta)
     run["folder"] = folder
-    for k, v in DEFAULTS.get(task, {}).items():
-        if run.get(k) in (None, ""):
-            run[k] = v
-    run["radius_init"] = _float(run.get("radius_init"))
+    if run.get("radius_init") not in (None, ""):
+        run["radius_init"] = _float(run["radius_init"])
     if task == "iwslt14":
         res_path = os.path.join(folder, "results-test.json")
         if os.path.exists(res_path):
@@ -148,13 +168,16 @@ def data_name(run: dict) -> str:
 
 
 # --------------------------------------------------------------------------- tables
+def set_options(run: dict) -> list:
+    """The Fourier options a run set on its command line, in their declaration order."""
+    return [k for k in fourier_options() if run.get(k) not in (None, "")]
+
+
 def setting_label(run: dict) -> str:
     """'' for a softmax run or a Fourier run at its architecture's defaults, else e.g. ' (radius_init=0.5)'."""
-    d = DEFAULTS.get(run.get("task"), {})
-    if run.get("model") == "softmax" or not d:
+    if run.get("model") == "softmax" or run.get("task") not in TASKS:
         return ""
-    changed = [f"{k}={run.get(k)}" for k in ("phi", "radius_init", "radius_shape")
-               if (run.get(k) != d[k] if k == "radius_init" else str(run.get(k)) != str(d[k]))]
+    changed = [k if k == "paper_exact" else f"{k}={run[k]}" for k in set_options(run)]
     return f" ({', '.join(changed)})" if changed else ""
 
 
@@ -198,16 +221,16 @@ def table5(runs, paper) -> str | None:
 
 
 def ablation(runs, keys: tuple, title: str, paper_key: str, paper) -> str | None:
-    fr = [r for r in runs if r.get("model") not in ("softmax",) and r.get("task") in DEFAULTS]
+    fr = [r for r in runs if r.get("model") not in ("softmax",) and r.get("task") in TASKS]
     if not fr:
         return None
     # only useful when more than one setting of the keys was run for some task
     by_task = defaultdict(lambda: defaultdict(list))
     for r in fr:
-        others_default = all(str(r.get(k)) == str(DEFAULTS[r["task"]][k]) for k in ("phi", "radius_init", "radius_shape") if k not in keys)
-        if not others_default:
+        if any(k not in keys for k in set_options(r)):  # compared only with runs that differ in keys alone
             continue
-        by_task[(r["task"], r.get("size"))][tuple(r.get(k) for k in keys)].append(r)
+        unset = fourier_options()
+        by_task[(r["task"], r.get("size"))][tuple(r[k] if k in set_options(r) else unset[k] for k in keys)].append(r)
     parts = []
     for (task, size), groups in sorted(by_task.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         if len(groups) < 2:

@@ -191,6 +191,36 @@ def test_unknown_option_is_an_error():
     assert r.returncode != 0 and "unknown option" in r.stderr
 
 
+def test_every_fourier_option_reaches_meta_and_the_run_name(tmp_path):
+    """write_meta / fourier_suffix (examples/lib.sh) list no options: each field of
+    FourierAttentionConfig given on the command line lands in meta.json under the name
+    make_tables.py reads, and in the run's name."""
+    import dataclasses
+
+    from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionConfig
+
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import make_tables
+
+    names = [f.name[len("fourier_"):] for f in dataclasses.fields(FourierAttentionConfig)]
+    extra = ["--lr", "3"]
+    for i, n in enumerate(names):
+        extra += ["--fourier-" + n.replace("_", "-")] + ([] if n == "paper_exact" else [f"v{i}"])
+    meta = tmp_path / "meta.json"
+    script = 'source "$1"; shift; write_meta "$@"; fourier_suffix "${@:4}"'
+    r = run(["bash", "-c", script, "x", os.path.join(REPO, "examples", "lib.sh"), str(meta), "task=wikitext103",
+             "model=fourier", "--"] + extra)
+    assert r.returncode == 0, r.stderr
+    got = json.load(open(meta))
+    assert got["extra_args"] == extra and got["task"] == "wikitext103"
+    for i, n in enumerate(names):
+        assert got[n] == (1 if n == "paper_exact" else f"v{i}"), n
+        assert (n if n == "paper_exact" else f"{n}v{i}") in r.stdout, n
+    assert "lr" not in got
+    # make_tables knows every option but the one that does not change the model
+    assert set(make_tables.fourier_options()) == set(names) - set(make_tables.NOT_SETTINGS)
+
+
 def test_prepare_missing_raw_is_a_clear_error(tmp_path):
     r = run(["bash", os.path.join(IWSLT, "prepare.sh"), "--raw", str(tmp_path / "nope.tgz"), "--out", str(tmp_path / "o")])
     assert r.returncode != 0 and "does not exist" in r.stderr

@@ -63,6 +63,10 @@ def test_make_tables_all_tables(tmp_path):
     fake_run(root, "lm/fourier_small_r1_seed1", {"task": "wikitext103", "model": "fourier", "size": "small", "seed": 1,
                                                  "radius_init": "1.0", "radius_shape": "head"},
              {"results-lm.json": {"valid_ppl": 35.0, "test_ppl": 36.0}})
+    # the paper's formulation: a setting of its own, never merged with the default rows
+    fake_run(root, "lm/fourier_small_paper_exact_seed1", {"task": "wikitext103", "model": "fourier", "size": "small",
+                                                          "seed": 1, "paper_exact": 1},
+             {"results-lm.json": {"valid_ppl": 50.0, "test_ppl": 51.0}})
     fake_run(root, "lm/unevaluated_seed1", {"task": "wikitext103", "model": "fourier", "size": "medium", "seed": 1})
     hr = tmp_path / "hr.json"
     json.dump({"label": "fourier small", "mean": 1.5, "var": 0.25, "layers": 16, "batches": 50}, open(hr, "w"))
@@ -89,6 +93,12 @@ def test_make_tables_all_tables(tmp_path):
     table1 = text.split("### Table 5")[0]
     assert "| fourier small (phi=abs) | — | 40.00 | 41.00 | 1 | — | — |" in table1
     assert "| fourier small (radius_init=1.0, radius_shape=head) | — | 35.00 | 36.00 | 1 | — | — |" in table1
+    assert "| fourier small (paper_exact) | — | 50.00 | 51.00 | 1 | — | — |" in table1
+    # an unset option is shown as its declared default: the default run's radius is the automatic one
+    table8 = text.split("Table 8: ablation over the radius")[1].split("###")[0]
+    assert "| radius_init=auto, radius_shape=scalar | 32.00 | 34.30 | 1 |" in table8
+    assert "| radius_init=1.0, radius_shape=head | 35.00 | 36.00 | 1 |" in table8
+    assert "paper_exact" not in table8 and "50.00" not in table8
     assert "unevaluated_seed1" in text
     assert "nrefs:1|case:lc|x" in text
 

@@ -81,13 +81,7 @@ case "$MODEL" in
 esac
 if [[ -z "$NAME" ]]; then
     NAME="$MODEL"
-    for ((i = 0; i < ${#EXTRA[@]}; i++)); do
-        case "${EXTRA[$i]}" in
-            --fourier-phi|--fourier-radius-init|--fourier-radius-shape|--fourier-power|--fourier-qk-norm|--fourier-kernel)
-                NAME="${NAME}_${EXTRA[$i]#--fourier-}${EXTRA[$((i + 1))]:-}" ;;
-            --fourier-paper-exact) NAME="${NAME}_paper_exact" ;;
-        esac
-    done
+    NAME="${NAME}$(fourier_suffix "${EXTRA[@]}")"
     NAME="${NAME//-/_}"
 fi
 

@@ -98,13 +98,7 @@ if [[ $SMALL == 1 ]]; then
 fi
 if [[ -z "$NAME" ]]; then
     NAME="${MODEL}_${SIZE}"
-    for ((i = 0; i < ${#EXTRA[@]}; i++)); do
-        case "${EXTRA[$i]}" in
-            --fourier-phi|--fourier-radius-init|--fourier-radius-shape|--fourier-power|--fourier-qk-norm|--fourier-kernel)
-                NAME="${NAME}_${EXTRA[$i]#--fourier-}${EXTRA[$((i + 1))]:-}" ;;
-            --fourier-paper-exact) NAME="${NAME}_paper_exact" ;;
-        esac
-    done
+    NAME="${NAME}$(fourier_suffix "${EXTRA[@]}")"
     NAME="${NAME//-/_}"
 fi
 (( BATCH % MAX_SEQS == 0 )) || die "--batch ($BATCH) must be a multiple of --max-seqs ($MAX_SEQS)"

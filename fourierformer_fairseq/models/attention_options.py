@@ -8,12 +8,45 @@ the attention of one site: its own ``attention_class`` if the site is selected, 
 ``prepare_model(model, args)`` finishes a built model (called once, after every module exists).
 """
 
-from typing import Any, ClassVar, Dict, FrozenSet, Type
+from typing import Any, ClassVar, Dict, FrozenSet, Sequence, Type
 
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 SITES = ("encoder", "decoder", "cross")
 LM_SITES = ("decoder",)  # a language model has only decoder self-attention
+
+
+SITE_HELP = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder (causal) self-attention",
+    "cross": "decoder encoder-decoder attention",
+}
+
+
+def parse_sites(spec, available: Sequence[str], flag: str) -> FrozenSet[str]:
+    """'encoder,decoder,cross' / 'all' / 'none' (the value of ``flag``) -> the set of sites it selects."""
+    if isinstance(spec, (list, tuple, set, frozenset)):
+        items = [str(s).strip() for s in spec]
+    else:
+        items = [s.strip() for s in str(spec).split(",")]
+    items = [s for s in items if s]
+    if items == ["all"]:
+        return frozenset(available)
+    if items == ["none"]:
+        return frozenset()
+    unknown = [s for s in items if s not in SITES]
+    if unknown or not items:
+        raise ValueError(
+            f"{flag} {spec!r}: expected a comma-separated subset of {','.join(available)} "
+            f"(or 'all' / 'none')"
+        )
+    missing = [s for s in items if s not in available]
+    if missing:
+        raise ValueError(
+            f"{flag} {spec!r}: this model has no {', '.join(SITE_HELP[s] for s in missing)}; "
+            f"choose from {','.join(available)} (or 'all' / 'none')"
+        )
+    return frozenset(items)
 
 
 class AttentionOptions:
@@ -43,4 +76,4 @@ class AttentionOptions:
         """Finishes a built model; nothing by default."""
 
 
-__all__ = ["LM_SITES", "SITES", "AttentionOptions"]
+__all__ = ["LM_SITES", "SITES", "AttentionOptions", "parse_sites"]

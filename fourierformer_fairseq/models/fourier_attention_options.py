@@ -15,7 +15,7 @@ the paper's formulation instead (no normalisation, the paper's radius init: 1.0 
 ``+ 1e-6``).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import FrozenSet, Optional, Sequence
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -30,40 +30,7 @@ from fourierformer_fairseq.modules.fourier_multihead_attention import (
 )
 from fourierformer_fairseq.ops.inputs import PHIS
 
-from .attention_options import SITES, AttentionOptions
-
-SITE_HELP = {
-    "encoder": "encoder self-attention",
-    "decoder": "decoder (causal) self-attention",
-    "cross": "decoder encoder-decoder attention",
-}
-
-
-def parse_sites(spec, available: Sequence[str]) -> FrozenSet[str]:
-    """'encoder,decoder,cross' / 'all' / 'none' -> the set of Fourier attention sites."""
-    if isinstance(spec, (list, tuple, set, frozenset)):
-        items = [str(s).strip() for s in spec]
-    else:
-        items = [s.strip() for s in str(spec).split(",")]
-    items = [s for s in items if s]
-    if items == ["all"]:
-        return frozenset(available)
-    if items == ["none"]:
-        return frozenset()
-    unknown = [s for s in items if s not in SITES]
-    if unknown or not items:
-        raise ValueError(
-            f"--fourier-attention {spec!r}: expected a comma-separated subset of {','.join(available)} "
-            f"(or 'all' / 'none')"
-        )
-    missing = [s for s in items if s not in available]
-    if missing:
-        raise ValueError(
-            f"--fourier-attention {spec!r}: this model has no {', '.join(SITE_HELP[s] for s in missing)}; "
-            f"choose from {','.join(available)} (or 'all' / 'none')"
-        )
-    return frozenset(items)
-
+from .attention_options import SITES, AttentionOptions, parse_sites
 
 @dataclass
 class FourierAttentionConfig(FairseqDataclass):
@@ -96,6 +63,14 @@ class FourierAttentionConfig(FairseqDataclass):
                                      "attention entropy per site (entropy_<site>, nats) through fairseq's metrics; 0: off"})
 
 
+def declared_default(name: str):
+    """The default ``FourierAttentionConfig`` declares for the option ``name`` (e.g. "fourier_phi")."""
+    return _DECLARED_DEFAULTS[name]
+
+
+_DECLARED_DEFAULTS = {f.name: f.default for f in fields(FourierAttentionConfig)}
+
+
 def add_fourier_args(parser) -> None:
     """Adds the --fourier-* options to a legacy (argparse) model's parser."""
     gen_parser_from_dataclass(parser, FourierAttentionConfig())
@@ -121,11 +96,11 @@ class FourierAttentionOptions(AttentionOptions):
         # The arch functions always set it; it is missing only from the saved options of checkpoints
         # trained before it existed, which used the paper's formulation and must be rebuilt that way.
         qk_norm = safe_getattr(args, "fourier_qk_norm", None) or "none"
-        phi = str(safe_getattr(args, "fourier_phi", "power"))
+        phi = str(safe_getattr(args, "fourier_phi", declared_default("fourier_phi")))
         radius_init = safe_getattr(args, "fourier_radius_init", None)
-        radius_shape = str(safe_getattr(args, "fourier_radius_shape", "scalar"))
-        kernel = str(safe_getattr(args, "fourier_kernel", "sinc"))
-        log_interval = safe_getattr(args, "fourier_log_interval", 0)
+        radius_shape = str(safe_getattr(args, "fourier_radius_shape", declared_default("fourier_radius_shape")))
+        kernel = str(safe_getattr(args, "fourier_kernel", declared_default("fourier_kernel")))
+        log_interval = safe_getattr(args, "fourier_log_interval", declared_default("fourier_log_interval"))
         if isinstance(power, bool) or int(power) != power or int(power) < 1:
             raise ValueError(f"--fourier-power must be a positive integer, got {power!r}")
         for flag, value, allowed in (("--fourier-phi", phi, PHIS), ("--fourier-radius-shape", radius_shape, RADIUS_SHAPES),
@@ -139,7 +114,8 @@ class FourierAttentionOptions(AttentionOptions):
         if isinstance(log_interval, bool) or int(log_interval) != log_interval or int(log_interval) < 0:
             raise ValueError(f"--fourier-log-interval must be a non-negative integer, got {log_interval!r}")
         return cls(
-            sites=parse_sites(safe_getattr(args, "fourier_attention", "all"), available),
+            sites=parse_sites(safe_getattr(args, "fourier_attention", declared_default("fourier_attention")), available,
+                              flag="--fourier-attention"),
             power=int(power),
             phi=phi,
             radius_init=None if radius_init is None else float(radius_init),
@@ -184,9 +160,8 @@ def set_fourier_defaults(args, *, power: int, paper_radius_init: float) -> None:
         args.fourier_qk_norm = "none" if paper else "rms"
     if paper and safe_getattr(args, "fourier_radius_init", None) is None:
         args.fourier_radius_init = paper_radius_init
-    for key, value in (("fourier_phi", "power"), ("fourier_radius_shape", "scalar"), ("fourier_kernel", "sinc"),
-                       ("fourier_attention", "all"), ("fourier_log_interval", 0), ("fourier_paper_exact", False)):
-        if safe_getattr(args, key, None) is None:
+    for key, value in _DECLARED_DEFAULTS.items():  # the rest: as FourierAttentionConfig declares them
+        if value is not None and safe_getattr(args, key, None) is None:
             setattr(args, key, value)
 
 

@@ -21,7 +21,7 @@ from fourierformer_fairseq.modules.fourier_multihead_attention import RADIUS_SHA
 from fourierformer_fairseq.modules.performer_multihead_attention import PerformerMultiheadAttention
 from fourierformer_fairseq.ops.favor import FEATURE_TYPES, KERNELS, feature_seed
 
-from .attention_options import SITES, AttentionOptions
+from .attention_options import SITES, AttentionOptions, parse_sites
 
 
 @dataclass
@@ -67,19 +67,6 @@ def set_performer_defaults(args, **overrides) -> None:
         setattr(args, f.name, default if current is None else current)
 
 
-def parse_sites(spec, available: Sequence[str]) -> FrozenSet[str]:
-    """'encoder,decoder,cross' / 'all' / 'none' -> the set of Performer attention sites."""
-    items = [s.strip() for s in str(spec).split(",") if s.strip()]
-    if items == ["all"]:
-        return frozenset(available)
-    if items == ["none"]:
-        return frozenset()
-    if not items or any(s not in available for s in items):
-        raise ValueError(f"--performer-attention {spec!r}: expected a comma-separated subset of "
-                         f"{','.join(available)} (or 'all' / 'none')")
-    return frozenset(items)
-
-
 @dataclass(frozen=True)
 class PerformerAttentionOptions(AttentionOptions):
     sites: FrozenSet[str]
@@ -116,7 +103,7 @@ class PerformerAttentionOptions(AttentionOptions):
         if radius_shape not in RADIUS_SHAPES:
             raise ValueError(f"--fourier-radius-shape must be one of {', '.join(RADIUS_SHAPES)}, got {radius_shape!r}")
         return cls(
-            sites=parse_sites(get["performer_attention"], available),
+            sites=parse_sites(get["performer_attention"], available, flag="--performer-attention"),
             kernel=kernel,
             num_features=int(get["performer_features"]),
             redraw_interval=int(get["performer_redraw_interval"]),
