@@ -15,8 +15,8 @@ need() {  # need CMD HINT
 # write_meta FILE key=value ... [-- extra args]: a meta.json describing a run, for make_tables.py
 write_meta() {
     local file="$1"; shift
-    "$PYTHON" - "$file" "$@" <<'PY'
-import json, sys
+    REPO_ROOT="$REPO_ROOT" "$PYTHON" - "$file" "$@" <<'PY'
+import json, os, sys
 path, rest = sys.argv[1], sys.argv[2:]
 meta, extra = {}, []
 if "--" in rest:
@@ -26,17 +26,10 @@ for kv in rest:
     k, _, v = kv.partition("=")
     meta[k] = int(v) if v.lstrip("-").isdigit() else v
 meta["extra_args"] = extra
-# every --fourier-* option given on the command line, named as its field in
-# FourierAttentionConfig without the prefix (--fourier-radius-init 1.0 -> "radius_init": "1.0";
-# a flag without a value -> 1); make_tables.py reads the options' meaning from there
-for i, a in enumerate(extra):
-    name, eq, val = a.partition("=")
-    if not name.startswith("--fourier-"):
-        continue
-    if not eq:
-        nxt = extra[i + 1] if i + 1 < len(extra) else "--"
-        val = 1 if nxt.startswith("--") else nxt
-    meta[name[len("--fourier-"):].replace("-", "_")] = val
+# the --fourier-* options among them, as make_tables.py reads them
+sys.path.insert(0, os.path.join(os.environ["REPO_ROOT"], "scripts"))
+from make_tables import options_given
+meta["fourier"] = options_given(extra)
 with open(path, "w") as fh:
     json.dump(meta, fh, indent=1, sort_keys=True)
 PY

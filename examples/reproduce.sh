@@ -21,7 +21,7 @@ TABLE is one of
   table5   IWSLT'14 De-En BLEU: softmax (transformer_iwslt_de_en) and FourierFormer
   table6   head redundancy of the small LMs (trains them if table1 has not)
   table7   ablation over phi (power, abs, relu, sigmoid), FourierFormer small LM
-  table8   ablation over the radius: init 0.5 / 1 / 2 / 4 (scalar), shape scalar / head / feature (init 2)
+  table8   ablation over the radius: init automatic (the default) / 0.5 / 1 / 2 (the paper's) / 4 (scalar), shape scalar / head / feature (automatic init)
   table9   training / inference ms per sample and peak memory, small LMs, same batch
   e4       Appendix E.4: Fourier density estimators and Nadaraya-Watson regression
   all      all of the above

@@ -31,30 +31,43 @@ from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASKS = ("iwslt14", "wikitext103")
-# A run's meta.json holds the --fourier-* options it set on the command line (examples/lib.sh,
-# write_meta: --fourier-radius-init 1.0 -> "radius_init": "1.0"); an option it did not set is at
-# its architecture's default. Runs that set none are the default rows; the others get rows of
-# their own, named by what they set. Options that do not change the model are not settings:
+# A run's options are the --fourier-* arguments it gave fairseq-train (meta.json's "fourier",
+# written by examples/lib.sh's write_meta with options_given below); an option it did not give is
+# at its architecture's default. Runs that gave none are the default rows; the others get rows of
+# their own, named by what they gave. Options that do not change the model are not settings:
 NOT_SETTINGS = ("log_interval",)
 
 
-@functools.lru_cache(maxsize=None)
-def fourier_options() -> dict:
-    """Each --fourier-* option as meta.json names it -> what leaving it unset means.
+def options_given(extra_args) -> dict:
+    """Every --fourier-* option among fairseq-train arguments, named as its FourierAttentionConfig
+    field without the prefix (--fourier-radius-init 1.0 -> {"radius_init": "1.0"}; a flag
+    without a value -> 1). No option is listed here: a new one is recorded as it is."""
+    out = {}
+    for i, a in enumerate(extra_args):
+        name, eq, val = str(a).partition("=")
+        if not name.startswith("--fourier-"):
+            continue
+        if not eq:
+            nxt = str(extra_args[i + 1]) if i + 1 < len(extra_args) else "--"
+            val = 1 if nxt.startswith("--") else nxt
+        out[name[len("--fourier-"):].replace("-", "_")] = val
+    return out
 
-    Read from FourierAttentionConfig, where the options are declared; an unset radius init is
-    the automatic one (auto_radius), or the paper's with --fourier-paper-exact."""
+
+@functools.lru_cache(maxsize=None)
+def declared_defaults() -> dict:
+    """What leaving each option unset means, read from FourierAttentionConfig (imported only for
+    the ablation tables): an unset radius init is the automatic one (auto_radius)."""
     from dataclasses import fields
 
     sys.path.insert(0, os.path.dirname(HERE))
     from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionConfig
 
-    out = {}
-    for f in fields(FourierAttentionConfig):
-        name = f.name[len("fourier_"):]
-        if name not in NOT_SETTINGS:
-            out[name] = "auto" if name == "radius_init" else f.default
+    out = {f.name[len("fourier_"):]: f.default for f in fields(FourierAttentionConfig)}
+    out["radius_init"] = "auto"
     return out
+
+
 DASH = "—"
 
 
@@ -94,8 +107,10 @@ def read_run(folder: str) -> dict | None:
     task = meta.get("task")
     run = dict(meta)
     run["folder"] = folder
-    if run.get("radius_init") not in (None, ""):
-        run["radius_init"] = _float(run["radius_init"])
+    given = meta["fourier"] if "fourier" in meta else options_given(meta.get("extra_args", []))
+    run["fourier"] = {k: v for k, v in given.items() if k not in NOT_SETTINGS}
+    if "radius_init" in run["fourier"]:
+        run["fourier"]["radius_init"] = _float(run["fourier"]["radius_init"])
     if task == "iwslt14":
         res_path = os.path.join(folder, "results-test.json")
         if os.path.exists(res_path):
@@ -168,16 +183,11 @@ def data_name(run: dict) -> str:
 
 
 # --------------------------------------------------------------------------- tables
-def set_options(run: dict) -> list:
-    """The Fourier options a run set on its command line, in their declaration order."""
-    return [k for k in fourier_options() if run.get(k) not in (None, "")]
-
-
 def setting_label(run: dict) -> str:
     """'' for a softmax run or a Fourier run at its architecture's defaults, else e.g. ' (radius_init=0.5)'."""
     if run.get("model") == "softmax" or run.get("task") not in TASKS:
         return ""
-    changed = [k if k == "paper_exact" else f"{k}={run[k]}" for k in set_options(run)]
+    changed = [k if k == "paper_exact" else f"{k}={v}" for k, v in run.get("fourier", {}).items()]
     return f" ({', '.join(changed)})" if changed else ""
 
 
@@ -225,14 +235,17 @@ def ablation(runs, keys: tuple, title: str, paper_key: str, paper) -> str | None
     if not fr:
         return None
     # only useful when more than one setting of the keys was run for some task
-    by_task = defaultdict(lambda: defaultdict(list))
+    by_task = defaultdict(list)
     for r in fr:
-        if any(k not in keys for k in set_options(r)):  # compared only with runs that differ in keys alone
-            continue
-        unset = fourier_options()
-        by_task[(r["task"], r.get("size"))][tuple(r[k] if k in set_options(r) else unset[k] for k in keys)].append(r)
+        if all(k in keys for k in r.get("fourier", {})):  # compared only with runs that differ in keys alone
+            by_task[(r["task"], r.get("size"))].append(r)
     parts = []
-    for (task, size), groups in sorted(by_task.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    for (task, size), rs_task in sorted(by_task.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        if len({tuple(r["fourier"].get(k) for k in keys) for r in rs_task}) < 2:
+            continue
+        groups = defaultdict(list)  # an option not given is at its declared default
+        for r in rs_task:
+            groups[tuple(r["fourier"].get(k, declared_defaults()[k]) for k in keys)].append(r)
         if len(groups) < 2:
             continue
         rows = []

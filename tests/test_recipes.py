@@ -192,9 +192,9 @@ def test_unknown_option_is_an_error():
 
 
 def test_every_fourier_option_reaches_meta_and_the_run_name(tmp_path):
-    """write_meta / fourier_suffix (examples/lib.sh) list no options: each field of
-    FourierAttentionConfig given on the command line lands in meta.json under the name
-    make_tables.py reads, and in the run's name."""
+    """write_meta / fourier_suffix (examples/lib.sh) and make_tables.py list no options: each
+    field of FourierAttentionConfig given on the command line lands in meta.json, in the run's
+    name and in the setting make_tables.py reads back."""
     import dataclasses
 
     from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionConfig
@@ -213,12 +213,14 @@ def test_every_fourier_option_reaches_meta_and_the_run_name(tmp_path):
     assert r.returncode == 0, r.stderr
     got = json.load(open(meta))
     assert got["extra_args"] == extra and got["task"] == "wikitext103"
-    for i, n in enumerate(names):
-        assert got[n] == (1 if n == "paper_exact" else f"v{i}"), n
-        assert (n if n == "paper_exact" else f"{n}v{i}") in r.stdout, n
-    assert "lr" not in got
-    # make_tables knows every option but the one that does not change the model
-    assert set(make_tables.fourier_options()) == set(names) - set(make_tables.NOT_SETTINGS)
+    want = {n: 1 if n == "paper_exact" else f"v{i}" for i, n in enumerate(names)}
+    assert got["fourier"] == want
+    for n, v in want.items():
+        assert (n if v == 1 else f"{n}{v}") in r.stdout, n
+    # read back: every option that changes the model is part of the run's setting
+    run_ = make_tables.read_run(str(tmp_path))
+    assert set(run_["fourier"]) == set(names) - set(make_tables.NOT_SETTINGS) and "log_interval" in names
+    assert set(make_tables.declared_defaults()) == set(names)
 
 
 def test_prepare_missing_raw_is_a_clear_error(tmp_path):

@@ -59,13 +59,14 @@ def test_make_tables_all_tables(tmp_path):
                     "eval-test.log": "x | Loss (base 2): 5.1000, Perplexity: 34.30\n"})
     # phi / radius ablations of the Fourier LM
     fake_run(root, "lm/fourier_small_phiabs_seed1", {"task": "wikitext103", "model": "fourier", "size": "small", "seed": 1,
-                                                     "phi": "abs"}, {"results-lm.json": {"valid_ppl": 40.0, "test_ppl": 41.0}})
+                                                     "fourier": {"phi": "abs"}}, {"results-lm.json": {"valid_ppl": 40.0, "test_ppl": 41.0}})
     fake_run(root, "lm/fourier_small_r1_seed1", {"task": "wikitext103", "model": "fourier", "size": "small", "seed": 1,
-                                                 "radius_init": "1.0", "radius_shape": "head"},
+                                                 "fourier": {"radius_init": "1.0", "radius_shape": "head"}},
              {"results-lm.json": {"valid_ppl": 35.0, "test_ppl": 36.0}})
     # the paper's formulation: a setting of its own, never merged with the default rows
+    # (a meta.json from before "fourier" was recorded: its options are read from extra_args)
     fake_run(root, "lm/fourier_small_paper_exact_seed1", {"task": "wikitext103", "model": "fourier", "size": "small",
-                                                          "seed": 1, "paper_exact": 1},
+                                                          "seed": 1, "extra_args": ["--fourier-paper-exact", "--lr", "1"]},
              {"results-lm.json": {"valid_ppl": 50.0, "test_ppl": 51.0}})
     fake_run(root, "lm/unevaluated_seed1", {"task": "wikitext103", "model": "fourier", "size": "medium", "seed": 1})
     hr = tmp_path / "hr.json"

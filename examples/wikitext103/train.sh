@@ -26,8 +26,8 @@ Usage: examples/wikitext103/train.sh [options] [-- extra fairseq-train arguments
 
 Trains a language model on WikiText-103 (prepared by examples/wikitext103/prepare.sh).
 Models (registered by the plugin, --user-dir fourierformer_fairseq):
-  fourier small   fourierformer_lm_wiki103_small   16 layers, d 128, 8 heads, ffn 2048, p=4, R0=2
-  fourier medium  fourierformer_lm_wiki103_medium  d 256
+  fourier small   fourierformer_lm_wiki103_small   16 layers, d 128, 8 heads, ffn 2048, p=4, R0=0.43 (paper-exact: 2)
+  fourier medium  fourierformer_lm_wiki103_medium  d 256, R0=0.36
   softmax small   softmax_lm_wiki103_small         the same shapes with dot-product attention
   softmax medium  softmax_lm_wiki103_medium
 Training context (tokens-per-sample): 256 (small) / 384 (medium), sample-break-mode none.
