@@ -1,8 +1,41 @@
 """`python -m fourierformer_fairseq.info`: versions, the extension, and which backends run here."""
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
 import sys
+
+# A call the extension must reject with an error whose message carries numbers (the radius'
+# expected and given shapes). Run in a fresh process: a build whose link took its own copy of
+# libstdc++ (a compiler wrapper with other search paths) crashes there, inside std::ostream,
+# instead of raising, and would take this process down with it.
+_REJECTED_CALL = (
+    "import torch\n"
+    "from fourierformer_fairseq.ops.extension import extension_status\n"
+    "assert extension_status().loaded, extension_status().reason\n"
+    "q = torch.zeros(1, 1, 2, 4)\n"
+    "try:\n"
+    "    torch.ops.fourierformer.fourier_attention_forward(q, q, q, torch.ones(1, 5), 4.0, None, None, False, 0.0, 0)\n"
+    "except RuntimeError as e:\n"
+    "    print('raised:', str(e).splitlines()[0])\n"
+)
+
+
+def error_reporting(code: str = _REJECTED_CALL) -> str:
+    """'ok' when the extension turns a rejected input into a RuntimeError, else what happened."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    except subprocess.TimeoutExpired:
+        return "BROKEN: a rejected input did not return within 300 s"
+    if r.returncode == 0 and "raised:" in r.stdout:
+        return "ok (a rejected input raises RuntimeError)"
+    if r.returncode < 0:
+        return (f"BROKEN: a rejected input killed the process (signal {-r.returncode}) instead of raising; "
+                "rebuild with the system compiler, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc (README, the CUDA kernels)")
+    return f"BROKEN: a rejected input did not raise (exit {r.returncode}): {(r.stdout + r.stderr).strip()[-300:]}"
 
 
 def describe() -> str:
@@ -24,6 +57,7 @@ def describe() -> str:
             f"extension: loaded, built for torch {build['torch_version']}, "
             f"CUDA {build['cuda_version'] or 'not compiled'}, CPU kernels: {build['cpu_isa']}"
         )
+        lines.append(f"error reporting: {error_reporting()}")
     else:
         lines.append(f"extension: not loaded: {status.reason}")
     lines.append("backends (what each accepts, and why it cannot run here):")

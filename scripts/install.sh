@@ -21,4 +21,9 @@ echo "[install] 3/4 runtime and test dependencies"
 pip_install -r requirements.txt "$TORCH_SPEC"
 echo "[install] 4/4 fourierformer-fairseq and its C++/CUDA extension"
 pip_install --no-build-isolation --no-deps -e .
-"$PYTHON" -m fourierformer_fairseq.info
+INFO=$("$PYTHON" -m fourierformer_fairseq.info)
+echo "$INFO"
+if grep -q "^error reporting: BROKEN" <<<"$INFO"; then
+    echo "[install] the extension was built but crashes on a rejected input (see 'error reporting' above)" >&2
+    exit 1
+fi

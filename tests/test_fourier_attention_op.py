@@ -736,6 +736,19 @@ def test_info_reports_backends():
     assert f"torch {torch.__version__}" in result.stdout
     cpu_line = next(line for line in result.stdout.splitlines() if line.strip().startswith("cpu"))
     assert ("unavailable" not in cpu_line) == CPU_FUSED
+    if CPU_FUSED:  # the build turns a rejected input into an exception (it does not crash)
+        assert "error reporting: ok" in result.stdout
+
+
+def test_info_error_reporting_tells_a_crash_and_a_silent_pass_from_an_exception():
+    """What info reports when the rejected call kills its process (a build with its own
+    libstdc++ segfaults there) or returns without raising."""
+    from fourierformer_fairseq.info import error_reporting
+
+    crashed = error_reporting("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    assert crashed.startswith("BROKEN: a rejected input killed the process (signal 11)"), crashed
+    silent = error_reporting("print('accepted')\n")
+    assert silent.startswith("BROKEN: a rejected input did not raise (exit 0)") and "accepted" in silent, silent
 
 
 from cpu_variants import OTHER_ISAS, REQUESTED_ISA  # noqa: E402

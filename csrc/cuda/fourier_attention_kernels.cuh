@@ -14,9 +14,10 @@
 //   dk/dv     (warp per key)    lanes over 32 queries: P_ij, dS_ij; lanes over d / Dv: dk, dv.
 //
 // The element math (Taylor branches, clamps, dropout hash) is the one of
-// ../fourier_element_math.h. float32 needs two things of its own here, because the extension
-// is compiled with --use_fast_math, which turns sinf / logf into the approximate hardware
-// intrinsics (useless for sin of large arguments, where sinc has its zeros):
+// ../fourier_element_math.h. float32 needs two things of its own here, so that the results do
+// not depend on how sinf / logf are compiled (--use_fast_math, which a build may add, turns them
+// into the approximate hardware intrinsics, useless for sin of large arguments, where sinc has
+// its zeros):
 //   * ff_sincosf: Cody-Waite reduction by pi/2 with three fma steps plus the Cephes minimax
 //     polynomials (about 1 ulp for |x| <= 65536; larger |x| goes through double sincos);
 //   * log of the product over d of |sin x| / |x| kept as mantissa and exponent (as the CPU
@@ -164,7 +165,7 @@ FF_DEV float log_near_one(float y) {
   return r + e * 0.693147180559945f;
 }
 
-// Accurate log of a positive normal float (logf is __logf under --use_fast_math).
+// Accurate log of a positive normal float (logf would be __logf under --use_fast_math).
 FF_DEV float ff_log_acc(float y) {
   const int e = take_exponent(y);
   return log_near_one(y) + (float)e * 0.693147180559945f;
