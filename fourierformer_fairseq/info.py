@@ -1,19 +1,19 @@
 """`python -m fourierformer_fairseq.info`: versions, the extension, and which backends run here."""
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 import sys
 
 # A call the extension must reject with an error whose message carries numbers (the radius'
-# expected and given shapes). Run in a fresh process: a build whose link took its own copy of
-# libstdc++ (a compiler wrapper with other search paths) crashes there, inside std::ostream,
-# instead of raising, and would take this process down with it.
+# expected and given shapes). Run in a fresh process that loads the built extension (its path
+# is the argument) and nothing else: a build whose link took its own copy of libstdc++ (a
+# compiler wrapper with other search paths) crashes there, inside std::ostream, instead of
+# raising, and would take this process down with it.
 _REJECTED_CALL = (
-    "import torch\n"
-    "from fourierformer_fairseq.ops.extension import extension_status\n"
-    "assert extension_status().loaded, extension_status().reason\n"
+    "import importlib.util, sys, torch\n"
+    "spec = importlib.util.spec_from_file_location('fourierformer_fairseq._C', sys.argv[1])\n"
+    "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
     "q = torch.zeros(1, 1, 2, 4)\n"
     "try:\n"
     "    torch.ops.fourierformer.fourier_attention_forward(q, q, q, torch.ones(1, 5), 4.0, None, None, False, 0.0, 0)\n"
@@ -23,11 +23,15 @@ _REJECTED_CALL = (
 
 
 def error_reporting(code: str = _REJECTED_CALL) -> str:
-    """'ok' when the extension turns a rejected input into a RuntimeError, else what happened."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    """'ok' when the loaded extension turns a rejected input into a RuntimeError, else what happened."""
+    from .ops.extension import extension_status
+
+    status = extension_status()
+    if not status.loaded:
+        return f"not checked (extension not loaded: {status.reason})"
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        r = subprocess.run([sys.executable, "-c", code, status.module.__file__], capture_output=True, text=True,
+                           timeout=300)
     except subprocess.TimeoutExpired:
         return "BROKEN: a rejected input did not return within 300 s"
     if r.returncode == 0 and "raised:" in r.stdout:

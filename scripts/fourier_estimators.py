@@ -56,8 +56,12 @@ def kernel_constant(power: int) -> float:
 
 
 def fourier_kernel(diff: np.ndarray, radius: float, power: int) -> np.ndarray:
-    """prod_j sinc(R diff_j)^p over the last axis."""
-    return np.prod(np.sinc(radius * diff / np.pi) ** power, axis=-1)
+    """prod_j sinc(R diff_j)^p over the last axis (sinc x = sin x / x, 1 at 0)."""
+    z = radius * diff
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s = np.sin(z) / z
+    s[z == 0] = 1.0
+    return np.prod(s ** power, axis=-1)
 
 
 def density(test: np.ndarray, samples: np.ndarray, radius: float, power: int, chunk: int = 20_000) -> np.ndarray:
@@ -134,7 +138,8 @@ def run(args) -> dict:
         out["experiments"][name] = {"n_samples": n_den, "n_test": n_test, "dim": d, "cov": cov.tolist(), "radius": radius,
                                     "mse": mse, "paper_mse": PAPER[name], "radius_grid_val_mse": scores,
                                     "seconds": round(time.time() - t0, 2)}
-        plot_density(name, samples, cov, radius, args.density_power, os.path.join(args.out, f"{name}.png"))
+        plot_density(name, samples, cov, radius, args.density_power, os.path.join(args.out, f"{name}.png"),
+                     grid_points=40 if args.small else 80)
 
     # ---------------------------------------------------------------- regression
     t0 = time.time()
@@ -174,7 +179,7 @@ def _plt():
     return plt
 
 
-def plot_density(name, samples, cov, radius, power, path):
+def plot_density(name, samples, cov, radius, power, path, grid_points=80):
     plt = _plt()
     if cov.shape[0] == 1:
         grid = np.linspace(-4, 4, 400)[:, None]
@@ -183,7 +188,7 @@ def plot_density(name, samples, cov, radius, power, path):
         ax.plot(grid[:, 0], density(grid, samples, radius, power), "--", label=f"Fourier estimator (R={radius:g}, p={power})")
         ax.set_xlabel("y"); ax.set_ylabel("density"); ax.legend(); ax.set_title("1-D generalized Fourier density estimator")
     else:
-        g = np.linspace(-3.5, 3.5, 80)
+        g = np.linspace(-3.5, 3.5, grid_points)  # per axis of the 2-D plot
         xx, yy = np.meshgrid(g, g)
         pts = np.stack([xx.ravel(), yy.ravel()], axis=1)
         true = gaussian_pdf(pts, cov).reshape(xx.shape)

@@ -381,11 +381,8 @@ def test_checkpoint_loads_in_fresh_stock_processes(translation_data, tmp_path, c
         # average log2-probability of the reference, printed in full: float32 noise only
         assert after[i][1] == text and abs(after[i][0] - score) < 1e-5, (i, before[i], after[i])
     assert len({round(s, 3) for s, _ in before.values()}) > 1  # scores that depend on the sentence
-    gen = run_cli("fairseq-generate", [translation_data, *common, "--beam", "2", "--gen-subset", "test",
-                                       "--print-alignment", "--batch-size", "8",
-                                       "--required-batch-size-multiple", "1"])
-    assert re.search(r"Generate test with beam=2: BLEU4 = [0-9.]+", gen.stdout)
-    assert re.search(r"^A-\d+\t\d+-\d+", gen.stdout, re.M)
+    # (beam search, BLEU and alignments are checked in process by
+    # test_translation_arch_trains_validates_and_generates; here: the stock tools load the checkpoint)
     inter = run_cli("fairseq-interactive", [translation_data, *common, "--beam", "2"], stdin="a b c\nd e\n")
     hyps = [line for line in inter.stdout.splitlines() if line.startswith("H-")]
     assert [h.split("\t")[0] for h in hyps] == ["H-0", "H-1"]

@@ -295,10 +295,17 @@ LEARN_MT = ["--lr", "0.01", "--", "--max-epoch", "1000", "--max-update", "400", 
 
 
 @pytest.fixture(scope="module")
-def iwslt_runs(tmp_path_factory):
-    """prepare (offline, an archive with a verified checksum, in the layout examples/reproduce.sh
-    uses) -> train both twins -> evaluate: the recipe's pipeline, run once for the tests below."""
-    base = tmp_path_factory.mktemp("iwslt")
+def recipe_base(tmp_path_factory):
+    """One folder in the layout examples/reproduce.sh uses (data-bin/, runs/), holding the
+    translation and the language-model pipelines below; the reproduce test reuses both."""
+    return tmp_path_factory.mktemp("recipes")
+
+
+@pytest.fixture(scope="module")
+def iwslt_runs(recipe_base):
+    """prepare (offline, an archive with a verified checksum) -> train both twins -> evaluate:
+    the recipe's pipeline, run once for the tests below."""
+    base = recipe_base
     write_fake_iwslt(str(base / "src" / "de-en"), n_train=400)
     tgz = make_tgz(str(base / "src" / "de-en"), str(base / "de-en.tgz"))
     md5 = hashlib.md5(open(tgz, "rb").read()).hexdigest()
@@ -401,27 +408,50 @@ def unigram_perplexity(folder) -> float:
     return math.exp(-sum(math.log((counts[t] + 1) / (total + types)) for t in valid) / len(valid))
 
 
+# what the small language model needs to learn the successor structure of write_fake_wiki (the
+# recipe's small mode stops after 40 updates, which checks the pipeline but learns little)
+LEARN_LM = ["--lr", "0.003", "--", "--max-update", "300"]
+
+
+@pytest.fixture(scope="module")
+def wiki_runs(recipe_base):
+    """prepare -> train both twins -> evaluate: the WikiText recipe's pipeline, run once for
+    the tests below, in the run names examples/reproduce.sh gives the small models."""
+    raw = recipe_base / "wiki-raw"
+    write_fake_wiki(str(raw))
+    data = recipe_base / "data-bin" / "wikitext-103"
+    prepared = run(["bash", os.path.join(WIKI, "prepare.sh"), "--raw", str(raw), "--out", str(data), "--small"])
+    out = {"raw": raw, "data": data, "prepare": prepared, "runs": recipe_base / "runs" / "wikitext103", "steps": {}}
+    if prepared.returncode != 0:
+        return out
+    for m in ("softmax", "fourier"):
+        trained = run(["bash", os.path.join(WIKI, "train.sh"), "--model", m, "--size", "small", "--small",
+                       "--seeds", "3", "--data", str(data), "--runs", str(out["runs"])] + LEARN_LM)
+        evaluated = trained.returncode == 0 and run(["bash", os.path.join(WIKI, "evaluate.sh"), "--small", "--data",
+                                                     str(data), str(out["runs"] / f"{m}_small_seed3")])
+        out["steps"][m] = (trained, evaluated)
+    return out
+
+
 @pytest.mark.slow
-def test_wikitext_small_end_to_end(tmp_path):
+def test_wikitext_small_end_to_end(wiki_runs):
     """prepare -> train (both twins, 300 updates) -> evaluate -> tables; each model's valid
     perplexity must be under a quarter of the unigram perplexity of the same data."""
-    write_fake_wiki(str(tmp_path / "raw"))
-    unigram = unigram_perplexity(tmp_path / "raw")
-    data = tmp_path / "data-bin"
-    r = run(["bash", os.path.join(WIKI, "prepare.sh"), "--raw", str(tmp_path / "raw"), "--out", str(data), "--small"])
+    r = wiki_runs["prepare"]
     assert r.returncode == 0, r.stderr[-3000:]
+    data = wiki_runs["data"]
     assert (data / "dict.txt").exists() and (data / "valid.bin").exists() and not (data / "test.bin").exists()
     assert "skipping the test split" in r.stderr
+    unigram = unigram_perplexity(wiki_runs["raw"])
 
     models = ["softmax", "fourier"]
-    runs = tmp_path / "runs"
+    runs = wiki_runs["runs"]
     for m in models:
-        r = run(["bash", os.path.join(WIKI, "train.sh"), "--model", m, "--size", "small", "--small", "--seeds", "1",
-                 "--lr", "0.003", "--data", str(data), "--runs", str(runs), "--", "--max-update", "300"])
-        assert r.returncode == 0, r.stderr[-3000:]
-        run_dir = runs / f"{m}_small_seed1"
-        r = run(["bash", os.path.join(WIKI, "evaluate.sh"), "--small", "--data", str(data), str(run_dir)])
-        assert r.returncode == 0, r.stderr[-3000:]
+        trained, evaluated = wiki_runs["steps"][m]
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        run_dir = runs / f"{m}_small_seed3"
+        assert json.load(open(run_dir / "meta.json"))["seed"] == 3
         res = json.load(open(run_dir / "results-lm.json"))
         assert res["context"] == 32 and "test_ppl" not in res
         assert res["valid_ppl"] == pytest.approx(2 ** res["valid_loss_base2"], rel=2e-3)
@@ -430,35 +460,58 @@ def test_wikitext_small_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "Table 1" in r.stdout and "softmax small" in r.stdout
     for m in models:  # the table shows what was measured
-        res = json.load(open(runs / f"{m}_small_seed1" / "results-lm.json"))
+        res = json.load(open(runs / f"{m}_small_seed3" / "results-lm.json"))
         assert f"{res['valid_ppl']:.2f}" in r.stdout
 
 
 @pytest.mark.slow
-def test_reproduce_small_tables_offline(iwslt_runs, tmp_path):
-    """examples/reproduce.sh, the one command per table, in small mode from local raw files:
-    table 5 over the translation runs of the pipeline above (prepared data and evaluated runs
-    are reused, not made again) and table 6 from scratch (WikiText: prepare, both small LMs,
-    evaluate, head redundancy with its PNG)."""
-    write_fake_wiki(str(tmp_path / "wiki"))
+def test_reproduce_small_tables_offline(iwslt_runs, wiki_runs, tmp_path):
+    """examples/reproduce.sh, the one command per table, in small mode from local raw files,
+    over the pipelines above: it must reuse their prepared data and evaluated runs (table 5:
+    the translation twins; table 6: the small language models) and add what they lack (head
+    redundancy with its PNG). The distances of table 6 must be real: with every head's query
+    and key projections copied from head 0, head_redundancy.py must find them zero."""
     root = iwslt_runs["base"]
     runs = root / "runs"
     cmd = ["bash", os.path.join(REPO, "examples", "reproduce.sh"), "--small", "--seeds", "3",
-           "--iwslt-raw", str(root / "src"), "--wikitext-raw", str(tmp_path / "wiki"),
+           "--iwslt-raw", str(root / "src"), "--wikitext-raw", str(wiki_runs["raw"]),
            "--data-root", str(root / "data-bin"), "--runs", str(runs)]
     r = run(cmd + ["table5", "table6"])
     assert r.returncode == 0, r.stderr[-4000:]
-    assert r.stderr.count("already evaluated") == 2  # the two translation runs
+    assert r.stderr.count("already evaluated") == 4  # two translation runs, two language models
     table5 = (runs / "table5.md").read_text()
     assert "Table 5" in table5 and "34.42" in table5 and "34.68" in table5
     table6 = (runs / "table6.md").read_text()
     assert "Table 6" in table6 and "7.45" in table6 and "6.20" in table6
     # every number measured reaches its table (the scores themselves are checked in the tests above)
+    import torch
+
     for model in ("softmax", "fourier"):
         res = json.load(open(runs / "iwslt14" / f"{model}_seed3" / "results-test.json"))
         assert res["sentences"] == 5 * 6
         assert f"{res['bleu_tok']:.2f}" in table5 and f"{res['sacrebleu']:.2f}" in table5
-        assert (runs / "wikitext103" / f"{model}_small_seed3" / "results-lm.json").exists()
         hr = json.load(open(runs / f"head_redundancy_{model}_small.json"))
-        assert hr["mean"] > 1e-3 and f"| {model} small | {hr['mean']:.4g} | {hr['var']:.4g} |" in table6
+        assert hr["site"] == "decoder" and hr["layers"] == 2 and hr["heads"] == 2  # the small mode's model
+        assert hr["mean"] > 1e-3 and hr["var"] >= 0 and all(layer["pairs"] >= 1 for layer in hr["per_layer"])
+        assert f"| {model} small | {hr['mean']:.4g} | {hr['var']:.4g} |" in table6
         assert (runs / f"attention_maps_{model}_small.png").stat().st_size > 1000
+
+        ck = runs / "wikitext103" / f"{model}_small_seed3" / "checkpoints" / "checkpoint_best.pt"
+        state = torch.load(ck, map_location="cpu", weights_only=False)
+        weights = state["model"]
+        for layer in range(hr["layers"]):
+            for proj in ("q_proj", "k_proj"):
+                for t in ("weight", "bias"):
+                    w = weights[f"decoder.layers.{layer}.self_attn.{proj}.{t}"]
+                    hd = w.shape[0] // hr["heads"]
+                    for h in range(1, hr["heads"]):
+                        w[h * hd:(h + 1) * hd] = w[:hd]
+        twin = tmp_path / f"{model}_twin_heads.pt"
+        torch.save(state, twin)
+        out = tmp_path / f"{model}_twin_heads.json"
+        r = run([sys.executable, os.path.join(REPO, "scripts", "head_redundancy.py"), "--small", "--cpu",
+                 "--checkpoint", str(twin), "--data", str(wiki_runs["data"]), "--out", str(out), "--label", model])
+        assert r.returncode == 0, r.stderr[-3000:]
+        twin_hr = json.load(open(out))
+        assert [x["pairs"] for x in twin_hr["per_layer"]] == [x["pairs"] for x in hr["per_layer"]]
+        assert twin_hr["mean"] < 1e-5 * hr["mean"], (model, twin_hr["mean"], hr["mean"])
