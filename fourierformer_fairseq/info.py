@@ -42,7 +42,8 @@ def error_reporting(code: str = _REJECTED_CALL) -> str:
     return f"BROKEN: a rejected input did not raise (exit {r.returncode}): {(r.stdout + r.stderr).strip()[-300:]}"
 
 
-def describe() -> str:
+def describe(check_errors: bool = True) -> str:
+    """What main() prints; check_errors=False leaves out the error-reporting check (a subprocess)."""
     import torch
 
     from . import __version__
@@ -61,7 +62,8 @@ def describe() -> str:
             f"extension: loaded, built for torch {build['torch_version']}, "
             f"CUDA {build['cuda_version'] or 'not compiled'}, CPU kernels: {build['cpu_isa']}"
         )
-        lines.append(f"error reporting: {error_reporting()}")
+        if check_errors:
+            lines.append(f"error reporting: {error_reporting()}")
     else:
         lines.append(f"extension: not loaded: {status.reason}")
     lines.append("backends (what each accepts, and why it cannot run here):")

@@ -162,7 +162,7 @@ def test_no_fallback_warning_without_the_extension():
 def test_info_reports_the_declarations():
     from fourierformer_fairseq.info import describe
 
-    text = describe()
+    text = describe(check_errors=False)  # (the check is test_info_reports_backends')
     for name, backend in DECLARATIONS.items():
         line = next(line for line in text.splitlines() if line.strip().startswith(name))
         expected = backend.not_supported_reasons()
