@@ -139,7 +139,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
   TORCH_CHECK(out_in.device() == in.q.device() && dout_in.device() == in.q.device() &&
                   lse_in.device() == in.q.device(),
               "fourier_attention backward: grad_out, out and lse must be on q's device");
-  const at::Tensor out = out_in.to(in.dtype).contiguous();
+  // out is checked but not read: the dq kernel sums Delta_i = dO_i . O_i from the P it recomputes
+  // (see backward_dq_kernel)
   const at::Tensor dout = dout_in.to(in.dtype).contiguous();
   const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
   at::Tensor dq = at::empty(in.q.sizes(), in.q.options());
@@ -152,7 +153,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
       using acc_t = at::opmath_type<scalar_t>;
       Params<scalar_t, acc_t> p = make_params<scalar_t, acc_t>(sh, in.q, in.k, in.v, in.radius, in.mask,
                                                                in.key_bias, power, causal, dropout_p, seed);
-      p.o = out.data_ptr<scalar_t>();
       p.dout = dout.data_ptr<scalar_t>();
       p.lse_in = lse.data_ptr<double>();
       p.delta = delta.data_ptr<acc_t>();
@@ -161,7 +161,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
       p.dv = dv.data_ptr<scalar_t>();
       p.dradius = dradius.data_ptr<acc_t>();
       if (sh.N > 0) {
-        launch(delta_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), 0, p);
         launch(backward_dq_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), sizeof(acc_t) * dq_smem_elems(p.D, p.Dv),
                p);
       }
