@@ -42,9 +42,7 @@ NAMES = ("out", "dq", "dk", "dv", "dradius")
 ATOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 # Bound used where that reference is not finite itself (the float16 reference's gradients
 # overflow). dradius gets more room: it sums dx (q - k) over b, i, j (and d for a scalar or
-# per-head radius) with heavy cancellation, and the backward takes Delta_i = dO_i . O_i from
-# the output as stored in float16 / bfloat16 (as flash attention does), whose rounding no
-# longer cancels there.
+# per-head radius) with heavy cancellation.
 FALLBACK = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 FALLBACK_DRADIUS = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 2e-1}
 
@@ -168,6 +166,31 @@ def test_matches_reference(case):
     same = _run(fourier_attention_reference, base, dtype, torch.float32, **kw)
     got = _run(_cuda, base, dtype, torch.float32, **kw)
     _check(got, same, ref, dtype, _case_id(case))
+
+
+@pytest.mark.parametrize("power", [2, 4])
+def test_backward_does_not_need_the_forward_bit_for_bit(power):
+    """The backward op given the float64 forward's out and lse (rounded as stored) instead of
+    the kernel's own: its gradients must be as accurate. dradius sums dS_ij T_ij where T_ij
+    has a large part common to a row's keys, so it is only as accurate as sum_j dS_ij is
+    close to 0 with the backward's own P; a backward that took Delta_i = dO_i . O_i from the
+    stored output, or P normalised by the forward's lse, relied on the forward reproducing
+    its scores bit for bit (on an H200 it did not: 8x the float32 reference's dradius error)."""
+    case_id = f"forward bit for bit p{power}"
+    B, H, N, M, D = 1, 2, 256, 256, 128
+    base = _problem(B, H, N, M, D, D, "head", "batch4d", zlib.crc32(case_id.encode()) % 1000, scale=0.5)
+    ref = _run(fourier_attention_reference, base, torch.float64, torch.float64, power=power)
+    same = _run(fourier_attention_reference, base, torch.float32, torch.float32, power=power)
+    q, k, v, dout = (base[n].to(DEV, torch.float32).contiguous() for n in ("q", "k", "v", "dout"))
+    radius = base["radius"].expand(H, D).to(DEV, torch.float32).contiguous()
+    am, kpm = base["attn_mask"], base["key_padding_mask"]
+    fwd, bwd = torch.ops.fourierformer.fourier_attention_forward, torch.ops.fourierformer.fourier_attention_backward
+    _, lse64 = fwd(*(t.cpu().double() for t in (q, k, v, radius)), float(power), am.cpu(), kpm.cpu(), False, 0.0, 0)
+    out32, lse32 = fwd(q, k, v, radius, float(power), am, kpm, False, 0.0, 0)
+    for what, out, lse in (("own", out32, lse32), ("float64", ref[0].float(), lse64.to(DEV))):
+        dq, dk, dv, dradius = bwd(dout, q, k, v, radius, out.contiguous(), lse, float(power), am, kpm, False, 0.0, 0)
+        got = [out32.double(), dq.double(), dk.double(), dv.double(), dradius.double().sum(1, keepdim=True)]
+        _check(got, same, ref, torch.float32, f"{case_id}, {what} out and lse")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -73,8 +73,9 @@ struct Params {
   double* lse;   // (B, H, N), float64 (see split_lse)
   // backward inputs / outputs
   const scalar_t* dout;  // (B, H, N, Dv)
-  const double* lse_in;  // (B, H, N)
+  const double* lse_in;  // (B, H, N), the forward's
   acc_t* delta;          // (B, H, N), written by the dq kernel for the dk/dv kernel
+  double* lse_bwd;       // (B, H, N), the same: the lse of the backward's own scores
   scalar_t* dq;          // (B, H, N, D)
   scalar_t* dk;          // (B, H, M, D)
   scalar_t* dv;          // (B, H, M, Dv)
@@ -447,6 +448,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) forward_kernel(const Params<scalar_t, 
 // from float32 scores (error ~ eps |S|, |S| of order p D) or rounded to float32, that was
 // 10x the float32 reference's error at D 128. One sweep suffices: dS is linear in Delta, so
 // the row keeps sum_j p P f dP g(.) and sum_j p P g(.) apart and combines them at the end.
+// For the same reason P is renormalised here: with P_ij = exp(S_ij - lse_i), sum_j P_ij = c_i
+// is 1 only as far as these scores agree with the forward's (a float32 lse has an error of
+// order eps |S|), and sum_j dS_ij = Delta_i (1 - c_i). The gradient uses P_ij / c_i, and the
+// dk/dv kernel gets lse_i + log c_i and Delta_i / c_i.
 // ---------------------------------------------------------------------------------------
 template <typename scalar_t, typename acc_t>
 FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar_t, acc_t> p) {
@@ -494,7 +499,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
   acc_t dq_a[kPerLane], dq_b[kPerLane], dr_a[kPerLane], dr_b[kPerLane];
 #pragma unroll
   for (int t = 0; t < kPerLane; ++t) dq_a[t] = dq_b[t] = dr_a[t] = dr_b[t] = 0;
-  acc_t delta_lane = 0;  // this lane's share of Delta_i = sum_j P f dP
+  acc_t delta_lane = 0;  // this lane's share of sum_j P f dP
+  acc_t psum_lane = 0;   // this lane's share of c_i = sum_j P
 
   for (int j0 = 0; j0 < block_end; j0 += kTile) {
     __syncthreads();
@@ -518,6 +524,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
         for (int c = 0; c < Dv; ++c) dP += dorow[c] * vrow[c];
         const acc_t pfdp = P * f * dP;
         delta_lane += pfdp;
+        psum_lane += P;
         a = p.power * pfdp;
         bcoef = p.power * P;
       }
@@ -543,18 +550,23 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
       }
     }
   }
-  const acc_t delta = warp_sum(delta_lane);  // 0 for rows without a gradient
-  if (active && lane == 0) p.delta[bh * N + i] = delta;  // read by the dk/dv kernel
+  const acc_t psum = warp_sum(psum_lane);  // c_i; 0 for rows without a gradient
+  const acc_t inv_c = psum > acc_t(0) ? acc_t(1) / psum : acc_t(0);
+  const acc_t delta = warp_sum(delta_lane) * inv_c;  // sum_j (P_ij / c_i) f_ij dP_ij
+  if (active && lane == 0) {  // for the dk/dv kernel
+    p.delta[bh * N + i] = delta;
+    p.lse_bwd[bh * N + i] = psum > acc_t(0) ? L + log((double)psum) : (double)INFINITY;
+  }
   acc_t dr_acc[kPerLane];  // sum_j p dS_ij g(x_ijd) (q_id - k_jd)
 #pragma unroll
-  for (int t = 0; t < kPerLane; ++t) dr_acc[t] = dr_a[t] - delta * dr_b[t];
+  for (int t = 0; t < kPerLane; ++t) dr_acc[t] = (dr_a[t] - delta * dr_b[t]) * inv_c;
 
   if (active) {
     scalar_t* dq_i = p.dq + (bh * N + i) * D;
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) {
       const int d = lane + 32 * t;
-      if (d < D) dq_i[d] = static_cast<scalar_t>(Rs[d] * (dq_a[t] - delta * dq_b[t]));
+      if (d < D) dq_i[d] = static_cast<scalar_t>(Rs[d] * ((dq_a[t] - delta * dq_b[t]) * inv_c));
     }
   }
 
@@ -577,7 +589,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
 
 // ---------------------------------------------------------------------------------------
 // Backward, step 2: dk and dv; warp per key row, tiles of 32 queries (after step 1, whose
-// Delta it reads).
+// Delta and lse it reads).
 // Grid: B * H * ceil(M / kWarps) blocks.
 // ---------------------------------------------------------------------------------------
 template <typename scalar_t, typename acc_t>
@@ -630,7 +642,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dkv_kernel(const Params<scala
     stage_rows(dOs, dout, i0, N, Dv, ostride);
     if (tid < kTile) {
       const int i = i0 + tid;
-      const double L = i < N ? p.lse_in[bh * N + i] : (double)INFINITY;
+      const double L = i < N ? p.lse_bwd[bh * N + i] : (double)INFINITY;
       acc_t high = INF, low = 0;
       if (L < (double)INFINITY) split_lse(L, high, low);
       Ls[tid] = high;

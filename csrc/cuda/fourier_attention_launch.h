@@ -148,6 +148,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
   at::Tensor dv = at::empty(in.v.sizes(), in.v.options());
   at::Tensor dradius = at::zeros({sh.H, sh.D}, in.q.options().dtype(in.acc));
   at::Tensor delta = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(in.acc));
+  at::Tensor lse_bwd = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(at::kDouble));
   if (sh.B * sh.H > 0) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_backward_cuda", [&] {
       using acc_t = at::opmath_type<scalar_t>;
@@ -156,6 +157,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
       p.dout = dout.data_ptr<scalar_t>();
       p.lse_in = lse.data_ptr<double>();
       p.delta = delta.data_ptr<acc_t>();
+      p.lse_bwd = lse_bwd.data_ptr<double>();
       p.dq = dq.data_ptr<scalar_t>();
       p.dk = dk.data_ptr<scalar_t>();
       p.dv = dv.data_ptr<scalar_t>();
