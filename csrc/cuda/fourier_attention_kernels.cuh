@@ -444,13 +444,13 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) forward_kernel(const Params<scalar_t, 
 // as dO_i . O_i from the stored output: dS_ij = P_ij (f_ij dP_ij - Delta_i) must sum to zero
 // over j with the P it multiplies, because dS/dR sums dS_ij T_ij with T_ij = sum_d (q - k) g,
 // which has a large part common to all keys of a row (x g(x) = x cot x - 1 <= 0 for every d).
-// An error e_i in Delta_i moves dradius by about p e_i sum_j P_ij T_ij: with O recomputed
-// from float32 scores (error ~ eps |S|, |S| of order p D) or rounded to float32, that was
-// 10x the float32 reference's error at D 128. One sweep suffices: dS is linear in Delta, so
+// An error e_i in Delta_i moves dradius by about p e_i sum_j P_ij T_ij: with O from the
+// forward's float32 scores (errors ~ eps |S|, |S| of order p D) or rounded to float32, that
+// was 8-15x the float32 reference's error at D 128 on an H200. One sweep suffices: dS is linear in Delta, so
 // the row keeps sum_j p P f dP g(.) and sum_j p P g(.) apart and combines them at the end.
 // For the same reason P is renormalised here: with P_ij = exp(S_ij - lse_i), sum_j P_ij = c_i
-// is 1 only as far as these scores agree with the forward's (a float32 lse has an error of
-// order eps |S|), and sum_j dS_ij = Delta_i (1 - c_i). The gradient uses P_ij / c_i, and the
+// is 1 only as far as these scores agree with the forward's (both carry errors of order
+// eps |S|), and sum_j dS_ij = Delta_i (1 - c_i). The gradient uses P_ij / c_i, and the
 // dk/dv kernel gets lse_i + log c_i and Delta_i / c_i.
 // ---------------------------------------------------------------------------------------
 template <typename scalar_t, typename acc_t>
