@@ -273,7 +273,9 @@ def fmt_ratio(x):
 
 
 def run_shapes(args, impls, dtype, reps):
-    """The default run: one table row per (shape, implementation)."""
+    """The default run: one table row per (shape, implementation); returns the rows as records
+    (--json), with the (query, key, feature) elements of one call (B H N M D)."""
+    records = []
     print("| shape | impl | fwd ms | fwd / sdpa | fwd peak MiB | fwd+bwd ms | fwd+bwd / sdpa | fwd+bwd peak MiB |")
     print("|---|---|---|---|---|---|---|---|")
     for shape in shapes_for(args):
@@ -307,8 +309,15 @@ def run_shapes(args, impls, dtype, reps):
             ratio = ["-", "-"]
             if isinstance(sdpa, dict):
                 ratio = [f"{result[('ms', b)] / sdpa[('ms', b)]:.2f}x" for b in (False, True)]
+            records.append({"shape": shape["name"], "label": label, "impl": impl, "causal": shape["causal"],
+                            "elements": shape["B"] * shape["H"] * shape["N"] * shape["N"] * shape["D"],
+                            "fwd_ms": result[("ms", False)], "fwd_bwd_ms": result[("ms", True)],
+                            "sdpa_fwd_ms": sdpa[("ms", False)] if isinstance(sdpa, dict) else None,
+                            "sdpa_fwd_bwd_ms": sdpa[("ms", True)] if isinstance(sdpa, dict) else None,
+                            "fwd_peak_mib": result[("mem", False)], "fwd_bwd_peak_mib": result[("mem", True)]})
             print(f"| {label} | {impl} | {fmt_ms(result[('ms', False)])} | {ratio[0]} | {fmt_mib(result[('mem', False)])} "
                   f"| {fmt_ms(result[('ms', True)])} | {ratio[1]} | {fmt_mib(result[('mem', True)])} |", flush=True)
+    return records
 
 
 def peak_memory(impl, shape, args, dtype, backward):
@@ -448,6 +457,7 @@ def main():
                              "at most 3 for the materialising baselines' calls over 1 s)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and sweep sizes")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
+    parser.add_argument("--json", metavar="PATH", help="also write the table's rows as JSON (not with --scaling)")
     parser.add_argument("--memory-budget-gib", type=float, default=0.5,
                         help="skip the materialising implementations (published, reference) when one (B,H,N,M,D) "
                              "intermediate exceeds this; their peak is about 9x that in forward+backward "
@@ -496,7 +506,11 @@ def main():
     if args.scaling:
         run_scaling(args, impls, dtype, reps)
     else:
-        run_shapes(args, impls, dtype, reps)
+        records = run_shapes(args, impls, dtype, reps)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"device": device_name, "dtype": args.dtype, "power": args.power, "reps": reps,
+                           "torch": torch.__version__, "rows": records}, fh, indent=1)
     return 0
 
 

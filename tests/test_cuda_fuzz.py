@@ -1,0 +1,111 @@
+"""Seeded fuzz of the CUDA op against the float64 oracle (tests/oracle.py); needs a GPU.
+
+The cases are the CPU fuzz's (tests/test_op_fuzz.py: draw_case): every remainder of N and M,
+exact and near duplicates (q == k, 1e-6, 1e-3), keys on and next to sinc's zeros, large |R q|,
+powers 2, 4, 6, every radius shape, causal, key padding (fully padded sequences too), additive
+and bool masks; the forward and all four gradients are checked, in every dtype the CUDA
+kernels take.
+
+Bounds, per tensor of (out, dq, dk, dv, dradius):
+- float32: the CPU fuzz's, max |ours - oracle| <= 4 max |plain - oracle| + 16 eps32 scale + 1e-30
+  (plain: the formula in float32 with plain autograd; scale: the largest sum of absolute values
+  of the terms one element sums; tests/oracle.py).
+- float16 / bfloat16: the kernels read half-precision inputs, compute in float32 and round what
+  they return to the input dtype (the radius and its gradient stay float32). The oracle runs on
+  the inputs rounded to that dtype, and the bound is the float32 one plus the rounding of the
+  result: + eps_dtype * max |oracle| for out, dq, dk, dv.
+- float64: within 1e-9 scale of the oracle (as the CPU float64 kernel).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle import (EPS32, NAMES, PLAIN_FACTOR, SCALE_FACTOR, UNDERFLOW, oracle_gradient_scales,  # noqa: E402
+                    oracle_gradients, oracle_mismatches, plain_gradients)
+from test_op_fuzz import draw_case  # noqa: E402
+
+from fourierformer_fairseq.ops import backend_unavailable_reason, fourier_attention  # noqa: E402
+
+_reason = backend_unavailable_reason("cuda")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_reason), reason=f"CUDA kernels: {_reason}")]
+
+N_CASES = 140
+HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _rounded(case, dtype):
+    """The case with q, k, v, grad_out rounded to dtype (float32 otherwise), radius float32."""
+    out = dict(case)
+    for n in ("q", "k", "v", "grad_out"):
+        out[n] = case[n].to(dtype).float()
+    out["radius"] = case["radius"].float()
+    return out
+
+
+def cuda_gradients(case, dtype):
+    dev = torch.device("cuda")
+    leaves = [case[n].to(dev, dtype).clone().requires_grad_() for n in ("q", "k", "v")]
+    radius = case["radius"].to(dev, torch.float64 if dtype == torch.float64 else torch.float32).clone().requires_grad_()
+    kwargs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in case["kwargs"].items()}
+    out = fourier_attention(*leaves, radius, backend="cuda", **kwargs)
+    grads = torch.autograd.grad(out, leaves + [radius], case["grad_out"].to(dev, dtype), allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves + [radius])]
+    return tuple(t.detach().cpu() for t in (out, *grads))
+
+
+def _args(case):
+    return [case[n] for n in ("q", "k", "v", "radius", "grad_out")]
+
+
+@pytest.mark.parametrize("seed", range(N_CASES))
+def test_cuda_fuzz_float32_against_oracle(seed):
+    case = _rounded(draw_case(seed), torch.float32)
+    bad = oracle_mismatches(cuda_gradients(case, torch.float32), *_args(case), **case["kwargs"])
+    assert not bad, case["label"] + "\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("dtype", list(HALF))
+@pytest.mark.parametrize("seed", range(0, N_CASES, 2))
+def test_cuda_fuzz_half_against_oracle(seed, dtype):
+    dt = HALF[dtype]
+    case = _rounded(draw_case(seed), dt)
+    args, kwargs = _args(case), case["kwargs"]
+    ours = cuda_gradients(case, dt)
+    exact = oracle_gradients(*args, **kwargs)
+    plain = plain_gradients(*args, **kwargs)
+    scales = oracle_gradient_scales(*args, **kwargs)
+    bad = []
+    for name, a, x, pl, scale in zip(NAMES, ours, exact, plain, scales):
+        if not torch.isfinite(a).all():
+            bad.append(f"{name}: not finite")
+            continue
+        if a.numel() == 0:
+            continue
+        err = (a.double() - x).abs().max().item()
+        perr = (pl.double() - x).abs().max().item()
+        rounding = torch.finfo(dt).eps * x.abs().max().item() if name != "dradius" else 0.0
+        bound = PLAIN_FACTOR * perr + SCALE_FACTOR * EPS32 * scale + UNDERFLOW + rounding
+        if not err <= bound:
+            bad.append(f"{name}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps32 x scale {scale:.3e} "
+                       f"+ {dtype} rounding {rounding:.3e}")
+    assert not bad, f"{dtype} " + case["label"] + "\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("seed", range(0, N_CASES, 5))
+def test_cuda_fuzz_float64_against_oracle(seed):
+    case = draw_case(seed)
+    case = {**case, **{n: case[n].double() for n in ("q", "k", "v", "radius", "grad_out")}}
+    ours = cuda_gradients(case, torch.float64)
+    exact = oracle_gradients(*_args(case), **case["kwargs"])
+    scales = oracle_gradient_scales(*_args(case), **case["kwargs"])
+    bad = []
+    for name, a, x, scale in zip(NAMES, ours, exact, scales):
+        err = (a - x).abs().max().item() if a.numel() else 0.0
+        if not err <= 1e-9 * scale + 1e-300:
+            bad.append(f"{name}: error {err:.3e} > 1e-9 x scale {scale:.3e}")
+    assert not bad, case["label"] + "\n" + "\n".join(bad)
