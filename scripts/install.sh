@@ -59,11 +59,13 @@ build() {
     echo "$INFO"
 }
 build
-if grep -q "^error reporting: BROKEN" <<<"$INFO" && [[ -z "${CXX:-}" && -x /usr/bin/g++ ]] \
-        && [[ "$(command -v g++)" != /usr/bin/g++ ]]; then
-    # A g++ that is not the system's (a wrapper with its own search paths) has been seen to link
-    # its own libstdc++ into the extension, whose exceptions then crash instead of raising.
-    echo "[install] the extension crashes on a rejected input; building again with the system compiler /usr/bin/g++"
+if grep -q "^error reporting: BROKEN" <<<"$INFO" && [[ -x /usr/bin/g++ ]] \
+        && [[ "$(command -v "${CXX:-g++}")" != /usr/bin/g++ ]]; then
+    # A g++ that is not the system's (a wrapper with its own search paths, which an environment
+    # may also name in CXX) has been seen to link its own libstdc++ into the extension, whose
+    # exceptions then crash the process instead of raising.
+    echo "[install] the extension crashes on a rejected input; building again with the system compiler /usr/bin/g++" \
+         "instead of ${CXX:-$(command -v g++)}"
     rm -rf build
     export CXX=/usr/bin/g++ CC=/usr/bin/gcc
     build
