@@ -13,11 +13,13 @@
 #define FF_DEV inline
 #define FF_GLOBAL
 #define FF_LAUNCH_BOUNDS(n)
+#define FF_LAUNCH_BOUNDS_MIN(n, m)
 #define FF_DYNAMIC_SHARED(name) unsigned char* name = ::ff_emu::dynamic_smem()
 #else
 #define FF_DEV __device__ __forceinline__
 #define FF_GLOBAL __global__
 #define FF_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+#define FF_LAUNCH_BOUNDS_MIN(n, m) __launch_bounds__(n, m)
 #define FF_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 

@@ -76,7 +76,7 @@ FF_DEV void renormalise(float& num, float& den, int& expo) {
   expo += (ne >> 23) - (de >> 23);
 }
 
-FF_DEV float ff_fast_divide(float a, float b) {  // b in [1, 2): no range issue
+FF_DEV float ff_divide_approx(float a, float b) {  // b in [1, 2): no range issue
 #if defined(FF_HOST_EMULATION)
   return a / b;
 #else
@@ -106,42 +106,79 @@ float rare_pair_score(const float* trows, const float* tkeys, const float* x_per
   return power * LogSincSum<float>::run(qc, N, kc, M, x_per_u, Dp);
 }
 
-template <typename scalar_t, int kO>
-FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) forward_tiled_kernel(const Params<scalar_t, float> p) {
-  static_assert(kO % 4 == 0, "value columns per thread: whole float4");
-  FF_DYNAMIC_SHARED(smem_raw);
-  const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv;
-  const int Dvs = padded_value_columns(Dv);
-  float* region = reinterpret_cast<float*>(smem_raw);
+// Scores of a tile, masks included: S[ii][jj] of query i0 + ty * kMicro + ii and key
+// j0 + tx * kMicro + jj (-inf where the key is not visible or masked; rows past N see nothing).
+// All threads of the block call it (it stages the features chunk by chunk into `region`,
+// with barriers; the caller must not touch region before the next barrier either).
+template <typename scalar_t>
+FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty, float* region,
+                        float (&S)[kMicro][kMicro]) {
+  const int N = p.N, M = p.M, Dp = p.Dp;
+  const int tid = threadIdx.x;
+  const int b = (int)(bh / p.H), h = (int)(bh % p.H);
   float* Rf = region;                                   // (kRowFields, kChunk, kFwdRows)
   float* Kf = region + kRowFields * kChunk * kFwdRows;  // (kKeyFields, kChunk, kFwdKeys)
-  float* Vs = region;                                   // (kFwdKeys, Dvs), once the scores are done
-  float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
   const float NEG_INF = -ff_inf<float>();
-
-  const int tid = threadIdx.x;
-  const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
-  const int64_t bh = blockIdx.x / row_blocks;
-  const int i0 = (int)(blockIdx.x - bh * row_blocks) * kFwdRows;
-  const int b = (int)(bh / p.H), h = (int)(bh % p.H);
-
-  // Score phase: warps of 4 x 8 threads, the block 16 x 16: rows ty * 4 + ii, keys tx * 4 + jj.
-  const int warp = tid >> 5, lane = tid & 31;
-  const int tx = (warp & 1) * 8 + (lane & 7);
-  const int ty = (warp >> 1) * 4 + (lane >> 3);
-  // Softmax and P V: 4 threads per row, columns 16 t + 4 part + (0..3).
-  const int pr = tid >> 2, part = tid & 3;
-  const int pi = i0 + pr;
-  const bool p_active = pi < N;
-
-  const int last_row = ff_min(N - 1, i0 + kFwdRows - 1);
-  const int block_end = visible_end(p, last_row);
   const float* trows = p.trows + bh * kRowFields * Dp * N;
   const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
   const float* key_log = p.key_log + bh * M;
   const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
   const float* kbias = p.key_bias ? p.key_bias + (int64_t)b * M : nullptr;
+  // ---- 1. products over the features ----
+  float num[kMicro][kMicro], den[kMicro][kMicro];
+  int expo[kMicro][kMicro];
+#pragma unroll
+  for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+    for (int jj = 0; jj < kMicro; ++jj) {
+      num[ii][jj] = 1.0f;
+      den[ii][jj] = 1.0f;
+      expo[ii][jj] = 0;
+    }
+  float nearest = ff_inf<float>();
+  for (int d0 = 0; d0 < Dp; d0 += kChunk) {
+    const int dc = ff_min(kChunk, Dp - d0);
+    __syncthreads();  // the previous chunk, or whatever the caller kept in region, is consumed
+    for (int idx = tid; idx < kRowFields * dc * kFwdRows; idx += kFwdThreads) {
+      const int r = idx % kFwdRows, fd = idx / kFwdRows;
+      const int f = fd / dc, dd = fd - f * dc;
+      const int i = i0 + r;
+      Rf[(f * kChunk + dd) * kFwdRows + r] = i < N ? trows[((int64_t)f * Dp + d0 + dd) * N + i] : 0.0f;
+    }
+    for (int idx = tid; idx < kKeyFields * dc * kFwdKeys; idx += kFwdThreads) {
+      const int c = idx % kFwdKeys, fd = idx / kFwdKeys;
+      const int f = fd / dc, dd = fd - f * dc;
+      const int j = j0 + c;
+      Kf[(f * kChunk + dd) * kFwdKeys + c] = j < M ? tkeys[((int64_t)f * Dp + d0 + dd) * M + j] : pad_key_field(f);
+    }
+    __syncthreads();
+    for (int dd = 0; dd < dc; dd += kRenormEvery) {
+#pragma unroll
+      for (int e = 0; e < kRenormEvery; ++e) {
+        const float* rf = Rf + (dd + e) * kFwdRows + ty * kMicro;
+        const float* kf = Kf + (dd + e) * kFwdKeys + tx * kMicro;
+        const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
+        const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
+                     Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
+        const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
+                    tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
+        const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
+                    Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
+#pragma unroll
+        for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+          for (int jj = 0; jj < kMicro; ++jj)
+            sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj],
+                             nearest);
+      }
+#pragma unroll
+      for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj]);
+    }
+  }
 
+  // ---- scores (the row constants loaded only now: fewer registers live in the loop above) ----
   float log_high[kMicro], log_low[kMicro];
   int row_end[kMicro];
   const float* mask_row[kMicro];
@@ -155,6 +192,72 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) forward_tiled_kernel(const Params<s
     mask_row[ii] = (p.attn_mask && on) ? p.attn_mask + b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row
                                        : nullptr;
   }
+#pragma unroll
+  for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+    for (int jj = 0; jj < kMicro; ++jj) {
+      const int j = j0 + tx * kMicro + jj;
+      float s = NEG_INF;
+      if (j < row_end[ii]) {
+        const float ratio = fabsf(ff_divide_approx(num[ii][jj], den[ii][jj]));  // in (1/2, 2)
+        const float e = (float)expo[ii][jj];
+        s = p.power *
+            (fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + key_log[j])));
+      }
+      S[ii][jj] = s;
+    }
+  // ---- 2. the rare path ----
+  if (nearest <= kUFloor) {
+#pragma unroll
+    for (int ii = 0; ii < kMicro; ++ii) {
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) {
+        const int i = i0 + ty * kMicro + ii, j = j0 + tx * kMicro + jj;
+        if (j < row_end[ii]) S[ii][jj] = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, S[ii][jj]);
+      }
+    }
+  }
+  // ---- 3. masks ----
+#pragma unroll
+  for (int ii = 0; ii < kMicro; ++ii) {
+#pragma unroll
+    for (int jj = 0; jj < kMicro; ++jj) {
+      const int j = j0 + tx * kMicro + jj;
+      if (j < row_end[ii]) {
+        if (mask_row[ii]) S[ii][jj] += mask_row[ii][j];
+        if (kbias) S[ii][jj] += kbias[j];
+      }
+    }
+  }
+}
+
+template <typename scalar_t, int kO>
+FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled_kernel(const Params<scalar_t, float> p) {
+  static_assert(kO % 4 == 0, "value columns per thread: whole float4");
+  FF_DYNAMIC_SHARED(smem_raw);
+  const int N = p.N, M = p.M, Dv = p.Dv;
+  const int Dvs = padded_value_columns(Dv);
+  float* region = reinterpret_cast<float*>(smem_raw);
+  float* Vs = region;                                   // (kFwdKeys, Dvs), once the scores are done
+  float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
+  const float NEG_INF = -ff_inf<float>();
+
+  const int tid = threadIdx.x;
+  const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
+  const int64_t bh = blockIdx.x / row_blocks;
+  const int i0 = (int)(blockIdx.x - bh * row_blocks) * kFwdRows;
+
+  // Score phase: warps of 4 x 8 threads, the block 16 x 16: rows ty * 4 + ii, keys tx * 4 + jj.
+  const int warp = tid >> 5, lane = tid & 31;
+  const int tx = (warp & 1) * 8 + (lane & 7);
+  const int ty = (warp >> 1) * 4 + (lane >> 3);
+  // Softmax and P V: 4 threads per row, columns 16 t + 4 part + (0..3).
+  const int pr = tid >> 2, part = tid & 3;
+  const int pi = i0 + pr;
+  const bool p_active = pi < N;
+
+  const int last_row = ff_min(N - 1, i0 + kFwdRows - 1);
+  const int block_end = visible_end(p, last_row);
   const int p_end = p_active ? visible_end(p, pi) : 0;
 
   float m_run = NEG_INF;  // running max of row pr (the same in its 4 threads)
@@ -164,101 +267,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) forward_tiled_kernel(const Params<s
   for (int t = 0; t < kO; ++t) acc[t] = 0.0f;
 
   for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
-    // ---- 1. products over the features ----
-    float num[kMicro][kMicro], den[kMicro][kMicro];
-    int expo[kMicro][kMicro];
-#pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii)
-#pragma unroll
-      for (int jj = 0; jj < kMicro; ++jj) {
-        num[ii][jj] = 1.0f;
-        den[ii][jj] = 1.0f;
-        expo[ii][jj] = 0;
-      }
-    float nearest = ff_inf<float>();
-    for (int d0 = 0; d0 < Dp; d0 += kChunk) {
-      const int dc = ff_min(kChunk, Dp - d0);
-      __syncthreads();  // the previous chunk, or the previous tile's P V, is consumed
-      for (int idx = tid; idx < kRowFields * dc * kFwdRows; idx += kFwdThreads) {
-        const int r = idx % kFwdRows, fd = idx / kFwdRows;
-        const int f = fd / dc, dd = fd - f * dc;
-        const int i = i0 + r;
-        Rf[(f * kChunk + dd) * kFwdRows + r] = i < N ? trows[((int64_t)f * Dp + d0 + dd) * N + i] : 0.0f;
-      }
-      for (int idx = tid; idx < kKeyFields * dc * kFwdKeys; idx += kFwdThreads) {
-        const int c = idx % kFwdKeys, fd = idx / kFwdKeys;
-        const int f = fd / dc, dd = fd - f * dc;
-        const int j = j0 + c;
-        Kf[(f * kChunk + dd) * kFwdKeys + c] = j < M ? tkeys[((int64_t)f * Dp + d0 + dd) * M + j] : pad_key_field(f);
-      }
-      __syncthreads();
-      for (int dd = 0; dd < dc; dd += kRenormEvery) {
-#pragma unroll
-        for (int e = 0; e < kRenormEvery; ++e) {
-          const float* rf = Rf + (dd + e) * kFwdRows + ty * kMicro;
-          const float* kf = Kf + (dd + e) * kFwdKeys + tx * kMicro;
-          const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
-          const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
-                       Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
-          const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
-                      tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
-          const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
-                      Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
-#pragma unroll
-          for (int ii = 0; ii < kMicro; ++ii)
-#pragma unroll
-            for (int jj = 0; jj < kMicro; ++jj)
-              sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj],
-                               nearest);
-        }
-#pragma unroll
-        for (int ii = 0; ii < kMicro; ++ii)
-#pragma unroll
-          for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj]);
-      }
-    }
-
-    // ---- scores ----
     float S[kMicro][kMicro];
+    tile_scores(p, bh, i0, j0, tx, ty, region, S);
 #pragma unroll
     for (int ii = 0; ii < kMicro; ++ii)
-#pragma unroll
-      for (int jj = 0; jj < kMicro; ++jj) {
-        const int j = j0 + tx * kMicro + jj;
-        float s = NEG_INF;
-        if (j < row_end[ii]) {
-          const float ratio = fabsf(ff_fast_divide(num[ii][jj], den[ii][jj]));  // in (1/2, 2)
-          const float e = (float)expo[ii][jj];
-          s = p.power *
-              (fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + key_log[j])));
-        }
-        S[ii][jj] = s;
-      }
-    // ---- 2. the rare path ----
-    if (nearest <= kUFloor) {
-#pragma unroll
-      for (int ii = 0; ii < kMicro; ++ii) {
-#pragma unroll
-        for (int jj = 0; jj < kMicro; ++jj) {
-          const int i = i0 + ty * kMicro + ii, j = j0 + tx * kMicro + jj;
-          if (j < row_end[ii]) S[ii][jj] = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, S[ii][jj]);
-        }
-      }
-    }
-    // ---- 3. masks, softmax, P V ----
-#pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii) {
-#pragma unroll
-      for (int jj = 0; jj < kMicro; ++jj) {
-        const int j = j0 + tx * kMicro + jj;
-        if (j < row_end[ii]) {
-          if (mask_row[ii]) S[ii][jj] += mask_row[ii][j];
-          if (kbias) S[ii][jj] += kbias[j];
-        }
-      }
       *reinterpret_cast<float4*>(St + (ty * kMicro + ii) * kScoreStride + tx * kMicro) =
           make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
-    }
     __syncthreads();  // scores written; the chunk region is free for V
     const scalar_t* v = p.v + bh * M * Dv;
     for (int idx = tid; idx < kFwdKeys * Dvs; idx += kFwdThreads) {

@@ -33,3 +33,4 @@
 #include "forward_tiled.cuh"
 #include "tables.cuh"
 #include "backward.cuh"
+#include "backward_tiled.cuh"

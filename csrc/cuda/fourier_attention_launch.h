@@ -160,6 +160,57 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   return {out, lse};
 }
 
+// The tiled dq kernel for features up to 4 kF per thread.
+template <typename scalar_t, typename Launcher>
+void launch_dq_tiled(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
+  const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
+  const size_t smem = sizeof(float) * tiled_dq_smem_floats(p.Dv);
+  if (p.Dp <= 16)
+    launch(backward_dq_tiled_kernel<scalar_t, 4>, blocks, kFwdThreads, smem, p);
+  else if (p.Dp <= 64)
+    launch(backward_dq_tiled_kernel<scalar_t, 16>, blocks, kFwdThreads, smem, p);
+  else
+    launch(backward_dq_tiled_kernel<scalar_t, 32>, blocks, kFwdThreads, smem, p);
+}
+
+template <typename scalar_t, int kO, typename Launcher>
+void launch_dkv_tiled_with(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
+  const int64_t blocks = grid_blocks(sh, sh.M, kFwdKeys);
+  const size_t smem = sizeof(float) * tiled_dkv_smem_floats(p.Dv);
+  if (p.Dp <= 16)
+    launch(backward_dkv_tiled_kernel<scalar_t, 4, kO>, blocks, kFwdThreads, smem, p);
+  else if (p.Dp <= 64)
+    launch(backward_dkv_tiled_kernel<scalar_t, 16, kO>, blocks, kFwdThreads, smem, p);
+  else
+    launch(backward_dkv_tiled_kernel<scalar_t, 32, kO>, blocks, kFwdThreads, smem, p);
+}
+
+// float64 and head dims above kBwdMaxFeatures: the simple path (backward.cuh); the rest: the
+// tables, then the tiled dq and dk/dv kernels (backward_tiled.cuh).
+template <typename scalar_t, typename acc_t, typename Launcher>
+void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
+                     const Launcher& launch) {
+  if constexpr (!std::is_same_v<acc_t, double>) {
+    if (padded_features(p.D) <= kBwdMaxFeatures) {
+      const at::Tensor tables = build_tables(sh, p, options, launch);
+      if (sh.N > 0) launch_dq_tiled(sh, p, launch);
+      if (sh.M > 0) {  // with N = 0 this writes zero dk and dv
+        if (p.Dv <= 64)
+          launch_dkv_tiled_with<scalar_t, 16>(sh, p, launch);
+        else
+          launch_dkv_tiled_with<scalar_t, 64>(sh, p, launch);
+      }
+      return;
+    }
+  }
+  if (sh.N > 0)
+    launch(backward_dq_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,
+           sizeof(acc_t) * dq_smem_elems(p.D, p.Dv), p);
+  if (sh.M > 0)  // with N = 0 this writes zero dk and dv
+    launch(backward_dkv_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.M), kThreads,
+           sizeof(acc_t) * dkv_smem_elems(p.D, p.Dv), p);
+}
+
 template <typename Launcher>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -200,13 +251,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
       p.dk = dk.data_ptr<scalar_t>();
       p.dv = dv.data_ptr<scalar_t>();
       p.dradius = dradius.data_ptr<acc_t>();
-      if (sh.N > 0) {
-        launch(backward_dq_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,
-               sizeof(acc_t) * dq_smem_elems(p.D, p.Dv), p);
-      }
-      if (sh.M > 0)  // with N = 0 this writes zero dk and dv
-        launch(backward_dkv_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.M), kThreads,
-               sizeof(acc_t) * dkv_smem_elems(p.D, p.Dv), p);
+      launch_backward(sh, p, in.q.options(), launch);
     });
   }
   return {dq, dk, dv, dradius.to(radius_in.scalar_type())};
