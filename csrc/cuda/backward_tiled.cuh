@@ -18,8 +18,10 @@
 // cot x = c' / s' and g(x) = cot x - 1/x = (c' x - s') / (s' x), or g's Taylor series where
 // |x| < kSincTaylorBound (there c' x - s' cancels); s' is floored at kSinFloor in magnitude (at a
 // zero of sinc, where P is 0 anyway). Per element: u, s' (4), x, c', the fraction (fma, mul, a
-// reciprocal and a mul), the series (5), the select (2) and the accumulation (4 in dq, 1 in dk):
-// about 22-25 instructions.
+// reciprocal and a mul), the series (5), the select (2) and the accumulation (4 in dq, 1 in dk).
+// The sm_90 SASS of the dq kernel's loop (one key, 4 features): 113 instructions, 28 per element
+// (44 FFMA, 24 FMUL, 8 FADD, 4 MUFU.RCP, 6 LDS, 5 FSETP, ...). The scores cost what they cost in
+// the forward (~9.4 per element), in each of the two kernels.
 //
 // Head dims: features up to 4 kF per thread (kF <= 32, so D <= 128); larger D takes the
 // simple path (backward.cuh).
@@ -41,7 +43,7 @@ FF_DEV float dlog_sinc_tables(float q, float t, float t_low, float k, float X, f
   const float x = x_per_u * u;
   const float x2 = x * x;
   const float c = fmaf(t, Y, X);
-  const float s_safe = fabsf(s) < kSinFloor ? (s < 0.0f ? -kSinFloor : kSinFloor) : s;
+  const float s_safe = copysignf(fmaxf(fabsf(s), kSinFloor), s);  // |s x| >= kSinFloor / 4 in the branch used
   const float big = ff_divide_approx(fmaf(c, x, -s_safe), s_safe * x);
   u_out = u;
   return x2 < kSincTaylorBound * kSincTaylorBound ? dlog_sinc_taylor(x, x2) : big;
@@ -185,11 +187,13 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dq_tiled_kernel(const Para
       if (d0 >= Dp) break;  // (block-uniform)
       const int dc = ff_min(kChunk, Dp - d0);
       __syncthreads();  // V^T or the previous key chunk is consumed; the coefficients are written
-      for (int idx = tid; idx < kKeyFields * dc * kFwdKeys; idx += kFwdThreads) {
-        const int c = idx % kFwdKeys, fd = idx / kFwdKeys;
-        const int f = fd / dc, dd = fd - f * dc;
+      for (int idx = tid; idx < dc * kFwdKeys; idx += kFwdThreads) {
+        const int c = idx & (kFwdKeys - 1), dd = idx >> kFwdKeysLog2;
         const int j = j0 + c;
-        Kg[(c * kChunk + dd) * 4 + f] = j < M ? tkeys[((int64_t)f * Dp + d0 + dd) * M + j] : pad_key_field(f);
+        const float* src = tkeys + (int64_t)(d0 + dd) * M + j;
+#pragma unroll
+        for (int f = 0; f < kKeyFields; ++f)
+          Kg[(c * kChunk + dd) * 4 + f] = j < M ? src[(int64_t)f * Dp * M] : pad_key_field(f);
       }
       __syncthreads();
       float qf[4], tf[4], tlf[4], xu[4];
@@ -397,11 +401,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dkv_tiled_kernel(const Par
       if (d0 >= Dp) break;  // (block-uniform)
       const int dc = ff_min(kChunk, Dp - d0);
       __syncthreads();  // dO or the previous query chunk is consumed
-      for (int idx = tid; idx < kRowFields * dc * kFwdRows; idx += kFwdThreads) {
-        const int r = idx % kFwdRows, fd = idx / kFwdRows;
-        const int f = fd / dc, dd = fd - f * dc;
+      for (int idx = tid; idx < dc * kFwdRows; idx += kFwdThreads) {
+        const int r = idx & (kFwdRows - 1), dd = idx >> kFwdRowsLog2;
         const int i = i0 + r;
-        Qg[(r * kChunk + dd) * 4 + f] = i < N ? trows[((int64_t)f * Dp + d0 + dd) * N + i] : 0.0f;
+        const float* src = trows + (int64_t)(d0 + dd) * N + i;
+#pragma unroll
+        for (int f = 0; f < kRowFields; ++f) Qg[(r * kChunk + dd) * 4 + f] = i < N ? src[(int64_t)f * Dp * N] : 0.0f;
       }
       __syncthreads();
       float kf[4], Xf[4], Yf[4], Ylf[4], xu[4];

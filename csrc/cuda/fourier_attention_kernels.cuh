@@ -1,28 +1,39 @@
 // CUDA kernels of Fourier integral attention (device code only, no ATen).
 //
 // Flash-attention style: scores are recomputed tile by tile and no N x M tensor is ever
-// stored. A block is kWarps warps of one (batch, head) slice; every warp owns one row (a
-// query in the forward and dq kernels, a key in the dk/dv kernel) and the block stages the
-// 32 rows of the other side it sweeps over in shared memory, transposed and padded so that
-// lanes reading "their" row and lanes sweeping over d are both free of bank conflicts.
+// stored. Two paths, by accumulation type:
 //
-//   forward   (warp per query)  lanes over 32 keys: S_ij, online softmax (running max,
-//                               rescaled sums); lanes over Dv: sum_j p_ij v_j (p by shuffle).
-//   dq        (warp per query)  lanes over keys: P_ij, dP_ij, Delta_i = sum_j P_ij dP_ij;
-//                               lanes over d: dq_id and the row's share of dradius, reduced
-//                               per block, atomicAdd. The forward output is not read.
-//   dk/dv     (warp per key)    lanes over 32 queries: P_ij, dS_ij; lanes over d / Dv: dk, dv.
+// float32 path (float32, float16, bfloat16 inputs, converted to float32 when staged):
+//   tables.cuh          per call, one thread per query / key row: q c, tan(|R| q) and k c,
+//                       cos(|R| k), cos(|R| k) tan(|R| k) as float pairs, the row and key
+//                       constants (float64 sin / cos, once per row and feature).
+//   forward_tiled.cuh   64 queries x 64 keys per step, 4 x 4 register tiles per thread: an
+//                       FMA-only element step (7 instructions, ~9.4 per element with the
+//                       renormalisation, the shared-memory loads and the loop, counted in the
+//                       SASS of the sm_90 build), the rare exact path for |x| < 2^-14, online
+//                       softmax and P V with 4 threads per row.
+//   backward_tiled.cuh  dq (with Delta and c from its own P) and dk/dv, the same score tiles,
+//                       g(x) per element from the tables (~28 instructions per element).
+//   Head dims above 128 take the simple backward below.
+//
+// Simple path (float64, and the float32 backward for D > 128): every warp owns one row (a
+// query in the forward and dq kernels, a key in the dk/dv kernel), lanes over 32 rows of the
+// other side staged in shared memory, the element math per element:
+//   forward_simple.cuh  (warp per query)  lanes over 32 keys: S_ij, online softmax; lanes over
+//                       Dv: sum_j p_ij v_j (p by shuffle).
+//   backward.cuh        dq (warp per query: P_ij, dP_ij, Delta_i from its own P; lanes over d:
+//                       dq_id and dradius) and dk/dv (warp per key).
 //
 // The element math (Taylor branches, clamps, dropout hash) is the one of
-// ../fourier_element_math.h. float32 needs two things of its own here, so that the results do
-// not depend on how sinf / logf are compiled (--use_fast_math, which a build may add, turns them
-// into the approximate hardware intrinsics, useless for sin of large arguments, where sinc has
-// its zeros):
+// ../fourier_element_math.h. float32 needs two things of its own (common.cuh), so that the
+// results do not depend on how sinf / logf are compiled (--use_fast_math, which a build may add,
+// turns them into the approximate hardware intrinsics, useless for sin of large arguments, where
+// sinc has its zeros):
 //   * ff_sincosf: Cody-Waite reduction by pi/2 with three fma steps plus the Cephes minimax
-//     polynomials (about 1 ulp for |x| <= 65536; larger |x| goes through double sincos);
+//     polynomials (about 1 ulp for |x| <= 65536; larger |x| goes through double sincos), used by
+//     the rare path and the simple float32 backward;
 //   * log of the product over d of |sin x| / |x| kept as mantissa and exponent (as the CPU
 //     kernel does): one accurate log per (i, j) instead of one per (i, j, d).
-// float64 uses the plain per-element formulas of the CPU float64 path.
 //
 // FF_HOST_EMULATION compiles the same kernels as ordinary C++ for the host emulator in
 // emulation/ (one OS thread per CUDA thread), which is how they were checked without a GPU.
