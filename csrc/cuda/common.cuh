@@ -125,7 +125,7 @@ FF_DEV int take_exponent(float& x) {
 }
 
 // log(y) for y in (0.25, 4): reduce to [sqrt(1/2), sqrt(2)), then Cephes' logf polynomial
-// (the scalar twin of vlog_near_one in ../cpu/vec.inc).
+// (log_poly_near_one in ../fourier_element_math.h, as vlog_near_one in ../cpu/vec.inc).
 FF_DEV float log_near_one(float y) {
   float e = 0.0f;
   if (y > 1.41421356f) {
@@ -135,19 +135,7 @@ FF_DEV float log_near_one(float y) {
     y *= 2.0f;
     e = -1.0f;
   }
-  const float f = y - 1.0f;
-  const float z = f * f;
-  float p = 7.0376836292E-2f;
-  p = p * f - 1.1514610310E-1f;
-  p = p * f + 1.1676998740E-1f;
-  p = p * f - 1.2420140846E-1f;
-  p = p * f + 1.4249322787E-1f;
-  p = p * f - 1.6668057665E-1f;
-  p = p * f + 2.0000714765E-1f;
-  p = p * f - 2.4999993993E-1f;
-  p = p * f + 3.3333331174E-1f;
-  const float r = f * z * p - 0.5f * z + f;
-  return r + e * 0.693147180559945f;
+  return log_poly_near_one(y - 1.0f) + e * 0.693147180559945f;
 }
 
 // Accurate log of a positive normal float (logf would be __logf under --use_fast_math).

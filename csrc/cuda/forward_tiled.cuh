@@ -45,8 +45,6 @@ static_assert(kFwdRows == kFwdKeys && kFwdThreads % kFwdRows == 0, "staging: one
 constexpr int kMicro = 4;        // rows and keys of a thread's register tile (16 x 16 threads)
 constexpr int kChunk = 16;       // features staged at a time (a multiple of kRenormEvery)
 constexpr int kScoreStride = kFwdKeys + 4;  // row stride of the score tile (float4 aligned, no bank conflicts)
-constexpr float kLn2High = 0.693359375f;          // 355 / 512: e * kLn2High is exact
-constexpr float kLn2Low = -2.12194440054690583e-4f;  // ln 2 - kLn2High
 static_assert(kChunk % kRenormEvery == 0, "chunks hold whole renormalisation groups");
 
 // Value columns padded to a multiple of 16 (4 threads per row, a float4 each per 16 columns).
