@@ -23,8 +23,8 @@
 // (44 FFMA, 24 FMUL, 8 FADD, 4 MUFU.RCP, 6 LDS, 5 FSETP, ...). The scores cost what they cost in
 // the forward (~9.4 per element), in each of the two kernels.
 //
-// Head dims: features up to 4 kF per thread (kF <= 32, so D <= 128); larger D takes the
-// simple path (backward.cuh).
+// Head dims: features up to 4 kF per thread (kF <= 32, so D <= 128) and Dv <= 128; larger ones
+// take the simple path (backward.cuh).
 #pragma once
 
 #include "forward_tiled.cuh"
@@ -33,6 +33,9 @@ namespace fourierformer {
 namespace cuda {
 
 constexpr int kBwdMaxFeatures = 128;  // largest padded D of the tiled backward
+// largest Dv of the tiled backward: its shared memory (about 100 KiB at Dv = 128) then fits
+// every GPU the build targets (sm_80 allows 163 KiB per block)
+constexpr int kBwdMaxValueColumns = 128;
 constexpr int kCoefStride = kFwdKeys + 1;  // coefficient tiles: odd stride, lanes over rows hit distinct banks
 
 // g(x) = d/dx log|sinc x| of one element from the table fields; u = q c - k c through u_out.

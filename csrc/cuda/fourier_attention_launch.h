@@ -185,20 +185,20 @@ void launch_dkv_tiled_with(const AttentionShape& sh, const Params<scalar_t, floa
     launch(backward_dkv_tiled_kernel<scalar_t, 32, kO>, blocks, kFwdThreads, smem, p);
 }
 
-// float64 and head dims above kBwdMaxFeatures: the simple path (backward.cuh); the rest: the
-// tables, then the tiled dq and dk/dv kernels (backward_tiled.cuh).
+// float64 and head dims above kBwdMaxFeatures / kBwdMaxValueColumns: the simple path
+// (backward.cuh); the rest: the tables, then the tiled dq and dk/dv kernels (backward_tiled.cuh).
 template <typename scalar_t, typename acc_t, typename Launcher>
 void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
                      const Launcher& launch) {
   if constexpr (!std::is_same_v<acc_t, double>) {
-    if (padded_features(p.D) <= kBwdMaxFeatures) {
+    if (padded_features(p.D) <= kBwdMaxFeatures && p.Dv <= kBwdMaxValueColumns) {
       const at::Tensor tables = build_tables(sh, p, options, launch);
       if (sh.N > 0) launch_dq_tiled(sh, p, launch);
       if (sh.M > 0) {  // with N = 0 this writes zero dk and dv
         if (p.Dv <= 64)
           launch_dkv_tiled_with<scalar_t, 16>(sh, p, launch);
         else
-          launch_dkv_tiled_with<scalar_t, 64>(sh, p, launch);
+          launch_dkv_tiled_with<scalar_t, 32>(sh, p, launch);
       }
       return;
     }
