@@ -306,6 +306,8 @@ def main():
         ("f32 large |x| (scale 20)", make_case(1, 1, 9, 40, 8, 8, torch.float32, scale=20.0), 2, 0.0,
          dict(rtol=1e-3, atol=1e-4)),
         ("f32 causal dropout kpm", make_case(2, 1, 20, 41, 5, 3, torch.float32, causal=True, kpm=True), 4, 0.2, f32),
+        ("f32 D100 Dv100 N9 M70 causal", make_case(1, 1, 9, 70, 100, 100, torch.float32, causal=True, scale=0.3), 4,
+         0.0, f32),
     ]
     if not args.quick:
         cases += [
