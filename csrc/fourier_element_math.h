@@ -51,6 +51,26 @@ FF_HD double sinc_taylor(double x2) {
   return 1.0 + x2 * (-1.0 / 6.0 + x2 * (1.0 / 120.0 + x2 * (-1.0 / 5040.0 + x2 * (1.0 / 362880.0))));
 }
 
+// ln 2 = kLn2High + kLn2Low; e * kLn2High is exact for |e| < 2^15 (355 / 512, Cody and Waite).
+constexpr float kLn2High = 0.693359375f;
+constexpr float kLn2Low = -2.12194440e-4f;
+
+// log(1 + f) for 1 + f in [sqrt(1/2), sqrt(2)): Cephes' logf polynomial, the one of the CPU
+// kernel's vlog_near_one and the CUDA kernels' log_near_one. Any float-like T.
+template <typename T>
+FF_HD T log_poly_near_one(T f) {
+  const T z = f * f;
+  T p = f * 7.0376836292E-2f - 1.1514610310E-1f;
+  p = p * f + 1.1676998740E-1f;
+  p = p * f - 1.2420140846E-1f;
+  p = p * f + 1.4249322787E-1f;
+  p = p * f - 1.6668057665E-1f;
+  p = p * f + 2.0000714765E-1f;
+  p = p * f - 2.4999993993E-1f;
+  p = p * f + 3.3333331174E-1f;
+  return f * z * p - 0.5f * z + f;
+}
+
 // g(x) = cot(x) - 1/x = -x/3 - x^3/45 - 2x^5/945 - x^7/4725 for small |x|.
 template <typename T>
 FF_HD T dlog_sinc_taylor(T x, T x2) {

@@ -168,6 +168,53 @@ def test_matches_reference(case):
     _check(got, same, ref, dtype, _case_id(case))
 
 
+def _edge_problem(kind, dtype):
+    """Inputs that take the float32 path's rare branches: keys that duplicate queries exactly
+    (q = k gives 0 / 0 in the tables' ratio) or nearly, keys at sinc's zeros, remainders of the
+    64-row and 64-key tiles, negative and zero radius entries, angles |R q| up to ~4e8."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{kind} {dtype}".encode()) % 1000)
+    B, H, N, M, D, Dv = {"remainders": (1, 2, 65, 130, 16, 20), "huge": (1, 1, 5, 11, 8, 3)}.get(kind, (2, 2, 33, 70, 16, 16))
+    base = _problem(B, H, N, M, D, Dv, "full", "padding" if kind == "remainders" else "none", g.initial_seed(),
+                    dtype=dtype, scale=0.5)
+    q, k = base["q"], base["k"]
+    if kind in ("duplicates", "near", "remainders"):
+        q = k[:, :, torch.randint(M, (N,), generator=g)].clone()
+        if kind == "near":
+            q = (q + 1e-3 * torch.randn(q.shape, generator=g, dtype=torch.float64)).to(dtype).double()
+    elif kind == "sinc_zeros":
+        radius = base["radius"]
+        for _ in range(N * M // 4):
+            b, h, i, j, d = (int(torch.randint(n, (1,), generator=g)) for n in (B, H, N, M, D))
+            k[b, h, j, d] = q[b, h, i, d] - math.pi / float(radius[h, d])
+        k = k.to(dtype).double()
+    elif kind == "signs":
+        radius = base["radius"].clone()
+        radius[0, 1], radius[1, 3], radius[1, 0] = -radius[0, 1], 0.0, -2.0
+        base["radius"] = radius
+    elif kind == "huge":  # q - k exact in float32 (a grid of 0.5 near 2^22)
+        q = 2.0**22 + 0.5 * torch.randint(-8, 9, (B, H, N, D), generator=g).double()
+        k = 2.0**22 + 0.5 * torch.randint(-8, 9, (B, H, M, D), generator=g).double()
+        k[0, 0, 3] = q[0, 0, 1]
+        base["radius"] = torch.full((H, D), 100.0, dtype=torch.float64)
+    base["q"], base["k"] = q, k
+    return base
+
+
+EDGE_CASES = [(kind, torch.float32) for kind in ("duplicates", "near", "sinc_zeros", "remainders", "signs", "huge")]
+EDGE_CASES += [(kind, dt) for kind in ("duplicates", "remainders") for dt in (torch.float16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("kind,dtype", EDGE_CASES, ids=[f"{k}-{str(d).split('.')[-1]}" for k, d in EDGE_CASES])
+@pytest.mark.parametrize("causal", [False, True])
+def test_table_path_edge_cases(kind, dtype, causal):
+    base = _edge_problem(kind, dtype)
+    kw = dict(power=2 if kind == "huge" else 4, causal=causal)
+    ref = _run(fourier_attention_reference, base, torch.float64, torch.float64, **kw)
+    same = _run(fourier_attention_reference, base, dtype, torch.float32, **kw)
+    got = _run(_cuda, base, dtype, torch.float32, **kw)
+    _check(got, same, ref, dtype, f"edge case {kind} {dtype} causal={causal}")
+
+
 @pytest.mark.parametrize("power", [2, 4])
 def test_backward_does_not_need_the_forward_bit_for_bit(power):
     """The backward op given the float64 forward's out and lse (rounded as stored) instead of

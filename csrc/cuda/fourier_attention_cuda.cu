@@ -20,7 +20,7 @@ struct CudaLauncher {
   size_t smem_optin;
 
   template <typename scalar_t, typename acc_t>
-  void operator()(void (*kernel)(Params<scalar_t, acc_t>), int64_t blocks, size_t smem_bytes,
+  void operator()(void (*kernel)(Params<scalar_t, acc_t>), int64_t blocks, int threads, size_t smem_bytes,
                   const Params<scalar_t, acc_t>& p) const {
     if (blocks <= 0) return;
     TORCH_CHECK(smem_bytes <= smem_optin, "fourier_attention (cuda): head dims D = ", p.D, ", Dv = ", p.Dv,
@@ -29,7 +29,7 @@ struct CudaLauncher {
       C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
     }
-    kernel<<<(unsigned)blocks, kThreads, smem_bytes, stream>>>(p);
+    kernel<<<(unsigned)blocks, (unsigned)threads, smem_bytes, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };

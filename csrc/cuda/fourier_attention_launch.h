@@ -1,6 +1,6 @@
 // Host side of the CUDA backend: argument checks, tensor preparation, launch geometry.
 //
-// Written against a `Launcher` (launch(kernel, blocks, shared_bytes, params)) so that the
+// Written against a `Launcher` (launch(kernel, blocks, threads, shared_bytes, params)) so that the
 // same code drives the real launches (fourier_attention_cuda.cu) and the host emulator
 // (emulation/), which runs it on CPU tensors.
 #pragma once
@@ -11,7 +11,9 @@
 
 #include <climits>
 #include <optional>
+#include <algorithm>
 #include <tuple>
+#include <type_traits>
 
 #include "../fourier_attention.h"
 #include "fourier_attention_kernels.cuh"
@@ -30,9 +32,9 @@ inline void check_cuda_call(const AttentionShape& sh, at::ScalarType dtype, cons
               ": sequence lengths must be below ", limits::kCudaSeqLenBound, ", got N = ", sh.N, ", M = ", sh.M);
 }
 
-// Blocks of kWarps rows for `rows` rows per (b, h) slice; checked against the grid limit.
-inline int64_t grid_blocks(const AttentionShape& sh, int64_t rows) {
-  const int64_t blocks = sh.B * sh.H * ((rows + kWarps - 1) / kWarps);
+// Blocks of rows_per_block rows for `rows` rows per (b, h) slice; checked against the grid limit.
+inline int64_t grid_blocks(const AttentionShape& sh, int64_t rows, int64_t rows_per_block = kWarps) {
+  const int64_t blocks = sh.B * sh.H * ((rows + rows_per_block - 1) / rows_per_block);
   TORCH_CHECK(blocks <= INT_MAX, "fourier_attention (cuda): too many (batch, head, row) blocks: ", blocks);
   return blocks;
 }
@@ -95,6 +97,43 @@ inline PreparedInputs prepare_inputs(const at::Tensor& q, const at::Tensor& k, c
   return in;
 }
 
+// The tables of the float32 path (tables.cuh) for the call, carved into p; the returned tensor
+// owns them (keep it alive until the kernels that read them are queued: the caching allocator
+// orders reuse on the stream).
+template <typename scalar_t, typename Launcher>
+at::Tensor build_tables(const AttentionShape& sh, Params<scalar_t, float>& p, const at::TensorOptions& options,
+                        const Launcher& launch) {
+  p.Dp = padded_features(p.D);
+  const int64_t floats = table_floats(sh.B * sh.H, sh.H, sh.N, sh.M, p.Dp);
+  at::Tensor tables = at::empty({floats}, options.dtype(at::kFloat));
+  carve_tables(p, tables.data_ptr<float>());
+  const int64_t threads = std::max<int64_t>(sh.B * sh.H * (sh.N + sh.M), sh.H * p.Dp);
+  const int64_t blocks = (threads + kTableThreads - 1) / kTableThreads;
+  TORCH_CHECK(blocks <= INT_MAX, "fourier_attention (cuda): too many rows for the table kernel: ", threads);
+  launch(table_kernel<scalar_t>, blocks, kTableThreads, 0, p);
+  return tables;
+}
+
+// float64: the simple path; float32, float16, bfloat16: the tables, then the tiled forward.
+template <typename scalar_t, typename acc_t, typename Launcher>
+void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
+                    const Launcher& launch) {
+  if constexpr (std::is_same_v<acc_t, double>) {
+    launch(forward_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,
+           sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
+  } else {
+    const at::Tensor tables = build_tables(sh, p, options, launch);
+    const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
+    const size_t smem = sizeof(float) * tiled_forward_smem_floats(p.Dv);
+    if (p.Dv <= 16)
+      launch(forward_tiled_kernel<scalar_t, 4>, blocks, kFwdThreads, smem, p);
+    else if (p.Dv <= 64)
+      launch(forward_tiled_kernel<scalar_t, 16>, blocks, kFwdThreads, smem, p);
+    else
+      launch(forward_tiled_kernel<scalar_t, 64>, blocks, kFwdThreads, smem, p);
+  }
+}
+
 template <typename Launcher>
 std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at::Tensor& k_in,
                                                 const at::Tensor& v_in, const at::Tensor& radius_in, double power,
@@ -109,7 +148,6 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   // accumulation type's accuracy relative to 1 (it reads it as two acc_t, see Params::lse_in)
   at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(at::kDouble));
   if (sh.B * sh.H * sh.N == 0) return {out, lse};
-  const int64_t blocks = grid_blocks(sh, sh.N);
   // instantiated for float32, float64, float16 and bfloat16: limits::kCudaDtypes
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_forward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -117,9 +155,60 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
                                                              in.key_bias, power, causal, dropout_p, seed);
     p.out = out.data_ptr<scalar_t>();
     p.lse = lse.data_ptr<double>();
-    launch(forward_kernel<scalar_t, acc_t>, blocks, sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
+    launch_forward(sh, p, in.q.options(), launch);
   });
   return {out, lse};
+}
+
+// The tiled dq kernel for features up to 4 kF per thread.
+template <typename scalar_t, typename Launcher>
+void launch_dq_tiled(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
+  const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
+  const size_t smem = sizeof(float) * tiled_dq_smem_floats(p.Dv);
+  if (p.Dp <= 16)
+    launch(backward_dq_tiled_kernel<scalar_t, 4>, blocks, kFwdThreads, smem, p);
+  else if (p.Dp <= 64)
+    launch(backward_dq_tiled_kernel<scalar_t, 16>, blocks, kFwdThreads, smem, p);
+  else
+    launch(backward_dq_tiled_kernel<scalar_t, 32>, blocks, kFwdThreads, smem, p);
+}
+
+template <typename scalar_t, int kO, typename Launcher>
+void launch_dkv_tiled_with(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
+  const int64_t blocks = grid_blocks(sh, sh.M, kFwdKeys);
+  const size_t smem = sizeof(float) * tiled_dkv_smem_floats(p.Dv);
+  if (p.Dp <= 16)
+    launch(backward_dkv_tiled_kernel<scalar_t, 4, kO>, blocks, kFwdThreads, smem, p);
+  else if (p.Dp <= 64)
+    launch(backward_dkv_tiled_kernel<scalar_t, 16, kO>, blocks, kFwdThreads, smem, p);
+  else
+    launch(backward_dkv_tiled_kernel<scalar_t, 32, kO>, blocks, kFwdThreads, smem, p);
+}
+
+// float64 and head dims above kBwdMaxFeatures / kBwdMaxValueColumns: the simple path
+// (backward.cuh); the rest: the tables, then the tiled dq and dk/dv kernels (backward_tiled.cuh).
+template <typename scalar_t, typename acc_t, typename Launcher>
+void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
+                     const Launcher& launch) {
+  if constexpr (!std::is_same_v<acc_t, double>) {
+    if (padded_features(p.D) <= kBwdMaxFeatures && p.Dv <= kBwdMaxValueColumns) {
+      const at::Tensor tables = build_tables(sh, p, options, launch);
+      if (sh.N > 0) launch_dq_tiled(sh, p, launch);
+      if (sh.M > 0) {  // with N = 0 this writes zero dk and dv
+        if (p.Dv <= 64)
+          launch_dkv_tiled_with<scalar_t, 16>(sh, p, launch);
+        else
+          launch_dkv_tiled_with<scalar_t, 32>(sh, p, launch);
+      }
+      return;
+    }
+  }
+  if (sh.N > 0)
+    launch(backward_dq_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,
+           sizeof(acc_t) * dq_smem_elems(p.D, p.Dv), p);
+  if (sh.M > 0)  // with N = 0 this writes zero dk and dv
+    launch(backward_dkv_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.M), kThreads,
+           sizeof(acc_t) * dkv_smem_elems(p.D, p.Dv), p);
 }
 
 template <typename Launcher>
@@ -162,13 +251,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
       p.dk = dk.data_ptr<scalar_t>();
       p.dv = dv.data_ptr<scalar_t>();
       p.dradius = dradius.data_ptr<acc_t>();
-      if (sh.N > 0) {
-        launch(backward_dq_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), sizeof(acc_t) * dq_smem_elems(p.D, p.Dv),
-               p);
-      }
-      if (sh.M > 0)  // with N = 0 this writes zero dk and dv
-        launch(backward_dkv_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.M),
-               sizeof(acc_t) * dkv_smem_elems(p.D, p.Dv), p);
+      launch_backward(sh, p, in.q.options(), launch);
     });
   }
   return {dq, dk, dv, dradius.to(radius_in.scalar_type())};

@@ -19,10 +19,10 @@ namespace fourierformer {
 namespace {
 struct EmuLauncher {
   template <typename scalar_t, typename acc_t>
-  void operator()(void (*kernel)(cuda::Params<scalar_t, acc_t>), int64_t blocks, size_t smem_bytes,
+  void operator()(void (*kernel)(cuda::Params<scalar_t, acc_t>), int64_t blocks, int threads, size_t smem_bytes,
                   const cuda::Params<scalar_t, acc_t>& p) const {
     if (blocks <= 0) return;
-    ff_emu::launch(kernel, blocks, cuda::kThreads, smem_bytes, p);
+    ff_emu::launch(kernel, blocks, threads, smem_bytes, p);
   }
 };
 }  // namespace

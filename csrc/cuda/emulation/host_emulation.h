@@ -117,6 +117,19 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
   return __shfl_sync(mask, value, ((int)threadIdx.x % 32) ^ lane_mask);
 }
 
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) {
+    std::fprintf(stderr, "ff_emu: only full-warp __syncwarp is emulated\n");
+    std::abort();
+  }
+  ff_emu::g_block->warps[(int)threadIdx.x / 32]->wait();
+}
+
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
 template <typename T>
 T atomicAdd(T* address, T value) {
   std::lock_guard<std::mutex> lock(ff_emu::g_atomic_mu);

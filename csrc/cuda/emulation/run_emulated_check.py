@@ -205,6 +205,56 @@ def fuzz_case(seed):
     return q, k, v, radius, kwargs, label
 
 
+def special_cases():
+    """float32 cases of the table path: huge angles, negative and zero radius, tile remainders
+    (N, M not multiples of 64) with exact duplicates; checked against tests/oracle.py."""
+    g = torch.Generator().manual_seed(2024)
+    cases = []
+    # |R q| up to ~4e8 (the CPU test's construction: q - k exact in float32)
+    base = 2.0**22
+    q = base + 0.5 * torch.randint(-8, 9, (1, 1, 5, 8), generator=g).float()
+    k = base + 0.5 * torch.randint(-8, 9, (1, 1, 11, 8), generator=g).float()
+    k[0, 0, 3] = q[0, 0, 1]
+    cases.append(("huge angles R=100", q, k, torch.randn(1, 1, 11, 3, generator=g), torch.tensor(100.0), dict(power=2)))
+    # negative and zero radius entries
+    q = torch.randn(2, 2, 9, 6, generator=g) * 0.7
+    k = torch.randn(2, 2, 13, 6, generator=g) * 0.7
+    k[1, 0, 4] = q[1, 0, 2]
+    radius = 0.5 + torch.rand(2, 6, generator=g)
+    radius[0, 1], radius[1, 3], radius[1, 0] = -radius[0, 1], 0.0, -2.0
+    cases.append(("negative and zero radius", q, k, torch.randn(2, 2, 13, 5, generator=g), radius, dict(power=4)))
+    # remainders of the 64-row and 64-key tiles, exact duplicates, causal
+    k = torch.randn(1, 1, 130, 16, generator=g) * 0.5
+    q = k[:, :, torch.randint(130, (65,), generator=g)].clone()
+    q[:, :, ::3] += 1e-6 * torch.randn(q[:, :, ::3].shape, generator=g)
+    cases.append(("tile remainders N65 M130 duplicates causal", q, k, torch.randn(1, 1, 130, 20, generator=g),
+                  0.5 + torch.rand(1, 16, generator=g), dict(power=4, causal=True)))
+    return cases
+
+
+def run_special():
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from oracle import oracle_mismatches
+
+    failures = 0
+    for label, q, k, v, radius, kwargs in special_cases():
+        t0 = time.time()
+        causal = kwargs.get("causal", False)
+        power = float(kwargs["power"])
+        r = radius if radius.dim() == 2 else radius.expand(q.shape[1], q.shape[3])
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(q, k, v, r.contiguous(), power, None, None,
+                                                                     causal, 0.0, 0)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+        grads = list(torch.ops.fourierformer.fourier_attention_backward(dout, q, k, v, r.contiguous(), out, lse,
+                                                                        power, None, None, causal, 0.0, 0))
+        if radius.dim() == 0:
+            grads[3] = grads[3].sum()
+        bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, **kwargs)
+        print(f"  {'ok ' if not bad else 'BAD'} {label:44s} ({time.time() - t0:.1f}s) {'; '.join(bad)}")
+        failures += bool(bad)
+    return failures
+
+
 def run_fuzz(count):
     """float32 cases against tests/oracle.py, with its bound (oracle_mismatches)."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -256,6 +306,8 @@ def main():
         ("f32 large |x| (scale 20)", make_case(1, 1, 9, 40, 8, 8, torch.float32, scale=20.0), 2, 0.0,
          dict(rtol=1e-3, atol=1e-4)),
         ("f32 causal dropout kpm", make_case(2, 1, 20, 41, 5, 3, torch.float32, causal=True, kpm=True), 4, 0.2, f32),
+        ("f32 D100 Dv100 N9 M70 causal", make_case(1, 1, 9, 70, 100, 100, torch.float32, causal=True, scale=0.3), 4,
+         0.0, f32),
     ]
     if not args.quick:
         cases += [
@@ -269,6 +321,8 @@ def main():
         ]
     for name, case, power, p, tol in cases:
         run_case(name, case, power, dropout_p=p, **tol)
+    if run_special():
+        sys.exit(1)
     if args.fuzz and run_fuzz(args.fuzz):
         sys.exit(1)
     print(f"all emulated checks passed in {time.time() - t0:.0f}s")

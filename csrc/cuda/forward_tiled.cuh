@@ -1,0 +1,362 @@
+// Forward of the float32 path (float32, float16, bfloat16 inputs; float32 arithmetic): register
+// tiles over the tables of tables.cuh, like a matmul micro-kernel.
+//
+// A block of kFwdThreads threads owns kFwdRows query rows of one (batch, head) slice and sweeps
+// the visible keys in tiles of kFwdKeys (causal: tiles past the block's last visible key are
+// skipped). Per key tile:
+//   1. scores: each thread owns kMicro rows x kMicro keys; the features are staged kChunk at a
+//      time (row fields q c, t_hi, t_lo; key fields k c, X, y_hi, y_lo, see tables.cuh), and per
+//      (row, key, feature) the element step is
+//          u = q c - k c;  s' = fma(t_hi, X, -y_hi) + fma(t_lo, X, -y_lo);
+//          num *= s';  den *= u;  nearest = min(nearest, |u|)
+//      i.e. 7 instructions (FADD, 2 FFMA, FADD, 2 FMUL, FMNMX with |u| as operand modifier),
+//      plus per kRenormEvery = 4 features one renormalisation of num and den (their exponents
+//      moved into an integer: 2 LOP3, 2 IADD3 and ~2 more integer ops per pair, ~1.5 per
+//      element), and per feature 7 float4 loads from shared memory for the 16 pairs (0.44 per
+//      element). The sm_90 SASS of the loop over 4 features (nvcc 13.0, -O3): 602 instructions
+//      for 64 elements (128 FFMA, 128 FMUL, 128 FADD, 64 FMNMX, 28 LDS.128, 41 IADD3, 32 LOP3,
+//      16 SHF, ~30 address and loop), 9.4 per element; staging adds ~0.8 per element. Per pair
+//      at the end: a division and a log polynomial of num / den in (1/2, 2) plus the row and key
+//      constants (~25 instructions, amortised over D).
+//   2. the rare path: a thread whose tile had |u| <= kUFloor in some feature (|x| < 2^-14:
+//      q = k exactly gives 0 / 0 there) recomputes the pairs that have it, with the exact
+//      per-element math of the simple path (ff_sincosf, Taylor branch, floors), reading the
+//      tables from global memory. Only visible pairs are recomputed.
+//   3. masks, then the scores go to shared memory; 4 threads per row do the online softmax
+//      (running max, rescaled sums; float32 throughout) and out += P V with V staged as float32.
+//
+// The row constant row_log_i (tables.cuh) is large (of order D) and cancels against the
+// exponents of num / den: it is added as fma(e, ln2_high, row_log_high) first, exact in e
+// (ln2_high has 9 bits), so that S_ij keeps float accuracy relative to |S_ij|.
+#pragma once
+
+#include "tables.cuh"
+
+namespace fourierformer {
+namespace cuda {
+
+constexpr int kFwdRows = 64;     // query rows per block
+constexpr int kFwdKeys = 64;     // keys per tile
+constexpr int kFwdThreads = 256;
+constexpr int kFwdRowsLog2 = 6, kFwdKeysLog2 = 6;
+static_assert(kFwdRows == 1 << kFwdRowsLog2 && kFwdKeys == 1 << kFwdKeysLog2, "tiles of powers of two");
+constexpr int kStageStep = kFwdThreads / kFwdRows;  // features staged per pass over the threads
+static_assert(kFwdRows == kFwdKeys && kFwdThreads % kFwdRows == 0, "staging: one row and one key per thread");
+constexpr int kMicro = 4;        // rows and keys of a thread's register tile (16 x 16 threads)
+constexpr int kChunk = 16;       // features staged at a time (a multiple of kRenormEvery)
+constexpr int kScoreStride = kFwdKeys + 4;  // row stride of the score tile (float4 aligned, no bank conflicts)
+static_assert(kChunk % kRenormEvery == 0, "chunks hold whole renormalisation groups");
+
+// Value columns padded to a multiple of 16 (4 threads per row, a float4 each per 16 columns).
+FF_HD int padded_value_columns(int Dv) { return (Dv + 15) / 16 * 16; }
+
+// Shared memory of the tiled forward in floats: the staged chunk (reused for the V tile) and
+// the score tile.
+FF_HD int64_t tiled_forward_region_floats(int Dv) {
+  const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
+  const int64_t vtile = (int64_t)kFwdKeys * padded_value_columns(Dv);
+  return chunk > vtile ? chunk : vtile;
+}
+FF_HD int64_t tiled_forward_smem_floats(int Dv) {
+  return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride;
+}
+
+// One element step (see above). Signs drop out at the end (p is even).
+FF_DEV void sinc_factor_step(float q, float t, float t_low, float k, float X, float Y, float Y_low, float& num,
+                             float& den, float& nearest) {
+  const float u = q - k;
+  const float s = fmaf(t, X, -Y) + fmaf(t_low, X, -Y_low);
+  num *= s;
+  den *= u;
+  nearest = fminf(nearest, fabsf(u));
+}
+
+// num and den to their mantissas in [1, 2) (sign kept), expo += exponent(num) - exponent(den).
+// A zero or subnormal factor reads as exponent -127 (its weight is then below float range anyway).
+FF_DEV void renormalise(float& num, float& den, int& expo) {
+  const int nb = ff_float_bits(num), db = ff_float_bits(den);
+  const int ne = nb & 0x7F800000, de = db & 0x7F800000;
+  num = ff_bits_float(nb - ne + 0x3F800000);
+  den = ff_bits_float(db - de + 0x3F800000);
+  expo += (ne >> 23) - (de >> 23);
+}
+
+// a / b to about 2 ulp: reciprocal and multiply (div.approx.ftz: no range fix-up, so b must be
+// a normal float below 2^126 in magnitude, as in every use here).
+FF_DEV float ff_divide_approx(float a, float b) {
+#if defined(FF_HOST_EMULATION)
+  return a / b;
+#else
+  float r;
+  asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#endif
+}
+
+FF_DEV float pad_key_field(int f) { return f == kKeySin ? -1.0f : (f == kKeySinLow ? 0.0f : 1.0f); }
+
+FF_DEV float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// The rare path for pair (i, j): if |u| <= kUFloor in some feature, its score from the
+// per-element math of the simple path (Taylor branch, floors), else `fast` unchanged. Out of
+// line: the tile loop should not carry its registers.
+#if defined(FF_HOST_EMULATION)
+inline
+#else
+__device__ __noinline__
+#endif
+float rare_pair_score(const float* trows, const float* tkeys, const float* x_per_u, int N, int M, int Dp, int i, int j,
+                      float power, float fast) {
+  const float* qc = trows + (int64_t)kRowQ * Dp * N + i;
+  const float* kc = tkeys + (int64_t)kKeyK * Dp * M + j;
+  float closest = ff_inf<float>();
+  for (int d = 0; d < Dp; ++d) closest = fminf(closest, fabsf(qc[(int64_t)d * N] - kc[(int64_t)d * M]));
+  if (!(closest <= kUFloor)) return fast;
+  return power * LogSincSum<float>::run(qc, N, kc, M, x_per_u, Dp);
+}
+
+// Scores of a tile, masks included: S[ii][jj] of query i0 + ty * kMicro + ii and key
+// j0 + tx * kMicro + jj (-inf where the key is not visible or masked; rows past N see nothing).
+// All threads of the block call it (it stages the features chunk by chunk into `region`,
+// with barriers; the caller must not touch region before the next barrier either).
+template <typename scalar_t>
+FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty, float* region,
+                        float (&S)[kMicro][kMicro]) {
+  const int N = p.N, M = p.M, Dp = p.Dp;
+  const int tid = threadIdx.x;
+  const int b = (int)(bh / p.H), h = (int)(bh % p.H);
+  float* Rf = region;                                   // (kRowFields, kChunk, kFwdRows)
+  float* Kf = region + kRowFields * kChunk * kFwdRows;  // (kKeyFields, kChunk, kFwdKeys)
+  const float NEG_INF = -ff_inf<float>();
+  const float* trows = p.trows + bh * kRowFields * Dp * N;
+  const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
+  const float* key_log = p.key_log + bh * M;
+  const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
+  const float* kbias = p.key_bias ? p.key_bias + (int64_t)b * M : nullptr;
+  // ---- 1. products over the features ----
+  float num[kMicro][kMicro], den[kMicro][kMicro];
+  int expo[kMicro][kMicro];
+#pragma unroll
+  for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+    for (int jj = 0; jj < kMicro; ++jj) {
+      num[ii][jj] = 1.0f;
+      den[ii][jj] = 1.0f;
+      expo[ii][jj] = 0;
+    }
+  float nearest = ff_inf<float>();
+  for (int d0 = 0; d0 < Dp; d0 += kChunk) {
+    const int dc = ff_min(kChunk, Dp - d0);
+    __syncthreads();  // the previous chunk, or whatever the caller kept in region, is consumed
+    {  // thread tid stages row / key tid % 64 of features tid / 64 + 4 n (kFwdThreads = 4 x 64)
+      const int r = tid & (kFwdRows - 1), dd0 = tid >> kFwdRowsLog2;
+      const bool row_on = i0 + r < N, key_on = j0 + r < M;
+      const float* rsrc = trows + (int64_t)(d0 + dd0) * N + (i0 + r);
+      const float* ksrc = tkeys + (int64_t)(d0 + dd0) * M + (j0 + r);
+      const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
+      for (int dd = dd0; dd < dc; dd += kStageStep, rsrc += kStageStep * (int64_t)N, ksrc += kStageStep * (int64_t)M) {
+#pragma unroll
+        for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + r] = row_on ? rsrc[f * rfield] : 0.0f;
+#pragma unroll
+        for (int f = 0; f < kKeyFields; ++f)
+          Kf[(f * kChunk + dd) * kFwdKeys + r] = key_on ? ksrc[f * kfield] : pad_key_field(f);
+      }
+    }
+    __syncthreads();
+    for (int dd = 0; dd < dc; dd += kRenormEvery) {
+#pragma unroll
+      for (int e = 0; e < kRenormEvery; ++e) {
+        const float* rf = Rf + (dd + e) * kFwdRows + ty * kMicro;
+        const float* kf = Kf + (dd + e) * kFwdKeys + tx * kMicro;
+        const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
+        const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
+                     Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
+        const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
+                    tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
+        const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
+                    Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
+#pragma unroll
+        for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+          for (int jj = 0; jj < kMicro; ++jj)
+            sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj],
+                             nearest);
+      }
+#pragma unroll
+      for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj]);
+    }
+  }
+
+  // ---- scores (the row constants loaded only now: fewer registers live in the loop above) ----
+  float log_high[kMicro], log_low[kMicro];
+  int row_end[kMicro];
+  const float* mask_row[kMicro];
+#pragma unroll
+  for (int ii = 0; ii < kMicro; ++ii) {
+    const int i = i0 + ty * kMicro + ii;
+    const bool on = i < N;
+    log_high[ii] = on ? p.row_log_high[bh * N + i] : 0.0f;
+    log_low[ii] = on ? p.row_log_low[bh * N + i] : 0.0f;
+    row_end[ii] = on ? visible_end(p, i) : 0;
+    mask_row[ii] = (p.attn_mask && on) ? p.attn_mask + b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row
+                                       : nullptr;
+  }
+#pragma unroll
+  for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+    for (int jj = 0; jj < kMicro; ++jj) {
+      const int j = j0 + tx * kMicro + jj;
+      float s = NEG_INF;
+      if (j < row_end[ii]) {
+        const float ratio = fabsf(ff_divide_approx(num[ii][jj], den[ii][jj]));  // in (1/2, 2)
+        const float e = (float)expo[ii][jj];
+        s = p.power *
+            (fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + key_log[j])));
+      }
+      S[ii][jj] = s;
+    }
+  // ---- 2. the rare path ----
+  if (nearest <= kUFloor) {
+#pragma unroll
+    for (int ii = 0; ii < kMicro; ++ii) {
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) {
+        const int i = i0 + ty * kMicro + ii, j = j0 + tx * kMicro + jj;
+        if (j < row_end[ii]) S[ii][jj] = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, S[ii][jj]);
+      }
+    }
+  }
+  // ---- 3. masks ----
+#pragma unroll
+  for (int ii = 0; ii < kMicro; ++ii) {
+#pragma unroll
+    for (int jj = 0; jj < kMicro; ++jj) {
+      const int j = j0 + tx * kMicro + jj;
+      if (j < row_end[ii]) {
+        if (mask_row[ii]) S[ii][jj] += mask_row[ii][j];
+        if (kbias) S[ii][jj] += kbias[j];
+      }
+    }
+  }
+}
+
+template <typename scalar_t, int kO>
+FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled_kernel(const Params<scalar_t, float> p) {
+  static_assert(kO % 4 == 0, "value columns per thread: whole float4");
+  FF_DYNAMIC_SHARED(smem_raw);
+  const int N = p.N, M = p.M, Dv = p.Dv;
+  const int Dvs = padded_value_columns(Dv);
+  float* region = reinterpret_cast<float*>(smem_raw);
+  float* Vs = region;                                   // (kFwdKeys, Dvs), once the scores are done
+  float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
+  const float NEG_INF = -ff_inf<float>();
+
+  const int tid = threadIdx.x;
+  const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
+  const int64_t bh = blockIdx.x / row_blocks;
+  const int i0 = (int)(blockIdx.x - bh * row_blocks) * kFwdRows;
+
+  // Score phase: warps of 4 x 8 threads, the block 16 x 16: rows ty * 4 + ii, keys tx * 4 + jj.
+  const int warp = tid >> 5, lane = tid & 31;
+  const int tx = (warp & 1) * 8 + (lane & 7);
+  const int ty = (warp >> 1) * 4 + (lane >> 3);
+  // Softmax and P V: 4 threads per row, columns 16 t + 4 part + (0..3).
+  const int pr = tid >> 2, part = tid & 3;
+  const int pi = i0 + pr;
+  const bool p_active = pi < N;
+
+  const int last_row = ff_min(N - 1, i0 + kFwdRows - 1);
+  const int block_end = visible_end(p, last_row);
+  const int p_end = p_active ? visible_end(p, pi) : 0;
+
+  float m_run = NEG_INF;  // running max of row pr (the same in its 4 threads)
+  float l_part = 0.0f;    // this thread's share of the running sum of exp(S - m_run)
+  float acc[kO];          // out[pi, 16 t + 4 part + e] at acc[4 t + e], unnormalised
+#pragma unroll
+  for (int t = 0; t < kO; ++t) acc[t] = 0.0f;
+
+  for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
+    float S[kMicro][kMicro];
+    tile_scores(p, bh, i0, j0, tx, ty, region, S);
+#pragma unroll
+    for (int ii = 0; ii < kMicro; ++ii)
+      *reinterpret_cast<float4*>(St + (ty * kMicro + ii) * kScoreStride + tx * kMicro) =
+          make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
+    __syncthreads();  // scores written; the chunk region is free for V
+    const scalar_t* v = p.v + bh * M * Dv;
+    for (int idx = tid; idx < kFwdKeys * Dvs; idx += kFwdThreads) {
+      const int r = idx / Dvs, c = idx - r * Dvs;
+      const int j = j0 + r;
+      Vs[idx] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
+    }
+    __syncthreads();
+
+    float* srow = St + pr * kScoreStride;
+    float tile_max = NEG_INF;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const float4 s4 = load4(srow + part * 16 + 4 * t);
+      tile_max = fmaxf(tile_max, fmaxf(fmaxf(s4.x, s4.y), fmaxf(s4.z, s4.w)));
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
+    const float m_new = fmaxf(m_run, tile_max);
+    if (m_new > NEG_INF) {  // the same in the row's 4 threads
+      const float scale = ff_exp(m_run - m_new);  // 0 while m_run is -inf
+      l_part *= scale;
+#pragma unroll
+      for (int t = 0; t < kO; ++t) acc[t] *= scale;
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        const int c = part * 16 + t;
+        float e = ff_exp(srow[c] - m_new);  // 0 for masked keys
+        l_part += e;                        // the normaliser counts every key
+        if (p.dropout_p > 0.0f && e != 0.0f) e *= dropout_factor(p, (uint32_t)bh, pi, j0 + c);
+        srow[c] = e;
+      }
+      m_run = m_new;
+    }
+    __syncwarp();  // the row's P (its 4 threads are in one warp)
+    if (m_run > NEG_INF) {
+      const int nk = ff_min(kFwdKeys, p_end - j0);
+      for (int jj = 0; jj < nk; jj += 4) {
+        const float4 p4 = load4(srow + jj);
+        const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float* vr = Vs + (jj + e) * Dvs + part * 4;
+#pragma unroll
+          for (int t = 0; t < kO / 4; ++t) {
+            if (16 * t < Dvs) {
+              const float4 v4 = load4(vr + 16 * t);
+              acc[4 * t + 0] = fmaf(pv[e], v4.x, acc[4 * t + 0]);
+              acc[4 * t + 1] = fmaf(pv[e], v4.y, acc[4 * t + 1]);
+              acc[4 * t + 2] = fmaf(pv[e], v4.z, acc[4 * t + 2]);
+              acc[4 * t + 3] = fmaf(pv[e], v4.w, acc[4 * t + 3]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  float l = l_part + __shfl_xor_sync(kFullMask, l_part, 1);
+  l += __shfl_xor_sync(kFullMask, l, 2);
+  if (!p_active) return;
+  const bool empty = !(m_run > NEG_INF);  // no visible, unmasked key
+  const float inv = empty ? 0.0f : 1.0f / l;
+  scalar_t* out_i = p.out + (bh * N + pi) * Dv;
+#pragma unroll
+  for (int t = 0; t < kO / 4; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 16 * t + 4 * part + e;
+      if (c < Dv) out_i[c] = static_cast<scalar_t>(empty ? 0.0f : acc[4 * t + e] * inv);
+    }
+  if (part == 0) p.lse[bh * N + pi] = empty ? (double)INFINITY : (double)m_run + log((double)l);
+}
+
+}  // namespace cuda
+}  // namespace fourierformer

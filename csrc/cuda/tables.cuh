@@ -1,0 +1,146 @@
+// Tables of the float32 path (float32, float16 and bfloat16 inputs): what lets the forward's
+// element step do without sin and cos (the formulation of the CPU kernel, ../cpu/sinc_tables.inc).
+//
+// With a = |R_d| q_id, b = |R_d| k_jd (both exact in float64: 24-bit times 24-bit mantissas),
+// x = a - b = |R_d| (q_id - k_jd) and t = tan a, X = fl(cos b), Y = X tan b:
+//   s' = t X - Y = rho sin(x) / cos(a),  rho = X / cos(b) = 1 within 2^-24.
+// t and Y are each kept as a float and the float of what rounding left, and
+//   s' = fma(t_hi, X, -y_hi) + fma(t_lo, X, -y_lo)
+// is accurate to a few ulps relative to sin(x) / cos(a), also near x = 0 (the cancellation
+// happens inside the exact products of the fmas) and near sinc's other zeros. With q and k
+// stored times c_d, the power of two with c_d <= |R_d| < 2 c_d (exact), u = q c - k c is
+// x / (|R_d| / c_d), |u| within a factor 2 of |x|, and
+//   sinc(x) = (s' / u) * (c_d |cos a| / |R_d|) / rho:
+// the middle factor depends only on the row, the last only on the key, so that
+//   sum_d log|sinc x_d| = log|prod_d s'_d / prod_d u_d| + row_log_i + key_log_j,
+//   row_log_i = sum_d log(c_d |cos a_d| / |R_d|),   key_log_j = -sum_d log rho_jd.
+// A flat feature (|R_d| < 1e-9, sinc = 1 to float precision, or a padding feature d >= D)
+// stores q c = 0, t = 0 and k c = 1, X = 1, Y = -1: its factor s' / u is 1 / -1, of magnitude
+// exactly 1, and it adds nothing to row_log or key_log.
+//
+// The backward gets cos(x) from the same tables: cos(x) / cos(a) = (X + t Y) / rho, so
+// cot x = (X + t Y) / s' (no table of cos a at all).
+#pragma once
+
+#include "common.cuh"
+
+namespace fourierformer {
+namespace cuda {
+
+enum TableRowField : int { kRowQ = 0, kRowTan, kRowTanLow, kRowFields };
+enum TableKeyField : int { kKeyK = 0, kKeyCos, kKeySin, kKeySinLow, kKeyFields };
+// The products over the features are renormalised every kRenormEvery features (see
+// forward_tiled.cuh); the tables pad D to a multiple of it with flat features.
+constexpr int kRenormEvery = 4;
+// |u| at or below this (|x| below 2^-14) is the rare path: sinc is 1 within 1e-9 there, and
+// s' / u, exact 0 / 0 at q = k, loses its relative accuracy (see forward_tiled.cuh).
+constexpr float kUFloor = 1.0f / 32768.0f;
+// |R| below this: a flat feature (sinc(R u) = 1 to float precision for every u that matters).
+constexpr double kFlatRadius = 1e-9;
+
+FF_HD int padded_features(int D) { return (D + kRenormEvery - 1) / kRenormEvery * kRenormEvery; }
+
+// Floats of the tables for a call (see Params).
+FF_HD int64_t table_floats(int64_t BH, int64_t H, int64_t N, int64_t M, int64_t Dp) {
+  return BH * (kRowFields * Dp * N + kKeyFields * Dp * M + 2 * N + M) + H * Dp;
+}
+
+template <typename scalar_t, typename acc_t>
+FF_HD void carve_tables(Params<scalar_t, acc_t>& p, float* ws) {
+  const int64_t BH = (int64_t)p.B * p.H, N = p.N, M = p.M, Dp = p.Dp;
+  p.trows = ws;
+  p.tkeys = p.trows + BH * kRowFields * Dp * N;
+  p.row_log_high = p.tkeys + BH * kKeyFields * Dp * M;
+  p.row_log_low = p.row_log_high + BH * N;
+  p.key_log = p.row_log_low + BH * N;
+  p.x_per_u = p.key_log + BH * M;
+}
+
+// |R| of feature d (0 for a flat or padding feature) and c, the power of two with c <= |R| < 2c.
+FF_DEV double feature_radius(const float* radius, int h, int D, int d, double& c) {
+  c = 1.0;
+  if (d >= D) return 0.0;
+  const double r = fabs((double)radius[(int64_t)h * D + d]);
+  if (!(r >= kFlatRadius)) return 0.0;  // (NaN too)
+  int e = 0;
+  (void)frexp(r, &e);  // r = m 2^e, m in [1/2, 1)
+  c = ldexp(1.0, e - 1);
+  return r;
+}
+
+// One thread per row (query i or key j) of a (batch, head) slice; rows first, then keys.
+// Grid: ceil(B * H * (N + M) / kTableThreads) blocks.
+constexpr int kTableThreads = 128;
+
+template <typename scalar_t>
+FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_t, float> p) {
+  const int64_t N = p.N, M = p.M, D = p.D, Dp = p.Dp;
+  const int64_t id = (int64_t)blockIdx.x * kTableThreads + threadIdx.x;
+  if (id < (int64_t)p.H * Dp) {  // the per-feature x / u
+    const int h = (int)(id / Dp), d = (int)(id % Dp);
+    double c;
+    const double r = feature_radius(p.radius, h, p.D, d, c);
+    p.x_per_u[id] = (float)(r / c);
+  }
+  const int64_t per_slice = N + M;
+  if (id >= (int64_t)p.B * p.H * per_slice) return;
+  const int64_t bh = id / per_slice, row = id % per_slice;
+  const int h = (int)(bh % p.H);
+  if (row < N) {  // query row
+    const scalar_t* q = p.q + (bh * N + row) * D;
+    float* out = p.trows + bh * kRowFields * Dp * N + row;
+    double log_sum = 0.0;
+    for (int d = 0; d < Dp; ++d) {
+      double c;
+      const double r = feature_radius(p.radius, h, p.D, d, c);
+      float qc = 0.0f, t_hi = 0.0f, t_lo = 0.0f;
+      if (r > 0.0) {
+        const float qf = load_as<float>(q, d);
+        const double a = r * (double)qf;
+        double sa, ca;
+        sincos(a, &sa, &ca);
+        const double t = sa / ca;
+        t_hi = (float)t;
+        t_lo = (float)(t - (double)t_hi);
+        qc = (float)((double)qf * c);
+        log_sum += log(c * fabs(ca) / r);
+      }
+      out[((int64_t)kRowQ * Dp + d) * N] = qc;
+      out[((int64_t)kRowTan * Dp + d) * N] = t_hi;
+      out[((int64_t)kRowTanLow * Dp + d) * N] = t_lo;
+    }
+    const float high = (float)log_sum;
+    p.row_log_high[bh * N + row] = high;
+    p.row_log_low[bh * N + row] = (float)(log_sum - (double)high);
+  } else {  // key row
+    const int64_t j = row - N;
+    const scalar_t* k = p.k + (bh * M + j) * D;
+    float* out = p.tkeys + bh * kKeyFields * Dp * M + j;
+    double log_sum = 0.0;
+    for (int d = 0; d < Dp; ++d) {
+      double c;
+      const double r = feature_radius(p.radius, h, p.D, d, c);
+      float kc = 1.0f, X = 1.0f, y_hi = -1.0f, y_lo = 0.0f;
+      if (r > 0.0) {
+        const float kf = load_as<float>(k, d);
+        const double b = r * (double)kf;
+        double sb, cb;
+        sincos(b, &sb, &cb);
+        X = (float)cb;  // never 0: |cos| of a float64 is above 1e-17
+        const double Y = (double)X * (sb / cb);
+        y_hi = (float)Y;
+        y_lo = (float)(Y - (double)y_hi);
+        kc = (float)((double)kf * c);
+        log_sum -= log1p(((double)X - cb) / cb);  // log rho
+      }
+      out[((int64_t)kKeyK * Dp + d) * M] = kc;
+      out[((int64_t)kKeyCos * Dp + d) * M] = X;
+      out[((int64_t)kKeySin * Dp + d) * M] = y_hi;
+      out[((int64_t)kKeySinLow * Dp + d) * M] = y_lo;
+    }
+    p.key_log[bh * M + j] = (float)log_sum;
+  }
+}
+
+}  // namespace cuda
+}  // namespace fourierformer
