@@ -3,7 +3,7 @@
 # stock fairseq-train / generate / eval-lm with --fp16 and --bf16, with one summary table at the
 # end; exits non-zero on any failure. Options and what each step checks: scripts/gpu_check.py.
 #
-#   bash scripts/gpu_check.sh                      # on a GPU machine (about 8 minutes)
+#   bash scripts/gpu_check.sh                      # on a GPU machine (8-9 minutes on an H200, estimated)
 #   bash scripts/gpu_check.sh --wheels DIR         # offline: fairseq and its dependencies from DIR
 #   bash scripts/gpu_check.sh --dry-run            # without a GPU: everything but the GPU steps
 set -euo pipefail
