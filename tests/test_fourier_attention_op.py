@@ -16,7 +16,13 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle import oracle_attention, oracle_mismatches  # noqa: E402
+from oracle import additive_mask as oracle_additive_mask  # noqa: E402
+from oracle import (  # noqa: E402
+    oracle_attention,
+    oracle_gradient_scales,
+    oracle_gradients,
+    oracle_mismatches,
+)
 
 from fourierformer_fairseq.ops import (
     backend_unavailable_reason,
@@ -789,7 +795,7 @@ def test_every_cpu_kernel_variant(isa):
         "requested_cpu_kernel_variant or cpu_forward_float32 or cpu_gradients_float32 or all_keys_equal "
         "or query_equal_to_a_key or sinc_zeros or keys_at_the_floor or underflow or fully_masked or mask_forms "
         "or dropout or every_power_radius or head_dims or large_angles or empty_batch or workspace_above "
-        "or non_contiguous or thread_count"
+        "or non_contiguous or thread_count or negative_zero_and_tiny_radius or zero_radius"
     )
     env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa)
     result = subprocess.run(
@@ -798,3 +804,88 @@ def test_every_cpu_kernel_variant(isa):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "test_requested_cpu_kernel_variant_is_in_use PASSED" in result.stdout
+
+
+# The radius through zero. It is a free learnable parameter (only its init is positive), so
+# training can move it to 0 or below. sinc is even, so R and -R give the same weights, the
+# same dq, dk, dv, and opposite radius gradients; R = 0 makes every factor sinc(0) = 1, so the
+# weights are uniform over the visible keys (out = their mean value) and R = 0 is a stationary
+# point (dradius = 0, and dq = dk = 0). The float32 CPU kernel works on |R| and puts the sign
+# back into the radius gradient; below |R| = 1e-9 it takes a feature's factor as 1 (its
+# error, (R u)^2 / 6, is below float32's resolution) but still its gradients, -R^2 u / 3 for
+# q and -R u^2 / 3 for R per unit of p dL/dS (g's series). The bound for near-zero radii is
+# oracle_mismatches' with series=True: every |x| is tiny there, where the plain quotient's
+# derivative cancels and would allow an error as large as the gradient itself.
+RADIUS_VALUES = ("negative", "mixed_sign", "near_zero", "tiny", "zero")
+
+
+def signed_radius(kind, value_kind, H, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    shape = {"scalar": (), "head": (H, 1), "feature": (D,), "head_feature": (H, D)}[kind]
+    magnitude = 0.7 + 0.6 * torch.rand(shape, generator=g)
+    sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0)
+    if value_kind == "negative":
+        return -1.5 * magnitude
+    if value_kind == "mixed_sign":  # (a scalar: negative)
+        return 1.5 * magnitude * (sign if shape else -1.0)
+    if value_kind == "near_zero":  # above the kernel's flat-feature threshold 1e-9
+        return 1e-6 * magnitude * sign
+    if value_kind == "tiny":  # below it, and 0 itself where there are several entries
+        r = 1e-10 * magnitude * sign
+        return r.flatten().index_fill(0, torch.tensor([0]), 0.0).reshape(shape) if shape and r.numel() > 1 else r
+    return torch.zeros(shape)
+
+
+def radius_backends():
+    return [("reference", torch.float32), ("reference", torch.float64)] + (
+        [("cpu", torch.float32), ("cpu", torch.float64)] if CPU_FUSED else [])
+
+
+@pytest.mark.parametrize("backend,dtype", radius_backends(), ids=lambda x: str(x).replace("torch.", ""))
+@pytest.mark.parametrize("value_kind", RADIUS_VALUES)
+@pytest.mark.parametrize("radius_kind", RADIUS_SHAPES)
+def test_negative_zero_and_tiny_radius_against_the_oracle(radius_kind, value_kind, backend, dtype):
+    B, H, N, M, D, Dv = 2, 2, 5, 9, 8, 3
+    seed = RADIUS_SHAPES.index(radius_kind) * 10 + RADIUS_VALUES.index(value_kind)
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=seed))
+    r = signed_radius(radius_kind, value_kind, H, D, seed)
+    grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(seed + 1))
+    kwargs = dict(power=4, causal=True) if seed % 2 else dict(power=2, key_padding_mask=torch.arange(M).expand(B, M) >= M - 2)
+    leaves = [t.to(dtype).clone().requires_grad_() for t in (q, k, v, r)]
+    out = fourier_attention(*leaves, backend=backend, **kwargs)
+    ours = (out.detach(), *torch.autograd.grad(out, leaves, grad_out.to(dtype)))
+    what = f"{backend} {dtype} {radius_kind} {value_kind} R={r.flatten()[:4].tolist()}"
+    if dtype == torch.float32:
+        bad = oracle_mismatches(ours, q, k, v, r, grad_out, series=True, **kwargs)
+        assert not bad, what + ": " + "; ".join(bad)
+    else:  # float64: within 1e-9 of each result's scale (as the fuzz's float64 check)
+        exact = oracle_gradients(q, k, v, r, grad_out, **kwargs)
+        scales = oracle_gradient_scales(q, k, v, r, grad_out, **kwargs)
+        for name, a, x, scale in zip(("out", "dq", "dk", "dv", "dradius"), ours, exact, scales):
+            err = (a - x).abs().max().item()
+            assert err <= 1e-9 * scale + 1e-300, f"{what} {name}: error {err:.3e} > 1e-9 x scale {scale:.3e}"
+
+
+@pytest.mark.parametrize("backend,dtype", radius_backends(), ids=lambda x: str(x).replace("torch.", ""))
+def test_zero_radius_gives_the_mean_of_the_visible_values_and_is_stationary(backend, dtype):
+    # R = 0: sinc(0) = 1 in every feature, so every visible key weighs the same; the output is
+    # the mean of the visible values, dv_j = sum_i dO_i / (visible keys of i), and dq, dk and
+    # dradius are exactly 0 (sinc is even in R: R = 0 is a stationary point)
+    B, H, N, M, D, Dv = 2, 2, 6, 11, 16, 4
+    q, k, v = (t.detach().to(dtype) for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=31))
+    kpm = torch.zeros(B, M, dtype=torch.bool)
+    kpm[1, :3] = True
+    grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(32), dtype=torch.float64).to(dtype)
+    visible = ~(oracle_additive_mask(B, H, N, M, key_padding_mask=kpm, causal=True) == float("-inf"))
+    P = visible.double() / visible.double().sum(-1, keepdim=True)  # uniform over the visible keys
+    for shape in ((), (H, 1), (D,), (H, D)):
+        leaves = [q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_(),
+                  torch.zeros(shape, dtype=dtype, requires_grad=True)]
+        out, weights = fourier_attention(*leaves, key_padding_mask=kpm, causal=True, need_weights=True, backend=backend)
+        dq, dk, dv, dr = torch.autograd.grad(out, leaves, grad_out)
+        tol = dict(rtol=0, atol=4 * torch.finfo(dtype).eps * M)  # a mean of M values, rounded per step
+        torch.testing.assert_close(weights.double(), P, **tol)
+        torch.testing.assert_close(out.double(), P @ v.double(), **tol)
+        torch.testing.assert_close(dv.double(), P.transpose(-1, -2) @ grad_out.double(), **tol)
+        for name, grad in (("dq", dq), ("dk", dk), ("dradius", dr)):
+            assert (grad == 0).all(), f"{backend} {dtype} radius shape {shape}: {name} {grad.abs().max().item():.3e}"
