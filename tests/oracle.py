@@ -30,7 +30,7 @@ API (q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv); radius a scalar, (H, 1), (
         scale, where terms cancel and the plain one can be exact by luck, e.g. a weight of
         exactly 1, plus float32's underflow; see tests/test_op_fuzz.py).
 
-    plain_attention / plain_gradients: the same formula in the inputs' own dtype (float32
+    plain_attention / plain_gradients / plain_weights: the same formula in the inputs' own dtype (float32
     for float32 inputs), written the plain way: log(abs(sin(x) / x)) (sinc(0) = 1), a
     max-subtracted softmax, autograd through it; with series=True, log|sinc| takes the
     oracle's series below |x| = 1e-3, in that dtype (a derivative that does not cancel near
@@ -147,6 +147,11 @@ def oracle_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=
     """out (B, H, N, Dv) in float64, differentiable (see the module docstring)."""
     P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal)
     return torch.matmul(P, v.to(torch.float64))
+
+
+def plain_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False):
+    """Normalised weights (B, H, N, M) in q's dtype, the plain way (see the module docstring)."""
+    return _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, _log_abs_sinc_plain, q.dtype)
 
 
 def plain_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, series=False):

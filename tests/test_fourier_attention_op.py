@@ -22,6 +22,7 @@ from oracle import (  # noqa: E402
     oracle_gradient_scales,
     oracle_gradients,
     oracle_mismatches,
+    plain_attention,
 )
 
 from fourierformer_fairseq.ops import (
@@ -101,7 +102,7 @@ def test_cpu_forward_float32_matches_float64_reference(N, M, D):
     with torch.no_grad():
         ours = fourier_attention(q, k, v, r, backend="cpu", **kwargs)
         same = fourier_attention_reference(q, k, v, r, **kwargs)
-        exact = fourier_attention_reference(*to64([q, k, v, r]), **kwargs)
+        exact = oracle_attention(*to64([q, k, v, r]), **kwargs)
     assert torch.isfinite(ours).all()
     check_2x(ours, same, exact, f"out ({radius_kind}, p={power}, causal={causal})", atol=2e-6)
 
@@ -501,7 +502,7 @@ def test_cpu_weights_against_the_first_visible_block_match_the_reference(padding
     with torch.no_grad():
         ours = fourier_attention(q, k, v, r, key_padding_mask=kpm, backend="cpu")
         same = fourier_attention_reference(q, k, v, r, key_padding_mask=kpm)
-        exact = fourier_attention_reference(*to64([q, k, v, r]), key_padding_mask=kpm)
+        exact = oracle_attention(*to64([q, k, v, r]), key_padding_mask=kpm)
     assert torch.isfinite(ours).all()
     check_2x(ours, same, exact, "out", atol=2e-6)
 
@@ -542,8 +543,8 @@ def test_a_key_just_off_a_sinc_zero_keeps_its_tiny_weight(backend):
     r = torch.tensor(1.0)
     with torch.no_grad():
         ours = fourier_attention(q, k, v, r, power=4, backend=backend)
-        same = fourier_attention_reference(q, k, v, r, power=4)
-        exact = fourier_attention_reference(*to64([q, k, v, r]), power=4)
+        same = plain_attention(q, k, v, r, power=4)  # (not the reference: one backend here is the reference)
+        exact = oracle_attention(*to64([q, k, v, r]), power=4)
     assert exact[0, 0, 0, 0] > 0.99
     check_2x(ours, same, exact, "out", atol=1e-6)
 
@@ -568,8 +569,8 @@ def test_keys_at_the_floor_in_some_rows_match_the_reference(backend, causal):
     r = torch.tensor(2.0)
     with torch.no_grad():
         ours = fourier_attention(q, k, v, r, power=4, causal=causal, backend=backend)
-        same = fourier_attention_reference(q, k, v, r, power=4, causal=causal)
-        exact = fourier_attention_reference(*to64([q, k, v, r]), power=4, causal=causal)
+        same = plain_attention(q, k, v, r, power=4, causal=causal)  # (not the reference, as above)
+        exact = oracle_attention(*to64([q, k, v, r]), power=4, causal=causal)
     assert torch.isfinite(ours).all()
     check_2x(ours, same, exact, "out", atol=2e-6)
 
@@ -589,7 +590,7 @@ def test_no_underflow_at_head_dim_128(backend):
     published = published_fourier_attention(q, k, v, r, 4)
     assert published.abs().max() < 1e-3, "the linear-domain product should underflow here"
     ours = fourier_attention(q, k, v, r, power=4, backend=backend)
-    exact = fourier_attention_reference(q.double(), k.double(), v.double(), r.double(), power=4)
+    exact = oracle_attention(q.double(), k.double(), v.double(), r.double(), power=4)
     assert ours.abs().max() > 0.1
     torch.testing.assert_close(ours.double(), exact, rtol=1e-4, atol=1e-4)
 
@@ -636,33 +637,83 @@ def test_mask_forms_agree(backend):
 
 
 @pytest.mark.parametrize("backend", backends_here())
-def test_dropout_matches_reference_mask_and_is_unbiased(backend):
+def test_dropout_mask_weights_and_gradients_against_the_oracle(backend):
+    # The mask is the counter-based hash (ops.dropout_keep_mask, mirrored in C++) of the seed the
+    # op draws; kept weights are the oracle's over (1 - p), the dropped fraction is within 5
+    # standard deviations of p, the output is the returned weights times v, and the gradients
+    # are those of the float64 oracle with that mask. Bounds: 4x the error of the plain float32
+    # formula with the same mask (oracle.plain_weights) plus 16 float32 eps of the largest value.
+    from oracle import EPS32, oracle_weights, plain_weights
+
+    from fourierformer_fairseq.ops.reference import draw_seed
+
     B, H, N, M, D, p = 2, 2, 6, 40, 8, 0.3
     q, k, v = make_inputs(B, H, N, M, D, 4, torch.float32)
     r = torch.tensor(0.5, requires_grad=True)
     torch.manual_seed(123)
     out, weights = fourier_attention(q, k, v, r, dropout_p=p, need_weights=True, backend=backend)
     torch.manual_seed(123)
-    ref, ref_weights = fourier_attention_reference(q, k, v, r, dropout_p=p, need_weights=True)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(weights, ref_weights)
-    # against the independent float64 oracle: kept weights are the exact ones over (1 - p), the
-    # dropped fraction is within 5 standard deviations of p, and the output is those weights times v
-    from oracle import oracle_weights
+    keep = dropout_keep_mask(draw_seed(), (B, H, N, M), p, "cpu")
+    assert torch.equal(weights != 0, keep)  # (no key is masked: every kept weight is positive)
+    n = keep.numel()
+    assert abs(1 - keep.double().mean().item() - p) < 5 * (p * (1 - p) / n) ** 0.5
 
-    exact = oracle_weights(q.detach().double(), k.detach().double(), r.detach().double(), power=4)
-    dropped = weights == 0
-    kept = weights.double()[~dropped] * (1 - p) / exact[~dropped]
-    assert (kept - 1).abs().max().item() < 1e-4
-    n = dropped.numel()
-    assert abs(dropped.double().mean().item() - p) < 5 * (p * (1 - p) / n) ** 0.5
+    def dropped(weight_fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, r)]
+        P = weight_fn(leaves[0], leaves[1], leaves[3], power=4) * keep.to(dtype) / (1 - p)
+        o = P @ leaves[2]
+        return [P.detach(), o.detach(), *torch.autograd.grad(o.sum(), leaves)]
+
+    exact = dropped(oracle_weights, torch.float64)
+    plain = dropped(plain_weights, torch.float32)
+    ours = [weights.detach(), out.detach(), *torch.autograd.grad(out.sum(), (q, k, v, r))]
+    for name, a, x, pl in zip(("weights", "out", "dq", "dk", "dv", "dradius"), ours, exact, plain):
+        err, perr = max_err(a, x), max_err(pl, x)
+        bound = 4 * perr + 16 * EPS32 * x.abs().max().item()
+        assert err <= bound, f"{backend} {name}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps x max"
     torch.testing.assert_close(out.detach().double(), weights.double() @ v.detach().double(), rtol=1e-5, atol=1e-5)
-    g_out = torch.autograd.grad(out.sum(), (q, k, v, r))
-    g_ref = torch.autograd.grad(ref.sum(), (q, k, v, r))
-    for a, b in zip(g_out, g_ref):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
-    keep = dropout_keep_mask(7, (B, H, N, M), p, "cpu")
-    assert abs(keep.float().mean().item() - (1 - p)) < 0.05
+
+
+@pytest.mark.parametrize("backend", backends_here())
+@pytest.mark.parametrize("mask_kind", ["additive", "bool", "causal", "padding", "causal_padding"])
+def test_need_weights_against_the_oracle(backend, mask_kind):
+    # The weights a backend returns with need_weights (the fused kernels compute them: their
+    # forward again with the identity as values) against the float64 oracle, within 4x the
+    # plain float32 formula's error plus 16 float32 eps (weights are at most 1); rows with no
+    # visible key are 0; the output is the weights times v. M = 37: a key-lane remainder.
+    from oracle import EPS32, oracle_weights, plain_weights
+
+    B, H, N, M, D, Dv = 2, 2, 7, 37, 16, 5
+    g = torch.Generator().manual_seed(41)
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=41))
+    r = make_radius("head", H, D, torch.float32, value=1.5).detach()
+    kwargs = {}
+    if mask_kind == "additive":
+        mask = torch.randn(N, M, generator=g) * 2
+        mask[:, 3] = float("-inf")
+        mask[2] = float("-inf")  # a row with no visible key
+        kwargs["attn_mask"] = mask
+    if mask_kind == "bool":
+        mask = torch.rand(B * H, N, M, generator=g) < 0.3
+        mask[:, 4] = True
+        kwargs["attn_mask"] = mask
+    if mask_kind.startswith("causal"):
+        kwargs["causal"] = True
+    if mask_kind.endswith("padding"):
+        kpm = torch.zeros(B, M, dtype=torch.bool)
+        kpm[0, -5:] = True
+        kpm[1] = True  # a fully padded sequence
+        kwargs["key_padding_mask"] = kpm
+    out, weights = fourier_attention(q, k, v, r, need_weights=True, backend=backend, **kwargs)
+    exact = oracle_weights(q, k, r, power=4, **kwargs)
+    plain = plain_weights(q, k, r, power=4, **kwargs)
+    assert weights.shape == (B, H, N, M) and weights.dtype == torch.float32
+    err, perr = max_err(weights, exact), max_err(plain, exact)
+    assert err <= 4 * perr + 16 * EPS32, f"{backend} {mask_kind}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps"
+    assert (weights[exact.sum(-1) == 0] == 0).all()
+    # the output is these weights times v, to the rounding of a float32 sum of M terms
+    err = max_err(out, weights.double() @ v.double())
+    assert err <= M * EPS32 * v.abs().max().item(), f"{backend} {mask_kind}: out - weights v: {err:.3e}"
 
 
 def test_odd_power_and_other_phis_run_on_the_reference_only():
@@ -794,7 +845,7 @@ def test_every_cpu_kernel_variant(isa):
     selection = (
         "requested_cpu_kernel_variant or cpu_forward_float32 or cpu_gradients_float32 or all_keys_equal "
         "or query_equal_to_a_key or sinc_zeros or keys_at_the_floor or underflow or fully_masked or mask_forms "
-        "or dropout or every_power_radius or head_dims or large_angles or empty_batch or workspace_above "
+        "or dropout or need_weights or every_power_radius or head_dims or large_angles or empty_batch or workspace_above "
         "or non_contiguous or thread_count or negative_zero_and_tiny_radius or zero_radius"
     )
     env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa)
@@ -889,3 +940,23 @@ def test_zero_radius_gives_the_mean_of_the_visible_values_and_is_stationary(back
         torch.testing.assert_close(dv.double(), P.transpose(-1, -2) @ grad_out.double(), **tol)
         for name, grad in (("dq", dq), ("dk", dk), ("dradius", dr)):
             assert (grad == 0).all(), f"{backend} {dtype} radius shape {shape}: {name} {grad.abs().max().item():.3e}"
+
+
+@needs_cpu_kernel
+def test_fused_need_weights_come_from_the_kernel(monkeypatch):
+    # The fused backend's need_weights returns its kernel's weights, not the reference's (which
+    # it once did, so that comparing them with the reference compared the reference with
+    # itself): with the reference's weight functions disabled it still returns them.
+    import fourierformer_fairseq.ops as ops
+    import fourierformer_fairseq.ops.reference as reference
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the reference computed the weights of a fused call")
+
+    for module, name in ((ops, "attention_weights"), (reference, "attention_weights"), (reference, "log_weights")):
+        monkeypatch.setattr(module, name, refuse)
+    B, H, N, M, D = 1, 2, 4, 6, 8
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, 3, torch.float32, seed=43))
+    out, weights = fourier_attention(q, k, v, torch.tensor(1.1), causal=True, need_weights=True, backend="cpu")
+    assert weights.shape == (B, H, N, M)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, N))
