@@ -151,9 +151,11 @@ def single_thread():
 
 
 N_CASES = 140
+# Every FUZZ_STRIDE-th float32 case (the fast tier's variant re-run sets it, see below).
+FUZZ_STRIDE = int(os.environ.get("FOURIERFORMER_FUZZ_STRIDE", "1"))
 
 
-@pytest.mark.parametrize("seed", range(N_CASES))
+@pytest.mark.parametrize("seed", range(0, N_CASES, FUZZ_STRIDE))
 def test_fuzz_float32_against_oracle(seed):
     case = draw_case(seed)
     with single_thread():
@@ -238,6 +240,31 @@ def test_requested_variant_is_in_use():
     from fourierformer_fairseq.ops.extension import extension_status
 
     assert extension_status().build["cpu_isa"] == REQUESTED_ISA
+
+
+# The fast tier's share of the variant re-runs: under each other variant this CPU can run, in a
+# subprocess, every seventh fuzz case and the one-key cases here, and the op tests that sweep
+# every power, radius shape and mask, and, on the cpu backend in float32, draw the radius
+# through 0 and check need_weights. (The full tier re-runs all of this file and the op file's
+# accuracy tests per variant.)
+QUICK_VARIANT_SELECTION = (
+    "requested or float32_against_oracle or weight_on_one_key or every_power_radius "
+    "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64)"
+)
+
+
+@pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
+@pytest.mark.parametrize("isa", OTHER_ISAS)
+def test_every_cpu_kernel_variant_quick(isa):
+    op_tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_fourier_attention_op.py")
+    env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa, FOURIERFORMER_FUZZ_STRIDE="7", OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, op_tests,
+         "-k", QUICK_VARIANT_SELECTION],
+        capture_output=True, text=True, timeout=1200, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout and " skipped" not in result.stdout
 
 
 @pytest.mark.slow
