@@ -26,7 +26,8 @@ API (q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv); radius a scalar, (H, 1), (
     oracle_mismatches(ours, q, k, v, radius, grad_out, **same keywords) -> list of strings
         (empty when every one of ours = (out, dq, dk, dv, dradius) is within the bound
         ``max |ours - oracle| <= 4 max |plain - oracle| + 16 eps32 scale + 1e-30``: flash-
-        attention's rule against a plain float32 implementation, plus a few float32 eps of the
+        attention's rule against a plain float32 implementation (series=True by default: with
+        the series of log|sinc| near 0, see plain_gradients), plus a few float32 eps of the
         scale, where terms cancel and the plain one can be exact by luck, e.g. a weight of
         exactly 1, plus float32's underflow; see tests/test_op_fuzz.py).
 
@@ -224,13 +225,13 @@ UNDERFLOW = 1e-30
 NAMES = ("out", "dq", "dk", "dv", "dradius")
 
 
-def oracle_mismatches(ours, q, k, v, radius, grad_out, series=False, **kwargs):
+def oracle_mismatches(ours, q, k, v, radius, grad_out, series=True, **kwargs):
     """Which of ours = (out, dq, dk, dv, dradius) break the float32 bound; [] if none.
 
-    series=True takes the bound's plain float32 implementation with the oracle's series of
-    log|sinc| near 0 (plain_gradients(series=True)): the quotient's derivative cancels where
-    every |x| is tiny (a radius near 0, exact duplicates), and the bound it gives there is as
-    large as the gradient itself."""
+    series=True (the default) takes the bound's plain float32 implementation with the oracle's
+    series of log|sinc| near 0 (plain_gradients(series=True)): the quotient's derivative cancels
+    where |x| is tiny (near-duplicate keys, a radius near 0), and the bound it gives there can be
+    as large as the gradient itself (series=False: that looser bound)."""
     args = (q, k, v, radius, grad_out)
     exact = oracle_gradients(*args, **kwargs)
     plain = plain_gradients(*[t.float() for t in args], series=series, **kwargs)

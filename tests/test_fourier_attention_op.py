@@ -639,12 +639,15 @@ def test_mask_forms_agree(backend):
 
 
 @pytest.mark.parametrize("backend", backends_here())
-def test_dropout_mask_weights_and_gradients_against_the_oracle(backend):
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_mask_weights_and_gradients_against_the_oracle(causal, backend):
     # The mask is the counter-based hash (ops.dropout_keep_mask, mirrored in C++) of the seed the
     # op draws; kept weights are the oracle's over (1 - p), the dropped fraction is within 5
     # standard deviations of p, the output is the returned weights times v, and the gradients
     # are those of the float64 oracle with that mask. Bounds: 4x the error of the plain float32
-    # formula with the same mask (oracle.plain_weights) plus 16 float32 eps of the largest value.
+    # formula with the same mask (oracle.plain_weights) plus 16 float32 eps of the scale: the
+    # oracle's sums of absolute terms without dropout (oracle_gradient_scales), over (1 - p) (a
+    # kept weight's factor; 1 for the weights themselves).
     from oracle import EPS32, oracle_weights, plain_weights
 
     from fourierformer_fairseq.ops.reference import draw_seed
@@ -653,26 +656,29 @@ def test_dropout_mask_weights_and_gradients_against_the_oracle(backend):
     q, k, v = make_inputs(B, H, N, M, D, 4, torch.float32)
     r = torch.tensor(0.5, requires_grad=True)
     torch.manual_seed(123)
-    out, weights = fourier_attention(q, k, v, r, dropout_p=p, need_weights=True, backend=backend)
+    out, weights = fourier_attention(q, k, v, r, dropout_p=p, need_weights=True, causal=causal, backend=backend)
     torch.manual_seed(123)
     keep = dropout_keep_mask(draw_seed(), (B, H, N, M), p, "cpu")
-    assert torch.equal(weights != 0, keep)  # (no key is masked: every kept weight is positive)
+    visible = torch.ones(N, M, dtype=torch.bool).tril(M - N) if causal else torch.ones(N, M, dtype=torch.bool)
+    assert torch.equal(weights != 0, keep & visible)  # (every visible weight is positive here)
     n = keep.numel()
     assert abs(1 - keep.double().mean().item() - p) < 5 * (p * (1 - p) / n) ** 0.5
 
     def dropped(weight_fn, dtype):
         leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, r)]
-        P = weight_fn(leaves[0], leaves[1], leaves[3], power=4) * keep.to(dtype) / (1 - p)
+        P = weight_fn(leaves[0], leaves[1], leaves[3], power=4, causal=causal) * keep.to(dtype) / (1 - p)
         o = P @ leaves[2]
         return [P.detach(), o.detach(), *torch.autograd.grad(o.sum(), leaves)]
 
     exact = dropped(oracle_weights, torch.float64)
     plain = dropped(plain_weights, torch.float32)
     ours = [weights.detach(), out.detach(), *torch.autograd.grad(out.sum(), (q, k, v, r))]
-    for name, a, x, pl in zip(("weights", "out", "dq", "dk", "dv", "dradius"), ours, exact, plain):
+    scales = [1.0] + [s / (1 - p) for s in oracle_gradient_scales(q, k, v, r, torch.ones(B, H, N, 4), power=4,
+                                                                  causal=causal)]
+    for name, a, x, pl, scale in zip(("weights", "out", "dq", "dk", "dv", "dradius"), ours, exact, plain, scales):
         err, perr = max_err(a, x), max_err(pl, x)
-        bound = 4 * perr + 16 * EPS32 * x.abs().max().item()
-        assert err <= bound, f"{backend} {name}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps x max"
+        bound = 4 * perr + 16 * EPS32 * scale
+        assert err <= bound, f"{backend} causal={causal} {name}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps x {scale:.3e}"
     torch.testing.assert_close(out.detach().double(), weights.double() @ v.detach().double(), rtol=1e-5, atol=1e-5)
 
 

@@ -12,7 +12,8 @@ dradius,
 
     max |ours - oracle| <= 4 * max |plain - oracle| + 16 * eps32 * scale + 1e-30
 
-where ``plain`` is the formula in float32 with plain autograd (oracle.plain_gradients),
+where ``plain`` is the formula in float32 with plain autograd (oracle.plain_gradients, series=True:
+log|sinc| from its series below |x| = 1e-3, whose derivative does not cancel near 0),
 ``scale`` is oracle.oracle_gradient_scales (the largest sum of absolute values of the terms
 an element sums: where terms cancel, no float32 implementation can do better than a few eps
 of it, and the plain one is sometimes lucky, e.g. a weight of exactly 1), and 1e-30 is
