@@ -5,7 +5,7 @@ kernels' lane (16, 8, 4) and row-group (8, 4) widths, head dims up to 128, keys 
 duplicate queries exactly or to 1e-6 or 1e-3, keys next to sinc's zeros (and on them as
 closely as float32 allows), large |R q| (range reduction), powers 2, 4 and 6, every radius
 shape, causal, key padding (fully padded sequences included), finite additive and bool
-masks. The forward and all four gradients are checked.
+masks, positive, negative and mixed-sign radii. The forward and all four gradients are checked.
 
 Tolerance (flash-attention's rule, with an explicit floor): for each of out, dq, dk, dv,
 dradius,
@@ -47,6 +47,7 @@ pytestmark = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backe
 CLASSES = ("plain", "duplicate", "duplicate", "near_1e-6", "near_1e-3", "sinc_zeros", "large")
 MASKS = ("none", "causal", "padding", "causal_padding", "additive", "bool")
 RADIUS_SHAPES = ("scalar", "head", "feature", "head_feature")
+RADIUS_SIGNS = ("positive", "negative", "mixed", "positive", "mixed")
 
 
 def draw_case(seed: int) -> dict:
@@ -119,8 +120,16 @@ def draw_case(seed: int) -> dict:
     if mask_kind == "bool":
         kwargs["attn_mask"] = torch.rand(B * H, N, M, generator=g) < 0.25
     grad_out = torch.randn(B, H, N, Dv, generator=g)
+    # the radius's sign (training may move it through 0; sinc is even, so only dradius's sign
+    # changes): from its own generator, so that the draws above stay what they were
+    sign_kind = RADIUS_SIGNS[seed % len(RADIUS_SIGNS)]
+    if sign_kind == "negative":
+        radius = -radius
+    elif sign_kind == "mixed":
+        flip = torch.rand(radius.shape, generator=torch.Generator().manual_seed(seed)) < 0.5
+        radius = torch.where(flip, -radius, radius)
     label = (
-        f"seed={seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} ({radius_kind}) p={power} "
+        f"seed={seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} ({radius_kind}, {sign_kind}) p={power} "
         f"mask={mask_kind}{' causal' if causal else ''}"
     )
     return dict(q=q, k=k, v=v, radius=radius, grad_out=grad_out, kwargs=kwargs, label=label)
