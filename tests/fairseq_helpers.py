@@ -245,6 +245,38 @@ def hypothesis_scores(generate_stdout: str) -> dict:
     return out
 
 
+def token_bleu(generate_stdout: str) -> dict:
+    """fairseq-generate's BLEU4 line recomputed from its H- and T- lines, on whitespace tokens
+    as fairseq's default scorer counts them (no end-of-sentence token, a reference's <unk>
+    matching nothing): {"bleu", "precisions"
+    (four, in %), "bp", "syslen", "reflen", "sentences", "hypotheses"}. Written from the
+    definition (clipped n-gram counts, brevity penalty), sharing no code with fairseq."""
+    hyps, refs = {}, {}
+    for line in generate_stdout.splitlines():
+        if line.startswith("H-"):
+            ident, _, text = (line.split("\t") + ["", ""])[:3]
+            hyps[int(ident[2:])] = text.split()
+        elif line.startswith("T-"):
+            ident, text = (line.split("\t") + [""])[:2]
+            refs[int(ident[2:])] = text.split()
+    matches, totals = [0] * 4, [0] * 4
+    syslen = reflen = 0
+    for ident, ref in refs.items():
+        hyp = hyps.get(ident, [])
+        syslen, reflen = syslen + len(hyp), reflen + len(ref)
+        for n in range(1, 5):
+            # (fairseq's scorer never matches a reference's <unk>)
+            ref_counts = Counter(g for g in (tuple(ref[i:i + n]) for i in range(len(ref) - n + 1)) if "<unk>" not in g)
+            hyp_counts = Counter(tuple(hyp[i:i + n]) for i in range(len(hyp) - n + 1))
+            matches[n - 1] += sum(min(c, ref_counts[g]) for g, c in hyp_counts.items())
+            totals[n - 1] += max(len(hyp) - n + 1, 0)
+    precisions = [100.0 * m / t if t else 0.0 for m, t in zip(matches, totals)]
+    bp = 1.0 if syslen > reflen else (math.exp(1 - reflen / syslen) if syslen else 0.0)
+    bleu = bp * math.exp(sum(math.log(p / 100) for p in precisions) / 4) * 100 if min(precisions) > 0 else 0.0
+    return dict(bleu=bleu, precisions=precisions, bp=bp, syslen=syslen, reflen=reflen, sentences=len(refs),
+                hypotheses=len(hyps))
+
+
 def run_cli(tool: str, args: Sequence[str], stdin: Optional[str] = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """A stock console script (fairseq-generate, ...) in a fresh process; fails the test on a non-zero exit."""
     exe = os.path.join(os.path.dirname(sys.executable), tool)

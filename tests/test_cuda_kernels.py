@@ -48,8 +48,18 @@ FALLBACK_DRADIUS = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 5e
 
 
 def _radius(kind: str, H: int, D: int, g: torch.Generator) -> torch.Tensor:
-    shape = {"scalar": (), "head": (H, 1), "feature": (D,), "full": (H, D)}[kind]
-    return 0.5 + torch.rand(shape, generator=g, dtype=torch.float64)
+    """kind: a shape (scalar, head, feature, full), positive; or "negative-", "mixed-" (random
+    signs) or "zero-" and a shape (the radius may cross 0 in training)."""
+    value, _, shape_kind = kind.rpartition("-")
+    shape = {"scalar": (), "head": (H, 1), "feature": (D,), "full": (H, D)}[shape_kind]
+    r = 0.5 + torch.rand(shape, generator=g, dtype=torch.float64)
+    if value == "negative":
+        r = -r
+    elif value == "mixed":
+        r = r * torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).double()
+    elif value == "zero":
+        r = torch.zeros(shape, dtype=torch.float64)
+    return r
 
 
 def _masks(kind: str, B: int, H: int, N: int, M: int, g: torch.Generator):
@@ -147,6 +157,10 @@ CASES = [
     (2, 1, 256, 256, 59, 32, "full", 6, False, "bool", torch.bfloat16),
     (2, 2, 7, 97, 16, 24, "full", 4, True, "padding", torch.float64),
     (1, 2, 97, 97, 59, 59, "feature", 6, False, "float", torch.float64),
+    (2, 2, 7, 97, 16, 24, "negative-full", 4, True, "none", torch.float32),
+    (1, 2, 33, 40, 59, 16, "mixed-feature", 2, False, "padding", torch.float32),
+    (2, 2, 17, 33, 16, 16, "zero-head", 4, True, "bool", torch.float32),
+    (2, 2, 7, 97, 16, 24, "mixed-full", 4, True, "padding", torch.float64),
 ]
 
 
@@ -299,7 +313,8 @@ def test_float64_op_matches_cpu_backend():
     """float64 is not offered by the public API on CUDA, but the op takes it."""
     base = _problem(2, 2, 19, 41, 24, 10, "full", "none", seed=13)
     args = [base[n] for n in ("q", "k", "v")] + [base["radius"]]
-    mask = torch.zeros(2, 1, 19, 41, dtype=torch.float64).masked_fill(torch.rand(2, 1, 19, 41) < 0.3, float("-inf"))
+    mask = torch.zeros(2, 1, 19, 41, dtype=torch.float64).masked_fill(
+        torch.rand(2, 1, 19, 41, generator=torch.Generator().manual_seed(14)) < 0.3, float("-inf"))
     extra = (6.0, mask, None, True, 0.1, 99)
     out_c, lse_c = torch.ops.fourierformer.fourier_attention_forward(*args, *extra)
     cuda_args = [t.to(DEV) for t in args]
@@ -332,7 +347,7 @@ def test_noncontiguous_inputs_and_side_stream():
 
 
 def test_head_dim_limit():
-    q = torch.randn(1, 1, 3, 257, device=DEV)
+    q = torch.randn(1, 1, 3, 257, generator=torch.Generator().manual_seed(15)).to(DEV)
     radius = torch.ones(1, 257, device=DEV)
     with pytest.raises(RuntimeError, match="head dims"):
         torch.ops.fourierformer.fourier_attention_forward(q, q, q, radius, 4.0, None, None, False, 0.0, 0)

@@ -16,7 +16,14 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle import oracle_attention, oracle_mismatches  # noqa: E402
+from oracle import additive_mask as oracle_additive_mask  # noqa: E402
+from oracle import (  # noqa: E402
+    oracle_attention,
+    oracle_gradient_scales,
+    oracle_gradients,
+    oracle_mismatches,
+    plain_attention,
+)
 
 from fourierformer_fairseq.ops import (
     backend_unavailable_reason,
@@ -83,7 +90,9 @@ def test_cpu_forward_float32_matches_float64_reference(N, M, D):
     # across many sizes without a full Cartesian product
     case = N * 7 + M * 3 + D
     radius_kind = RADIUS_SHAPES[case % 4]
-    power = (2, 4, 6)[case % 3]
+    # (by the case's place in SIZES: case % 3 is (N + D) % 3 for these sizes, never 1, so p = 4
+    # never ran)
+    power = (2, 4, 6)[SIZES.index((N, M, D)) % 3]
     causal = N <= M and case % 2 == 0
     B, H, Dv = 2, 2, 5 if D != 16 else 16
     q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float32, seed=case)
@@ -95,7 +104,7 @@ def test_cpu_forward_float32_matches_float64_reference(N, M, D):
     with torch.no_grad():
         ours = fourier_attention(q, k, v, r, backend="cpu", **kwargs)
         same = fourier_attention_reference(q, k, v, r, **kwargs)
-        exact = fourier_attention_reference(*to64([q, k, v, r]), **kwargs)
+        exact = oracle_attention(*to64([q, k, v, r]), **kwargs)
     assert torch.isfinite(ours).all()
     check_2x(ours, same, exact, f"out ({radius_kind}, p={power}, causal={causal})", atol=2e-6)
 
@@ -495,7 +504,7 @@ def test_cpu_weights_against_the_first_visible_block_match_the_reference(padding
     with torch.no_grad():
         ours = fourier_attention(q, k, v, r, key_padding_mask=kpm, backend="cpu")
         same = fourier_attention_reference(q, k, v, r, key_padding_mask=kpm)
-        exact = fourier_attention_reference(*to64([q, k, v, r]), key_padding_mask=kpm)
+        exact = oracle_attention(*to64([q, k, v, r]), key_padding_mask=kpm)
     assert torch.isfinite(ours).all()
     check_2x(ours, same, exact, "out", atol=2e-6)
 
@@ -536,8 +545,8 @@ def test_a_key_just_off_a_sinc_zero_keeps_its_tiny_weight(backend):
     r = torch.tensor(1.0)
     with torch.no_grad():
         ours = fourier_attention(q, k, v, r, power=4, backend=backend)
-        same = fourier_attention_reference(q, k, v, r, power=4)
-        exact = fourier_attention_reference(*to64([q, k, v, r]), power=4)
+        same = plain_attention(q, k, v, r, power=4)  # (not the reference: one backend here is the reference)
+        exact = oracle_attention(*to64([q, k, v, r]), power=4)
     assert exact[0, 0, 0, 0] > 0.99
     check_2x(ours, same, exact, "out", atol=1e-6)
 
@@ -562,8 +571,8 @@ def test_keys_at_the_floor_in_some_rows_match_the_reference(backend, causal):
     r = torch.tensor(2.0)
     with torch.no_grad():
         ours = fourier_attention(q, k, v, r, power=4, causal=causal, backend=backend)
-        same = fourier_attention_reference(q, k, v, r, power=4, causal=causal)
-        exact = fourier_attention_reference(*to64([q, k, v, r]), power=4, causal=causal)
+        same = plain_attention(q, k, v, r, power=4, causal=causal)  # (not the reference, as above)
+        exact = oracle_attention(*to64([q, k, v, r]), power=4, causal=causal)
     assert torch.isfinite(ours).all()
     check_2x(ours, same, exact, "out", atol=2e-6)
 
@@ -583,7 +592,7 @@ def test_no_underflow_at_head_dim_128(backend):
     published = published_fourier_attention(q, k, v, r, 4)
     assert published.abs().max() < 1e-3, "the linear-domain product should underflow here"
     ours = fourier_attention(q, k, v, r, power=4, backend=backend)
-    exact = fourier_attention_reference(q.double(), k.double(), v.double(), r.double(), power=4)
+    exact = oracle_attention(q.double(), k.double(), v.double(), r.double(), power=4)
     assert ours.abs().max() > 0.1
     torch.testing.assert_close(ours.double(), exact, rtol=1e-4, atol=1e-4)
 
@@ -630,33 +639,91 @@ def test_mask_forms_agree(backend):
 
 
 @pytest.mark.parametrize("backend", backends_here())
-def test_dropout_matches_reference_mask_and_is_unbiased(backend):
-    B, H, N, M, D, p = 2, 2, 6, 40, 8, 0.3
-    q, k, v = make_inputs(B, H, N, M, D, 4, torch.float32)
-    r = torch.tensor(0.5, requires_grad=True)
-    torch.manual_seed(123)
-    out, weights = fourier_attention(q, k, v, r, dropout_p=p, need_weights=True, backend=backend)
-    torch.manual_seed(123)
-    ref, ref_weights = fourier_attention_reference(q, k, v, r, dropout_p=p, need_weights=True)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(weights, ref_weights)
-    # against the independent float64 oracle: kept weights are the exact ones over (1 - p), the
-    # dropped fraction is within 5 standard deviations of p, and the output is those weights times v
-    from oracle import oracle_weights
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_dropout_mask_weights_and_gradients_against_the_oracle(dtype, causal, backend):
+    # The mask is the counter-based hash (ops.dropout_keep_mask, mirrored in C++) of the seed the
+    # op draws; kept weights are the oracle's over (1 - p), the dropped fraction is within 5
+    # standard deviations of p, the output is the returned weights times v, and the gradients
+    # are those of the float64 oracle with that mask. Bounds: 4x the error of the plain float32
+    # formula with the same mask (oracle.plain_weights) plus 16 float32 eps of the scale: the
+    # oracle's sums of absolute terms without dropout (oracle_gradient_scales), over (1 - p) (a
+    # kept weight's factor; 1 for the weights themselves). float64: within 1e-9 of that scale
+    # (as the fuzz's float64 check).
+    from oracle import EPS32, oracle_weights, plain_weights
 
-    exact = oracle_weights(q.detach().double(), k.detach().double(), r.detach().double(), power=4)
-    dropped = weights == 0
-    kept = weights.double()[~dropped] * (1 - p) / exact[~dropped]
-    assert (kept - 1).abs().max().item() < 1e-4
-    n = dropped.numel()
-    assert abs(dropped.double().mean().item() - p) < 5 * (p * (1 - p) / n) ** 0.5
+    from fourierformer_fairseq.ops.reference import draw_seed
+
+    B, H, N, M, D, p = 2, 2, 6, 40, 8, 0.3
+    q, k, v = make_inputs(B, H, N, M, D, 4, dtype)
+    r = torch.tensor(0.5, dtype=dtype, requires_grad=True)
+    torch.manual_seed(123)
+    out, weights = fourier_attention(q, k, v, r, dropout_p=p, need_weights=True, causal=causal, backend=backend)
+    torch.manual_seed(123)
+    keep = dropout_keep_mask(draw_seed(), (B, H, N, M), p, "cpu")
+    visible = torch.ones(N, M, dtype=torch.bool).tril(M - N) if causal else torch.ones(N, M, dtype=torch.bool)
+    assert torch.equal(weights != 0, keep & visible)  # (every visible weight is positive here)
+    n = keep.numel()
+    assert abs(1 - keep.double().mean().item() - p) < 5 * (p * (1 - p) / n) ** 0.5
+
+    def dropped(weight_fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, r)]
+        P = weight_fn(leaves[0], leaves[1], leaves[3], power=4, causal=causal) * keep.to(dtype) / (1 - p)
+        o = P @ leaves[2]
+        return [P.detach(), o.detach(), *torch.autograd.grad(o.sum(), leaves)]
+
+    exact = dropped(oracle_weights, torch.float64)
+    plain = dropped(plain_weights, torch.float32)
+    ours = [weights.detach(), out.detach(), *torch.autograd.grad(out.sum(), (q, k, v, r))]
+    scales = [1.0] + [s / (1 - p) for s in oracle_gradient_scales(q, k, v, r, torch.ones(B, H, N, 4), power=4,
+                                                                  causal=causal)]
+    for name, a, x, pl, scale in zip(("weights", "out", "dq", "dk", "dv", "dradius"), ours, exact, plain, scales):
+        err, perr = max_err(a, x), max_err(pl, x)
+        bound = 4 * perr + 16 * EPS32 * scale if dtype == torch.float32 else 1e-9 * scale
+        assert err <= bound, f"{backend} {dtype} causal={causal} {name}: error {err:.3e} > {bound:.3e} (plain {perr:.3e})"
     torch.testing.assert_close(out.detach().double(), weights.double() @ v.detach().double(), rtol=1e-5, atol=1e-5)
-    g_out = torch.autograd.grad(out.sum(), (q, k, v, r))
-    g_ref = torch.autograd.grad(ref.sum(), (q, k, v, r))
-    for a, b in zip(g_out, g_ref):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
-    keep = dropout_keep_mask(7, (B, H, N, M), p, "cpu")
-    assert abs(keep.float().mean().item() - (1 - p)) < 0.05
+
+
+@pytest.mark.parametrize("backend", backends_here())
+@pytest.mark.parametrize("mask_kind", ["additive", "bool", "causal", "padding", "causal_padding"])
+def test_need_weights_against_the_oracle(backend, mask_kind):
+    # The weights a backend returns with need_weights (the fused kernels compute them: their
+    # forward again with the identity as values) against the float64 oracle, within 4x the
+    # plain float32 formula's error plus 16 float32 eps (weights are at most 1); rows with no
+    # visible key are 0; the output is the weights times v. M = 37: a key-lane remainder.
+    from oracle import EPS32, oracle_weights, plain_weights
+
+    B, H, N, M, D, Dv = 2, 2, 7, 37, 16, 5
+    g = torch.Generator().manual_seed(41)
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=41))
+    r = make_radius("head", H, D, torch.float32, value=1.5).detach()
+    kwargs = {}
+    if mask_kind == "additive":
+        mask = torch.randn(N, M, generator=g) * 2
+        mask[:, 3] = float("-inf")
+        mask[2] = float("-inf")  # a row with no visible key
+        kwargs["attn_mask"] = mask
+    if mask_kind == "bool":
+        mask = torch.rand(B * H, N, M, generator=g) < 0.3
+        mask[:, 4] = True
+        kwargs["attn_mask"] = mask
+    if mask_kind.startswith("causal"):
+        kwargs["causal"] = True
+    if mask_kind.endswith("padding"):
+        kpm = torch.zeros(B, M, dtype=torch.bool)
+        kpm[0, -5:] = True
+        kpm[1] = True  # a fully padded sequence
+        kwargs["key_padding_mask"] = kpm
+    out, weights = fourier_attention(q, k, v, r, need_weights=True, backend=backend, **kwargs)
+    exact = oracle_weights(q, k, r, power=4, **kwargs)
+    plain = plain_weights(q, k, r, power=4, **kwargs)
+    assert weights.shape == (B, H, N, M) and weights.dtype == torch.float32
+    err, perr = max_err(weights, exact), max_err(plain, exact)
+    assert err <= 4 * perr + 16 * EPS32, f"{backend} {mask_kind}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps"
+    assert (weights[exact.sum(-1) == 0] == 0).all()
+    # the output is these weights times v, to the rounding of a float32 sum of M terms
+    err = max_err(out, weights.double() @ v.double())
+    assert err <= M * EPS32 * v.abs().max().item(), f"{backend} {mask_kind}: out - weights v: {err:.3e}"
 
 
 def test_odd_power_and_other_phis_run_on_the_reference_only():
@@ -788,8 +855,8 @@ def test_every_cpu_kernel_variant(isa):
     selection = (
         "requested_cpu_kernel_variant or cpu_forward_float32 or cpu_gradients_float32 or all_keys_equal "
         "or query_equal_to_a_key or sinc_zeros or keys_at_the_floor or underflow or fully_masked or mask_forms "
-        "or dropout or every_power_radius or head_dims or large_angles or empty_batch or workspace_above "
-        "or non_contiguous or thread_count"
+        "or dropout or need_weights or every_power_radius or head_dims or large_angles or empty_batch or workspace_above "
+        "or non_contiguous or thread_count or negative_zero_and_tiny_radius or zero_radius"
     )
     env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa)
     result = subprocess.run(
@@ -798,3 +865,108 @@ def test_every_cpu_kernel_variant(isa):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "test_requested_cpu_kernel_variant_is_in_use PASSED" in result.stdout
+
+
+# The radius through zero. It is a free learnable parameter (only its init is positive), so
+# training can move it to 0 or below. sinc is even, so R and -R give the same weights, the
+# same dq, dk, dv, and opposite radius gradients; R = 0 makes every factor sinc(0) = 1, so the
+# weights are uniform over the visible keys (out = their mean value) and R = 0 is a stationary
+# point (dradius = 0, and dq = dk = 0). The float32 CPU kernel works on |R| and puts the sign
+# back into the radius gradient; below |R| = 1e-9 it takes a feature's factor as 1 (its
+# error, (R u)^2 / 6, is below float32's resolution) but still its gradients, -R^2 u / 3 for
+# q and -R u^2 / 3 for R per unit of p dL/dS (g's series). The bound for near-zero radii is
+# oracle_mismatches' with series=True: every |x| is tiny there, where the plain quotient's
+# derivative cancels and would allow an error as large as the gradient itself.
+RADIUS_VALUES = ("negative", "mixed_sign", "near_zero", "tiny", "zero")
+
+
+def signed_radius(kind, value_kind, H, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    shape = {"scalar": (), "head": (H, 1), "feature": (D,), "head_feature": (H, D)}[kind]
+    magnitude = 0.7 + 0.6 * torch.rand(shape, generator=g)
+    sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0)
+    if value_kind == "negative":
+        return -1.5 * magnitude
+    if value_kind == "mixed_sign":  # (a scalar: negative)
+        return 1.5 * magnitude * (sign if shape else -1.0)
+    if value_kind == "near_zero":  # above the kernel's flat-feature threshold 1e-9
+        return 1e-6 * magnitude * sign
+    if value_kind == "tiny":  # below it, and 0 itself where there are several entries
+        r = 1e-10 * magnitude * sign
+        return r.flatten().index_fill(0, torch.tensor([0]), 0.0).reshape(shape) if shape and r.numel() > 1 else r
+    return torch.zeros(shape)
+
+
+def radius_backends():
+    return [("reference", torch.float32), ("reference", torch.float64)] + (
+        [("cpu", torch.float32), ("cpu", torch.float64)] if CPU_FUSED else [])
+
+
+@pytest.mark.parametrize("backend,dtype", radius_backends(), ids=lambda x: str(x).replace("torch.", ""))
+@pytest.mark.parametrize("value_kind", RADIUS_VALUES)
+@pytest.mark.parametrize("radius_kind", RADIUS_SHAPES)
+def test_negative_zero_and_tiny_radius_against_the_oracle(radius_kind, value_kind, backend, dtype):
+    B, H, N, M, D, Dv = 2, 2, 5, 9, 8, 3
+    seed = RADIUS_SHAPES.index(radius_kind) * 10 + RADIUS_VALUES.index(value_kind)
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=seed))
+    r = signed_radius(radius_kind, value_kind, H, D, seed)
+    grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(seed + 1))
+    kwargs = dict(power=4, causal=True) if seed % 2 else dict(power=2, key_padding_mask=torch.arange(M).expand(B, M) >= M - 2)
+    leaves = [t.to(dtype).clone().requires_grad_() for t in (q, k, v, r)]
+    out = fourier_attention(*leaves, backend=backend, **kwargs)
+    ours = (out.detach(), *torch.autograd.grad(out, leaves, grad_out.to(dtype)))
+    what = f"{backend} {dtype} {radius_kind} {value_kind} R={r.flatten()[:4].tolist()}"
+    if dtype == torch.float32:
+        bad = oracle_mismatches(ours, q, k, v, r, grad_out, series=True, **kwargs)
+        assert not bad, what + ": " + "; ".join(bad)
+    else:  # float64: within 1e-9 of each result's scale (as the fuzz's float64 check)
+        exact = oracle_gradients(q, k, v, r, grad_out, **kwargs)
+        scales = oracle_gradient_scales(q, k, v, r, grad_out, **kwargs)
+        for name, a, x, scale in zip(("out", "dq", "dk", "dv", "dradius"), ours, exact, scales):
+            err = (a - x).abs().max().item()
+            assert err <= 1e-9 * scale + 1e-300, f"{what} {name}: error {err:.3e} > 1e-9 x scale {scale:.3e}"
+
+
+@pytest.mark.parametrize("backend,dtype", radius_backends(), ids=lambda x: str(x).replace("torch.", ""))
+def test_zero_radius_gives_the_mean_of_the_visible_values_and_is_stationary(backend, dtype):
+    # R = 0: sinc(0) = 1 in every feature, so every visible key weighs the same; the output is
+    # the mean of the visible values, dv_j = sum_i dO_i / (visible keys of i), and dq, dk and
+    # dradius are exactly 0 (sinc is even in R: R = 0 is a stationary point)
+    B, H, N, M, D, Dv = 2, 2, 6, 11, 16, 4
+    q, k, v = (t.detach().to(dtype) for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=31))
+    kpm = torch.zeros(B, M, dtype=torch.bool)
+    kpm[1, :3] = True
+    grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(32), dtype=torch.float64).to(dtype)
+    visible = ~(oracle_additive_mask(B, H, N, M, key_padding_mask=kpm, causal=True) == float("-inf"))
+    P = visible.double() / visible.double().sum(-1, keepdim=True)  # uniform over the visible keys
+    for shape in ((), (H, 1), (D,), (H, D)):
+        leaves = [q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_(),
+                  torch.zeros(shape, dtype=dtype, requires_grad=True)]
+        out, weights = fourier_attention(*leaves, key_padding_mask=kpm, causal=True, need_weights=True, backend=backend)
+        dq, dk, dv, dr = torch.autograd.grad(out, leaves, grad_out)
+        tol = dict(rtol=0, atol=4 * torch.finfo(dtype).eps * M)  # a mean of M values, rounded per step
+        torch.testing.assert_close(weights.double(), P, **tol)
+        torch.testing.assert_close(out.double(), P @ v.double(), **tol)
+        torch.testing.assert_close(dv.double(), P.transpose(-1, -2) @ grad_out.double(), **tol)
+        for name, grad in (("dq", dq), ("dk", dk), ("dradius", dr)):
+            assert (grad == 0).all(), f"{backend} {dtype} radius shape {shape}: {name} {grad.abs().max().item():.3e}"
+
+
+@needs_cpu_kernel
+def test_fused_need_weights_come_from_the_kernel(monkeypatch):
+    # The fused backend's need_weights returns its kernel's weights, not the reference's (which
+    # it once did, so that comparing them with the reference compared the reference with
+    # itself): with the reference's weight functions disabled it still returns them.
+    import fourierformer_fairseq.ops as ops
+    import fourierformer_fairseq.ops.reference as reference
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the reference computed the weights of a fused call")
+
+    for module, name in ((ops, "attention_weights"), (reference, "attention_weights"), (reference, "log_weights")):
+        monkeypatch.setattr(module, name, refuse)
+    B, H, N, M, D = 1, 2, 4, 6, 8
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, 3, torch.float32, seed=43))
+    out, weights = fourier_attention(q, k, v, torch.tensor(1.1), causal=True, need_weights=True, backend="cpu")
+    assert weights.shape == (B, H, N, M)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, N))

@@ -103,8 +103,8 @@ def test_registered_and_a_multihead_attention():
 def test_output_and_weights_match_the_float64_oracle(radius_shape):
     """Only scoring/normalisation change: out = out_proj(fourier_attention(q_proj x, k_proj x, v_proj x)).
 
-    The module's output and its returned weights (the fused kernel computes the output; the
-    weights, asked for with need_head_weights, are materialised separately) against the
+    The module's output and its returned weights (the fused kernel computes both; the weights,
+    asked for with need_head_weights, by running it again with the identity as values) against the
     float64 oracle; and the returned weights times the values give the module's output."""
     m = make(self_attention=True, radius_shape=radius_shape)
     with torch.no_grad():
@@ -318,12 +318,19 @@ def test_before_softmax_gives_log_weights():
     torch.testing.assert_close(torch.softmax(log_w, -1).view(2, H, 4, 4).transpose(0, 1), w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("sign", ["positive", "negative", "mixed"])
 @pytest.mark.parametrize("radius_shape,shape", [("scalar", ()), ("head", (H, 1)), ("feature", (H, D))])
-def test_radius_and_input_gradients_match_the_float64_oracle(radius_shape, shape):
+def test_radius_and_input_gradients_match_the_float64_oracle(radius_shape, shape, sign):
     """The fused backward's radius (and input) gradient against autograd through the float64 oracle;
-    tolerance from autograd through the plain float32 formula."""
+    tolerance from autograd through the plain float32 formula. The radius as initialised, or
+    made negative (all entries; mixed: alternate entries), as training may leave it."""
     m = make(self_attention=True, radius_shape=radius_shape).train()
     assert m.radius.shape == shape and torch.all(m.radius == 0.7)
+    with torch.no_grad():
+        if sign == "negative" or (sign == "mixed" and m.radius.numel() == 1):
+            m.radius.neg_()
+        elif sign == "mixed":
+            m.radius.view(-1)[::2] *= -1
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 2, E, generator=g, requires_grad=True)
     grad_out = torch.randn(5, 2, E, generator=g)

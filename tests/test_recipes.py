@@ -26,6 +26,7 @@ TEST_SETS = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.t
 # requirements.txt dependencies of the recipes: a missing one is an error, not a skip
 import sacremoses  # noqa: E402,F401
 import subword_nmt  # noqa: E402,F401
+from fairseq_helpers import token_bleu  # noqa: E402
 
 
 def load_prepare_text():
@@ -363,7 +364,10 @@ def test_iwslt_small_end_to_end(iwslt_runs, tmp_path):
         assert len(hyps) == len(refs)
         assert res["sacrebleu"] == pytest.approx(corpus_bleu(hyps, refs), abs=0.006)
         assert res["sacrebleu"] > max(baselines.values()) + 5, (m, res, baselines)
-        assert res["bleu_tok"] > 0
+        # the tokenised BLEU is fairseq-generate's BLEU4 of the hypotheses it wrote (recomputed)
+        recomputed = token_bleu((run_dir / "generate-test.txt").read_text(encoding="utf-8"))
+        assert recomputed["sentences"] == recomputed["hypotheses"] == len(refs)
+        assert res["bleu_tok"] == pytest.approx(recomputed["bleu"], abs=0.006), (m, res, recomputed)
         assert res["sacrebleu_signature"].startswith("nrefs:1|case:lc")
         assert res["sacrebleu_references"].startswith("raw references")
         epochs = sorted(int(p.name[len("checkpoint"):-3]) for p in ck.glob("checkpoint[0-9]*.pt"))

@@ -45,6 +45,7 @@ struct KernelTable {
   // float32 accuracy relative to 1, and a float32 lse would carry an error of ulp(1e3) / 2.
   void (*forward)(const SliceArgs&, float* out, double* lse, float* workspace);
   // dq (N, D), dk (M, D), dv (M, Dv) are written; dradius (D,) is written (this slice's share).
+  // out is not read: the kernels sum Delta_i = dO_i . O_i from the weights they recompute.
   void (*backward)(const SliceArgs&, const float* out, const double* lse, const float* dout, float* dq, float* dk,
                    float* dv, float* dradius, float* workspace);
 };

@@ -18,7 +18,7 @@ import torch
 
 from .backends import BACKENDS, DECLARATIONS, get_backend
 from .extension import extension_status
-from .fused import fused_forward
+from .fused import fused_forward, fused_weights
 from .inputs import AttentionInputs, prepare_inputs
 from .reference import (
     attention_weights,
@@ -117,7 +117,9 @@ def fourier_attention(
         causal: key j > query i excluded; with N < M, queries are the last N positions.
         dropout_p: attention dropout on the normalised weights, drawn from a counter-based
             RNG seeded from torch's CPU generator (same mask on every backend).
-        need_weights: also return the normalised weights (B, H, N, M) (materialised).
+        need_weights: also return the normalised weights (B, H, N, M) (materialised), after
+            dropout, as the backend computed them (a fused backend runs its kernel again with
+            the identity as the values: out = P I).
         backend: "auto" (cuda, then cpu, then reference), or one of them explicitly.
 
     Rows whose keys are all masked give a zero output and zero gradients.
@@ -131,6 +133,6 @@ def fourier_attention(
     if name == "reference":
         return reference_from_inputs(inp, need_weights, seed)
     out = fused_forward(inp, seed)
-    if need_weights:
-        return out, attention_weights(inp, seed)
+    if need_weights:  # the kernel's own weights (a second pass with the identity as values)
+        return out, fused_weights(inp, seed, get_backend(name).max_head_dim)
     return out

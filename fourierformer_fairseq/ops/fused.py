@@ -74,8 +74,9 @@ def fused_available() -> bool:
     return extension_status().loaded
 
 
-def fused_forward(inp: AttentionInputs, seed: int) -> torch.Tensor:
-    """Runs the fused op on normalised inputs; returns out (B, H, N, Dv)."""
+def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None = None) -> torch.Tensor:
+    """Runs the fused op on normalised inputs; returns out (B, H, N, Dv). ``values`` replaces
+    inp.v (see fused_weights)."""
     assert fused_available()
     compute = _compute_dtype(inp.q.dtype)
     radius = inp.radius_hd.to(compute).contiguous()
@@ -85,6 +86,24 @@ def fused_forward(inp: AttentionInputs, seed: int) -> torch.Tensor:
         attn_mask = attn_mask.to(compute)
     key_bias = inp.key_padding_mask
     out, _ = torch.ops.fourierformer.fourier_attention_forward(
-        inp.q, inp.k, inp.v, radius, float(inp.power), attn_mask, key_bias, inp.causal, inp.dropout_p, seed
+        inp.q, inp.k, inp.v if values is None else values, radius, float(inp.power), attn_mask, key_bias,
+        inp.causal, inp.dropout_p, seed
     )
     return out
+
+
+def fused_weights(inp: AttentionInputs, seed: int, max_head_dim: int | None) -> torch.Tensor:
+    """The normalised weights (B, H, N, M), after dropout (same seed, same mask), computed by
+    the fused kernel itself: its forward with the identity as the values gives out = P I = P.
+    Columns of at most ``max_head_dim`` keys per call (the kernel's value-width limit); each
+    call recomputes the scores. Differentiable w.r.t. q, k and the radius through the op's
+    backward. Rows with no visible key give zeros, as the output does."""
+    B, H, N, _ = inp.q.shape
+    M = inp.k.shape[2]
+    width = M if not max_head_dim else max_head_dim
+    eye = torch.eye(M, dtype=inp.q.dtype, device=inp.q.device)
+    parts = [
+        fused_forward(inp, seed, eye[:, c0:c0 + width].expand(B, H, M, min(width, M - c0)))
+        for c0 in range(0, M, width)
+    ]
+    return torch.cat(parts, -1) if parts else inp.q.new_zeros(B, H, N, 0)
