@@ -82,8 +82,6 @@ def build(arch: str, vocab: int, context: int, extra: list[str], user_dir: str, 
 def worker(args) -> list[dict]:
     """Measures one model in one mode at each precision (one process: on a GPU the peak is reset
     between precisions; on the CPU main() runs one precision per process, ru_maxrss never falls)."""
-    import resource
-
     import torch
 
     dev = torch.device(args.device)

@@ -254,6 +254,21 @@ def oracle_mismatches(ours, q, k, v, radius, grad_out, series=True, **kwargs):
     return bad
 
 
+def float64_mismatches(ours, q, k, v, radius, grad_out, **kwargs):
+    """Which of ours = (out, dq, dk, dv, dradius), computed in float64, are further than 1e-9 of
+    the scale from the oracle (a float64 kernel's own series and Taylor branches agree far
+    closer; the slack is for sums of many terms); [] if none."""
+    args = (q, k, v, radius, grad_out)
+    exact = oracle_gradients(*args, **kwargs)
+    scales = oracle_gradient_scales(*args, **kwargs)
+    bad = []
+    for name, a, x, scale in zip(NAMES, ours, exact, scales):
+        err = (a.detach().double() - x).abs().max().item() if a.numel() else 0.0
+        if not err <= 1e-9 * scale + 1e-300:
+            bad.append(f"{name}: error {err:.3e} > 1e-9 x scale {scale:.3e}")
+    return bad
+
+
 def relative_error(ours: torch.Tensor, exact: torch.Tensor) -> float:
     """max |ours - exact| / max |exact| (absolute where exact is all zero); inf for NaN / inf."""
     ours, exact = ours.detach().double(), exact.detach().double()

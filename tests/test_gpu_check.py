@@ -3,21 +3,17 @@ steps themselves run only on a GPU: `bash scripts/gpu_check.sh`)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_scripts import load  # noqa: E402  (scripts/ loaded as modules)
 
 
 @pytest.fixture(scope="module")
 def gc():
-    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "scripts", "gpu_check.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("gpu_check")
 
 
 def fairseq_log(losses, ups, valid, overflows=0):

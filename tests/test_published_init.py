@@ -1,21 +1,15 @@
 """scripts/published_init.py: the measurements of docs/published-model.md on inputs whose answers
 are known in closed form."""
-import importlib.util
-import math
-import os
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_scripts import load  # noqa: E402  (scripts/ loaded as modules)
 
 
 @pytest.fixture(scope="module")
 def pub():
-    spec = importlib.util.spec_from_file_location("published_init", os.path.join(ROOT, "scripts", "published_init.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("published_init")
 
 
 def test_equal_queries_and_keys_give_uniform_rows_and_the_eps_share_of_a_count(pub):
