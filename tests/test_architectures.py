@@ -152,9 +152,9 @@ def test_decoder_layers_mark_their_self_attention_causal(monkeypatch):
 
     model = eval_model()
     layer = model.decoder.layers[0]
-    assert layer.self_attn.causal_self_attention
-    assert not layer.encoder_attn.causal_self_attention
-    assert not model.encoder.layers[0].self_attn.causal_self_attention
+    assert layer.self_attn.causal
+    assert not layer.encoder_attn.causal
+    assert not model.encoder.layers[0].self_attn.causal
     calls = []
     real_attention = fmha.fourier_attention
 

@@ -59,13 +59,19 @@ class AttentionOptions:
         """The keyword arguments of ``attention_class`` beyond fairseq's ``MultiheadAttention``'s."""
         raise NotImplementedError
 
-    def build_attention(self, site: str, embed_dim: int, num_heads: int, **kwargs) -> MultiheadAttention:
-        """The attention for ``site``: ``attention_class`` if selected, else fairseq's MultiheadAttention."""
+    def build_attention(self, site: str, embed_dim: int, num_heads: int, *, causal: bool = False,
+                        max_positions=None, **kwargs) -> MultiheadAttention:
+        """The attention for ``site``: ``attention_class`` if selected, else fairseq's MultiheadAttention.
+
+        causal, max_positions: what the layer says of this attention (see ``ProjectedMultiheadAttention``);
+        fairseq's softmax attention takes its future mask instead and needs neither.
+        """
         if site not in SITES:
             raise ValueError(f"unknown attention site {site!r}; expected one of {SITES}")
         if site not in self.sites:
             return MultiheadAttention(embed_dim, num_heads, **kwargs)
-        return self.attention_class(embed_dim, num_heads, **self.attention_kwargs(), **kwargs)
+        return self.attention_class(embed_dim, num_heads, **self.attention_kwargs(), causal=causal,
+                                    max_positions=max_positions, **kwargs)
 
     @staticmethod
     def add_args(parser) -> None:
