@@ -34,6 +34,7 @@ from fourierformer_fairseq.modules.projected_attention import (
     ProjectedMultiheadAttention,
     radius_parameter_shape,
 )
+from fourierformer_fairseq.modules.option_checks import OptionError, check_choice, check_int, check_positive
 from fourierformer_fairseq.ops import fourier_attention
 from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
 from fourierformer_fairseq.ops.inputs import PHIS, prepare_inputs
@@ -95,27 +96,13 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         backend: str = "auto",
         **kwargs,
     ):
-        if phi not in PHIS:
-            raise ValueError(f"phi must be one of {PHIS}, got {phi!r}")
-        if isinstance(power, bool) or int(power) != power or power < 1:
-            raise ValueError(f"power must be a positive integer, got {power!r}")
-        if radius_init is not None:
-            radius_init = float(radius_init)
-            if not radius_init > 0:
-                raise ValueError(f"radius_init must be positive, got {radius_init}")
-        if qk_norm not in QK_NORMS:
-            raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        if kernel == "gaussian" and phi != "power":
-            raise ValueError(f"kernel='gaussian' is exp(-(p R^2 / 6) |q - k|^2) and takes phi='power', got {phi!r}")
-        if isinstance(log_interval, bool) or int(log_interval) != log_interval or log_interval < 0:
-            raise ValueError(f"log_interval must be a non-negative integer, got {log_interval!r}")
+        self.check_options(dict(power=power, phi=phi, radius_init=radius_init, radius_shape=radius_shape,
+                                qk_norm=qk_norm, kernel=kernel, log_interval=log_interval))
         super().__init__(embed_dim, num_heads, *args, **kwargs)
         self.power = int(power)
         self.phi = phi
         self.radius_shape = radius_shape
-        self.radius_init = auto_radius(self.power, self.head_dim) if radius_init is None else radius_init
+        self.radius_init = auto_radius(self.power, self.head_dim) if radius_init is None else float(radius_init)
         self.qk_norm = qk_norm
         self.kernel = kernel
         self.backend = backend
@@ -131,6 +118,21 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             f"radius_shape={self.radius_shape!r}, radius_init={self.radius_init:.4g}, qk_norm={self.qk_norm!r}, "
             f"kernel={self.kernel!r}"
         )
+
+    @classmethod
+    def check_options(cls, options) -> None:
+        """The one validation of the options (keyword -> value; None: the default); raises OptionError."""
+        check_int(options, "power", 1, "a positive integer")
+        check_choice(options, "phi", PHIS)
+        check_positive(options, "radius_init")
+        check_choice(options, "radius_shape", RADIUS_SHAPES)
+        check_choice(options, "qk_norm", QK_NORMS)
+        check_choice(options, "kernel", KERNELS)
+        check_int(options, "log_interval", 0, "a non-negative integer")
+        phi = options.get("phi") or "power"
+        if options.get("kernel") == "gaussian" and phi != "power":
+            raise OptionError("{kernel} gaussian is exp(-(p R^2 / 6) |q - k|^2) and takes {phi} power, got {value!r}",
+                              value=phi)
 
     # ------------------------------------------------------------------ observability
 

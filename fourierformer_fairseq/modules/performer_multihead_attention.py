@@ -52,6 +52,7 @@ from fourierformer_fairseq.modules.projected_attention import (
     ProjectedMultiheadAttention,
     radius_parameter_shape,
 )
+from fourierformer_fairseq.modules.option_checks import OptionError, check_choice, check_int, check_positive
 from fourierformer_fairseq.ops.favor import (
     DEFAULT_CHUNK,
     FEATURE_TYPES,
@@ -102,19 +103,9 @@ class PerformerMultiheadAttention(ProjectedMultiheadAttention):
         chunk_size: int = DEFAULT_CHUNK,
         **kwargs,
     ):
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        if feature_type not in FEATURE_TYPES:
-            raise ValueError(f"feature_type must be one of {FEATURE_TYPES}, got {feature_type!r}")
-        if isinstance(num_features, bool) or int(num_features) != num_features or num_features < 0:
-            raise ValueError(f"num_features must be a non-negative integer (0: default), got {num_features!r}")
-        if isinstance(redraw_interval, bool) or int(redraw_interval) != redraw_interval or redraw_interval < 0:
-            raise ValueError(f"redraw_interval must be a non-negative integer (0: never), got {redraw_interval!r}")
-        if kernel == "fourier_rf":
-            if isinstance(power, bool) or int(power) != power or power < 2 or power % 2:
-                raise ValueError(f"the fourier_rf kernel needs an even power >= 2, got {power!r}")
-            if not float(radius_init) > 0:
-                raise ValueError(f"radius_init must be positive, got {radius_init}")
+        self.check_options(dict(num_features=num_features, kernel=kernel, redraw_interval=redraw_interval,
+                                feature_type=feature_type, power=power, radius_init=radius_init,
+                                radius_shape=radius_shape))
         super().__init__(embed_dim, num_heads, *args, **kwargs)
         if self.dropout_module.p > 0:
             logger.warning("PerformerMultiheadAttention: attention dropout %s is not applied "
@@ -136,6 +127,20 @@ class PerformerMultiheadAttention(ProjectedMultiheadAttention):
         self.register_buffer("feature_seed", torch.tensor(int(seed), dtype=torch.long))
         self.register_buffer("feature_draw", torch.tensor(0, dtype=torch.long))
         self.register_buffer("projection", self._draw(int(seed), 0))
+
+    @classmethod
+    def check_options(cls, options) -> None:
+        """The one validation of the options (keyword -> value; None: the default); raises OptionError."""
+        check_choice(options, "kernel", KERNELS)
+        check_choice(options, "feature_type", FEATURE_TYPES)
+        check_int(options, "num_features", 0, "a non-negative integer (0: the default)")
+        check_int(options, "redraw_interval", 0, "a non-negative integer (0: never)")
+        check_positive(options, "radius_init")
+        check_choice(options, "radius_shape", RADIUS_SHAPES)
+        power = options.get("power")
+        if options.get("kernel") == "fourier_rf" and power is not None and (
+                isinstance(power, bool) or int(power) != power or power < 2 or power % 2):
+            raise OptionError("{kernel} fourier_rf needs an even {power} >= 2, got {value!r}", value=power)
 
     def extra_repr(self) -> str:
         extra = f", power={self.power}, radius_shape={self.radius_shape!r}" if self.kernel == "fourier_rf" else ""
