@@ -37,7 +37,7 @@ from fairseq_helpers import (
 from fourierformer_fairseq.models import FOURIER_ARCHS, SOFTMAX_TWINS
 from fourierformer_fairseq.modules import FourierMultiheadAttention
 
-TRANSLATION_ARCHS = ["fourierformer_iwslt_de_en", "transformer_iwslt_de_en", "performer_iwslt_de_en"]
+TRANSLATION_ARCHS = ["fourierformer_iwslt_de_en", "transformer_iwslt_de_en", "performer_iwslt_de_en", "gfnet_iwslt_de_en"]
 LM_ARCHS = [
     "fourierformer_lm_wiki103_small",
     "fourierformer_lm_wiki103_medium",
@@ -47,6 +47,9 @@ LM_ARCHS = [
     "performer_lm_wiki103_small",
     "performer_lm_wiki103_medium",
     "performer_lm",
+    "gfnet_lm_wiki103_small",
+    "gfnet_lm_wiki103_medium",
+    "gfnet_lm",
 ]
 
 

@@ -16,6 +16,8 @@ from .fourierformer_transformer import (
 )
 from .performer_lm import PerformerLanguageModel  # noqa: F401  (Performer: performer_lm_wiki103_small / _medium)
 from .performer_transformer import PerformerModel  # noqa: F401  (Performer: performer_iwslt_de_en)
+from .gfnet_lm import GlobalFilterLanguageModel  # noqa: F401  (global filter: gfnet_lm_wiki103_small / _medium)
+from .gfnet_transformer import GlobalFilterModel  # noqa: F401  (global filter: gfnet_iwslt_de_en)
 
 FOURIER_ARCHS = ("fourierformer_iwslt_de_en", "fourierformer_lm_wiki103_small", "fourierformer_lm_wiki103_medium")
 SOFTMAX_TWINS = {

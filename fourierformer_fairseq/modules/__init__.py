@@ -5,7 +5,8 @@
 
 ``ATTENTION_REGISTRY`` maps "multihead_attention" to fairseq's ``MultiheadAttention``,
 "fourier_multihead_attention" to :class:`FourierMultiheadAttention` and
-"performer_multihead_attention" to :class:`PerformerMultiheadAttention`. Every kind is a
+"performer_multihead_attention" to :class:`PerformerMultiheadAttention` and
+"global_filter_mixer" to :class:`GlobalFilterMixer`. Every kind is a
 :class:`ProjectedMultiheadAttention` (the shared forward) and imports no other kind.
 """
 from typing import Callable, Dict, Type
@@ -13,6 +14,7 @@ from typing import Callable, Dict, Type
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from .fourier_multihead_attention import FourierMultiheadAttention
+from .global_filter_mixer import GlobalFilterMixer
 from .performer_multihead_attention import PerformerMultiheadAttention
 from .projected_attention import RADIUS_SHAPES, ProjectedMultiheadAttention
 
@@ -41,10 +43,12 @@ def build_attention(name: str, *args, **kwargs) -> MultiheadAttention:
 register_attention("multihead_attention")(MultiheadAttention)
 register_attention("fourier_multihead_attention")(FourierMultiheadAttention)
 register_attention("performer_multihead_attention")(PerformerMultiheadAttention)
+register_attention("global_filter_mixer")(GlobalFilterMixer)
 
 __all__ = [
     "ATTENTION_REGISTRY",
     "FourierMultiheadAttention",
+    "GlobalFilterMixer",
     "PerformerMultiheadAttention",
     "ProjectedMultiheadAttention",
     "RADIUS_SHAPES",
