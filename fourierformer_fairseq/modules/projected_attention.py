@@ -228,6 +228,13 @@ class ProjectedMultiheadAttention(MultiheadAttention):
                 key = value = None
 
         q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask, bsz)
+        causal = self.causal
+        if causal and (self.bias_k is not None or self.add_zero_attn):
+            # the bias and zero keys go after the last key and every query sees them: causality becomes
+            # a mask before they are added (incremental steps see every key, as stock decoders ask)
+            if saved_state is None:
+                attn_mask = _with_causal_mask(attn_mask, tgt_len, tgt_len if k is None else k.size(0), query.device)
+            causal = False
         if self.bias_k is not None and k is not None:
             # (with static cached keys, k is None and the bias column is already in the cache)
             assert self.bias_v is not None and v is not None
@@ -256,12 +263,7 @@ class ProjectedMultiheadAttention(MultiheadAttention):
             assert key_padding_mask.size(0) == kv_bsz and key_padding_mask.size(1) == src_len
         if attn_mask is not None and not (attn_mask.is_floating_point() or attn_mask.dtype == torch.bool):
             attn_mask = attn_mask != 0  # byte masks: nonzero = masked
-        causal = self.causal
         if self.add_zero_attn:
-            if causal:
-                # the zero key goes after the last key and every query sees it: causality as a mask first
-                attn_mask = _with_causal_mask(attn_mask, tgt_len, src_len, v.device)
-                causal = False
             k, v, key_padding_mask, attn_mask = self._append_zero_attn(
                 k=k, v=v, key_padding_mask=key_padding_mask, attn_mask=attn_mask
             )
