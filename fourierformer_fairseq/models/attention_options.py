@@ -41,6 +41,14 @@ SITE_HELP = {
 }
 
 
+def site_tag(module_name: str) -> str:
+    """The short tag of an attention module's site from its name in the model: "enc" (encoder
+    self-attention), "cross" (encoder-decoder attention) or "dec" (decoder self-attention)."""
+    if module_name.split(".")[0] == "encoder":
+        return "enc"
+    return "cross" if module_name.split(".")[-1] == "encoder_attn" else "dec"
+
+
 def parse_sites(spec, available: Sequence[str], flag: str, supported: Sequence[str] = SITES) -> FrozenSet[str]:
     """'encoder,decoder,cross' / 'all' / 'none' (the value of ``flag``) -> the set of sites it selects.
 
@@ -203,4 +211,4 @@ class AttentionOptions:
         """Finishes a built model; nothing by default."""
 
 
-__all__ = ["LM_SITES", "SITES", "AttentionOptions", "FourierKernelConfig", "kwarg_field", "parse_sites"]
+__all__ = ["LM_SITES", "SITES", "AttentionOptions", "FourierKernelConfig", "kwarg_field", "parse_sites", "site_tag"]

@@ -24,7 +24,7 @@ from fairseq.utils import safe_getattr
 from fourierformer_fairseq.modules.fourier_multihead_attention import KERNELS, QK_NORMS, FourierMultiheadAttention
 from fourierformer_fairseq.ops.inputs import PHIS
 
-from .attention_options import SITES, AttentionOptions, FourierKernelConfig, kwarg_field, parse_sites
+from .attention_options import SITES, AttentionOptions, FourierKernelConfig, kwarg_field, parse_sites, site_tag
 
 
 @dataclass
@@ -107,14 +107,8 @@ def name_fourier_layers(model) -> None:
     for name, module in model.named_modules():
         if not isinstance(module, FourierMultiheadAttention):
             continue
-        parts = name.split(".")
-        index = next((p for p in reversed(parts) if p.isdigit()), "")
-        if parts[0] == "encoder":
-            module.log_name = f"enc{index}"
-        elif parts[-1] == "encoder_attn":
-            module.log_name = f"cross{index}"
-        else:
-            module.log_name = f"dec{index}"
+        index = next((p for p in reversed(name.split(".")) if p.isdigit()), "")
+        module.log_name = f"{site_tag(name)}{index}"
 
 
 __all__ = [

@@ -25,7 +25,6 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 from fairseq.utils import safe_getattr
 
-from .attention_options import LM_SITES  # noqa: F401  (the sites of a language model)
 from .attention_transformer import AttentionOptionsLanguageModel, paper_lm_sizes
 from .fourier_attention_options import FourierAttentionConfig, FourierAttentionOptions, set_fourier_defaults
 
