@@ -19,8 +19,8 @@ from fairseq_helpers import (
     build_model,
     create_markov_lm_data,
     eval_lm_main,
+    eval_translation_batch,
     preprocess_lm_data,
-    random_tokens,
     train_language_model,
 )
 from fourierformer_fairseq.modules import GlobalFilterMixer
@@ -245,15 +245,8 @@ def test_architectures_build_the_filter_at_self_attention_sites_only():
 
 
 def test_translation_model_incremental_decoding_equals_full_forward():
-    torch.manual_seed(0)
-    model, _ = build_model("gfnet_iwslt_de_en", dims=TRANSLATION_DIMS)
-    model.eval()
-    d = model.decoder.dictionary
-    g = torch.Generator().manual_seed(0)
-    src = random_tokens(d, [6, 3], pad_left=True, generator=g)
-    prev = random_tokens(d, [7, 7], pad_left=False, generator=g)
+    model, enc, prev = eval_translation_batch("gfnet_iwslt_de_en", [6, 3], [7, 7])
     with torch.no_grad():
-        enc = model.encoder(src, src.ne(d.pad()).sum(1))
         full = model.decoder(prev, encoder_out=enc)[0]
         state = {}
         steps = torch.cat([model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)[0]

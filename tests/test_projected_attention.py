@@ -17,7 +17,7 @@ import pytest
 import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from fairseq_helpers import TRANSLATION_DIMS, build_model, random_tokens
+from fairseq_helpers import eval_translation_batch
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 
 E, H = 12, 3
@@ -135,15 +135,8 @@ def test_no_attention_kind_imports_another():
 def test_full_context_alignment_makes_the_causal_kind_see_every_position():
     """fairseq's full_context_alignment runs decoder self-attention without its future mask; the
     decoder tells its causal kind so for that call only, and equals a decoder whose modules are not causal."""
-    torch.manual_seed(0)
-    model, _ = build_model("fourierformer_iwslt_de_en", dims=TRANSLATION_DIMS)
-    model.eval()
-    d = model.decoder.dictionary
-    g = torch.Generator().manual_seed(0)
-    src = random_tokens(d, [5, 4], pad_left=True, generator=g)
-    prev = random_tokens(d, [6, 6], pad_left=False, generator=g)
+    model, enc, prev = eval_translation_batch("fourierformer_iwslt_de_en", [5, 4], [6, 6])
     with torch.no_grad():
-        enc = model.encoder(src, src.ne(d.pad()).sum(1))
         causal = model.decoder.extract_features(prev, enc)[0]
         full = model.decoder.extract_features(prev, enc, full_context_alignment=True)[0]
         selfs = [layer.self_attn for layer in model.decoder.layers]

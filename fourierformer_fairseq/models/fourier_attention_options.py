@@ -15,13 +15,13 @@ the paper's formulation instead (no normalisation, the paper's radius init: 1.0 
 ``+ 1e-6``).
 """
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.utils import safe_getattr
 
-from fourierformer_fairseq.modules.fourier_multihead_attention import KERNELS, QK_NORMS, FourierMultiheadAttention
+from fourierformer_fairseq.modules.fourier_multihead_attention import KERNELS, FourierMultiheadAttention
 from fourierformer_fairseq.ops.inputs import PHIS
 
 from .attention_options import SITES, AttentionOptions, FourierKernelConfig, kwarg_field, parse_sites, site_tag
@@ -48,14 +48,6 @@ class FourierAttentionConfig(FourierKernelConfig):
     fourier_log_interval: int = kwarg_field(
         "log_interval", 0, "every N updates, log each Fourier layer's radius (radius_<layer>) and the mean "
                            "attention entropy per site (entropy_<site>, nats) through fairseq's metrics; 0: off")
-
-
-def declared_default(name: str):
-    """The default ``FourierAttentionConfig`` declares for the option ``name`` (e.g. "fourier_phi")."""
-    return _DECLARED_DEFAULTS[name]
-
-
-_DECLARED_DEFAULTS = {f.name: f.default for f in fields(FourierAttentionConfig)}
 
 
 class FourierAttentionOptions(AttentionOptions):

@@ -41,7 +41,7 @@ worker. It is never redrawn in evaluation.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor
