@@ -23,14 +23,10 @@ import re
 import torch
 
 
-def site_of(name: str) -> str:
-    if name.startswith("encoder"):
-        return "enc"
-    return "cross" if name.endswith("encoder_attn") else "dec"
-
-
 def entropies(model, samples):
     from fairseq.modules.multihead_attention import MultiheadAttention
+
+    from fourierformer_fairseq.models.attention_options import site_tag
 
     sums, counts = {}, {}
     originals = {}
@@ -52,7 +48,7 @@ def entropies(model, samples):
             attn, weights = forward(*args, **kwargs)
             P = weights.double()  # (heads, batch, tgt, src)
             H = -(P * torch.where(P > 0, P.log(), torch.zeros_like(P))).sum(-1)
-            site = site_of(name)
+            site = site_tag(name)
             add(site, H.sum().item(), H.numel())
             q, k = module.q_proj(query).double(), module.k_proj(key).double()
             add(f"q_rms/{site}", q.pow(2).mean().sqrt().item() + k.pow(2).mean().sqrt().item(), 2)
@@ -60,10 +56,7 @@ def entropies(model, samples):
             if radius is not None:
                 def heads(t):
                     return t.reshape(t.size(0), t.size(1), module.num_heads, module.head_dim).permute(1, 2, 0, 3)
-                qh, kh = heads(q), heads(k)
-                if getattr(module, "qk_norm", "none") == "rms":
-                    qh = qh / torch.sqrt(qh.pow(2).mean(-1, keepdim=True) + 1e-6)
-                    kh = kh / torch.sqrt(kh.pow(2).mean(-1, keepdim=True) + 1e-6)
+                qh, kh = module.prepare_queries_keys(heads(q), heads(k))  # the module's own q/k normalisation
                 r = radius.detach().double()
                 if radius.dim() == 2:  # (H, 1) or (H, D)
                     r = radius.detach().double().reshape(1, module.num_heads, 1, 1, -1)
@@ -76,8 +69,8 @@ def entropies(model, samples):
         module.forward = capturing
 
     for name, module in model.named_modules():
-        if isinstance(module, MultiheadAttention):
-            wrap(name, module)
+        if isinstance(module, MultiheadAttention) and getattr(module, "supports_need_weights", True):
+            wrap(name, module)  # (a kind that forms no weights, the global filter, has no entropy)
     try:
         with torch.no_grad():
             for sample in samples:

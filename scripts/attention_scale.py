@@ -32,10 +32,7 @@ import math
 
 import torch
 
-
-def auto_radius(power: int, head_dim: int) -> float:
-    """R at which p log sinc's Gaussian limit matches softmax's temperature for unit-RMS q, k."""
-    return math.sqrt(3.0 / (power * math.sqrt(head_dim)))
+from fourierformer_fairseq.modules.fourier_multihead_attention import auto_radius, rms_normalise
 
 
 def fourier_log_weights(q, k, radius, power):
@@ -43,10 +40,6 @@ def fourier_log_weights(q, k, radius, power):
     safe = torch.where(x == 0, torch.ones_like(x), x)
     sinc = torch.where(x == 0, torch.ones_like(x), torch.sin(safe) / safe)
     return power * torch.log(sinc.abs().clamp_min(1e-300)).sum(-1), x
-
-
-def rms_normalise(t):
-    return t / t.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
 
 
 def measure(D, power, radius, std, qk_norm, N=128, M=256, seed=0):

@@ -18,13 +18,16 @@ extra memory of each, and every time as a ratio to softmax
              round(d ln d) orthogonal features, as PerformerMultiheadAttention's default
   fourier_rf the random-feature Fourier kernel (kernel "fourier_rf"), 16 frequencies
              (528 features), radius 2 as the others, as the module's default
+  gfnet      the global filter (ops.global_filter.global_filter): an FFT long convolution of the
+             values per channel (H x D channels), filter taps for N positions (causal: lags 0..N-1,
+             else -(N-1)..N-1), O(N log N); q and k unused
 
-The default run times the first four (--impls adds the two linear-time ops to it). --scaling
+The default run times the first four (--impls adds the sub-quadratic ops to it). --scaling
 instead sweeps N = 256, 512, ..., 16384 at one head shape (--scaling-shape, default B=1, H=4,
-D=64) for fused, sdpa, performer and fourier_rf, without and with the causal mask, forward and
-forward+backward, and prints one table of times, ratios and peak memory and then, for each
-linear-time op, the crossover N against each exact one: the smallest N of the sweep from which
-it is faster at every larger N ("none up to N" if it is not faster at the largest). There a row
+D=64) for fused, sdpa, performer, fourier_rf and gfnet, without and with the causal mask, forward
+and forward+backward, and prints one table of times, ratios and peak memory and then, for each
+sub-quadratic op (the linear-time ones and gfnet), the crossover N against each exact one: the
+smallest N of the sweep from which it is faster at every larger N ("none up to N" if it is not faster at the largest). There a row
 runs up to --reps alternating rounds (default 10) but stops after --min-reps (default 3) once its
 rounds have taken --row-budget-s (default 20 s), so the largest N gets fewer rounds; the rounds
 column says how many each row had.
@@ -52,9 +55,11 @@ import torch.nn.functional as F
 
 IMPLS = ("fused", "published", "reference", "sdpa")  # the default run's implementations
 LINEAR_IMPLS = ("performer", "fourier_rf")
-ALL_IMPLS = IMPLS + LINEAR_IMPLS
+#: the ops that are not quadratic in N: the --scaling crossovers are theirs against the exact ones
+SUBQUADRATIC_IMPLS = LINEAR_IMPLS + ("gfnet",)
+ALL_IMPLS = IMPLS + SUBQUADRATIC_IMPLS
 MATERIALISING = ("published", "reference")
-SCALING_IMPLS = ("fused", "sdpa") + LINEAR_IMPLS
+SCALING_IMPLS = ("fused", "sdpa") + SUBQUADRATIC_IMPLS
 SCALING_SIZES = tuple(256 * 2 ** i for i in range(7))  # 256 ... 16384
 QUICK_SCALING_SIZES = (256, 512, 1024)
 #: the seed of the linear-time ops' random features (ops.favor.feature_seed)
@@ -83,6 +88,14 @@ def make_call(impl, q, k, v, radius, power, causal):
         return lambda: fourier_attention_reference(q, k, v, radius, power=power, causal=causal)
     if impl == "sdpa":
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if impl == "gfnet":
+        from fourierformer_fairseq.ops.global_filter import global_filter
+
+        B, H, N, D = v.shape
+        g = torch.Generator().manual_seed(FEATURE_SEED)
+        taps = (torch.randn(H * D, N if causal else 2 * N - 1, generator=g) * 0.02).to(device=v.device, dtype=v.dtype)
+        taps.requires_grad_(v.requires_grad)
+        return lambda: global_filter(v.transpose(-1, -2).reshape(B, H * D, N), taps, causal)
     if impl in LINEAR_IMPLS:
         from fourierformer_fairseq.ops.favor import favor_attention
 
@@ -405,8 +418,8 @@ def measure_scaling(args, impls, dtype, reps):
 
 def scaling_report(impls, rows):
     """The scaling table and the crossover table (markdown lines) from measure_scaling's rows."""
-    linear = [impl for impl in impls if impl in LINEAR_IMPLS]
-    exact = [impl for impl in impls if impl not in LINEAR_IMPLS]
+    linear = [impl for impl in impls if impl in SUBQUADRATIC_IMPLS]
+    exact = [impl for impl in impls if impl not in SUBQUADRATIC_IMPLS]
     header = (["mask", "pass", "N"] + [f"{impl} ms" for impl in impls]
               + [f"{a} / {b}" for a in linear for b in exact] + [f"{impl} MiB" for impl in impls] + ["rounds"])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -419,8 +432,8 @@ def scaling_report(impls, rows):
                      + [fmt_ms(ms.get(impl)) for impl in impls] + ratios
                      + [fmt_mib(row["mem"].get(impl)) for impl in impls] + [str(row["rounds"])])
             lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Crossover N (the smallest N of the sweep from which the linear-time op is faster at every larger N):", ""]
-    header = ["linear-time op", "against"] + [group_name(c, b) for c, b in SCALING_GROUPS]
+    lines += ["", "Crossover N (the smallest N of the sweep from which the sub-quadratic op is faster at every larger N):", ""]
+    header = ["sub-quadratic op", "against"] + [group_name(c, b) for c, b in SCALING_GROUPS]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for a in linear:
         for b in exact:
@@ -468,7 +481,7 @@ def main():
                         help=f"comma-separated subset of {ALL_IMPLS} (default {','.join(IMPLS)}; "
                              f"with --scaling {','.join(SCALING_IMPLS)})")
     parser.add_argument("--scaling", action="store_true",
-                        help="sweep N at one head shape instead, with the linear-time ops' crossover N")
+                        help="sweep N at one head shape instead, with the sub-quadratic ops' crossover N")
     parser.add_argument("--scaling-shape", default="1,4,64", help="B,H,D of --scaling (default 1,4,64)")
     parser.add_argument("--sizes", default="",
                         help="comma-separated N of --scaling (default 256,512,...,16384; --quick 256,512,1024)")

@@ -319,3 +319,19 @@ def random_tokens(d: Dictionary, lengths: List[int], pad_left: bool, generator: 
         else:
             out[i, :n] = seq
     return out
+
+
+def eval_translation_batch(arch: str, src_lengths: List[int], prev_lengths: List[int], seed: int = 0,
+                           extra: Sequence[str] = ()):
+    """A translation model of ``arch`` (seeded, eval mode, TRANSLATION_DIMS), its encoder's output on
+    random left-padded sources, and random right-padded previous output tokens: (model, encoder_out, prev)."""
+    torch.manual_seed(seed)
+    model, _ = build_model(arch, extra=extra, dims=TRANSLATION_DIMS)
+    model.eval()
+    d = model.decoder.dictionary
+    g = torch.Generator().manual_seed(seed)
+    src = random_tokens(d, src_lengths, pad_left=True, generator=g)
+    prev = random_tokens(d, prev_lengths, pad_left=False, generator=g)
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src.ne(d.pad()).sum(1))
+    return model, encoder_out, prev

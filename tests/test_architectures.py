@@ -38,7 +38,7 @@ from fairseq_helpers import (
 from fourierformer_fairseq.models import FOURIER_ARCHS, SOFTMAX_TWINS
 from fourierformer_fairseq.modules import FourierMultiheadAttention
 
-TRANSLATION_ARCHS = ["fourierformer_iwslt_de_en", "transformer_iwslt_de_en", "performer_iwslt_de_en"]
+TRANSLATION_ARCHS = ["fourierformer_iwslt_de_en", "transformer_iwslt_de_en", "performer_iwslt_de_en", "gfnet_iwslt_de_en"]
 LM_ARCHS = [
     "fourierformer_lm_wiki103_small",
     "fourierformer_lm_wiki103_medium",
@@ -48,6 +48,9 @@ LM_ARCHS = [
     "performer_lm_wiki103_small",
     "performer_lm_wiki103_medium",
     "performer_lm",
+    "gfnet_lm_wiki103_small",
+    "gfnet_lm_wiki103_medium",
+    "gfnet_lm",
 ]
 
 
@@ -153,9 +156,9 @@ def test_decoder_layers_mark_their_self_attention_causal(monkeypatch):
 
     model = eval_model()
     layer = model.decoder.layers[0]
-    assert layer.self_attn.causal_self_attention
-    assert not layer.encoder_attn.causal_self_attention
-    assert not model.encoder.layers[0].self_attn.causal_self_attention
+    assert layer.self_attn.causal
+    assert not layer.encoder_attn.causal
+    assert not model.encoder.layers[0].self_attn.causal
     calls = []
     real_attention = fmha.fourier_attention
 

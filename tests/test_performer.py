@@ -236,13 +236,13 @@ def test_causal_module_equals_quadratic_reference_from_the_same_features(kernel)
     """Module output and gradients equal a quadratic masked attention computed from the same
     features (chunks of 4 over 13 positions, so that the prefix state crosses chunks). In float64,
     where both are exact to rounding: 1e-9."""
-    m = make(self_attention=True, kernel=kernel, chunk_size=4, num_features=8 if kernel == "fourier_rf" else 64)
+    m = make(self_attention=True, causal=True, kernel=kernel, chunk_size=4, num_features=8 if kernel == "fourier_rf" else 64)
     m = m.double().train()
     T, B = 13, 2
     x = torch.randn(T, B, E, dtype=torch.float64) * 2
     x1 = x.clone().requires_grad_(True)
     x2 = x.clone().requires_grad_(True)
-    out, _ = m(x1, x1, x1, attn_mask=future_mask(T), need_weights=False)
+    out, _ = m(x1, x1, x1, need_weights=False)
     out.square().sum().backward()
     grads = [p.grad.clone() for p in m.parameters()]
     m.zero_grad()
@@ -300,10 +300,9 @@ def test_appending_padded_keys_changes_nothing(kernel, causal):
     xp = torch.cat([x, junk])
     kpm = torch.zeros(B, T + extra, dtype=torch.bool)
     kpm[:, T:] = True
-    mask = future_mask(T) if causal else None
-    mask_p = future_mask(T + extra) if causal else None
-    out, w = m(x, x, x, attn_mask=mask, need_head_weights=True)
-    out_p, w_p = m(xp, xp, xp, key_padding_mask=kpm, attn_mask=mask_p, need_head_weights=True)
+    m.causal = causal
+    out, w = m(x, x, x, need_head_weights=True)
+    out_p, w_p = m(xp, xp, xp, key_padding_mask=kpm, need_head_weights=True)
     torch.testing.assert_close(out_p[:T], out, rtol=1e-5, atol=1e-6)
     assert torch.all(w_p[..., T:] == 0), "padded keys get exactly zero weight"
     torch.testing.assert_close(w_p[:, :, :T, :T], w, rtol=1e-5, atol=1e-6)
@@ -313,14 +312,14 @@ def test_appending_padded_keys_changes_nothing(kernel, causal):
 def test_left_padding_in_causal_attention_and_padding_only_rows():
     """Leading padded positions (their features must not become inf * 0) change nothing for the real
     ones; a row that sees only padding gives 0, not NaN, and so do its gradients."""
-    m = make(self_attention=True, chunk_size=4).train()
+    m = make(self_attention=True, causal=True, chunk_size=4).train()
     T, pad, B = 6, 5, 2
     x = torch.randn(T, B, E)
     xp = torch.cat([torch.randn(pad, B, E) * 50, x]).requires_grad_(True)
     kpm = torch.zeros(B, T + pad, dtype=torch.bool)
     kpm[:, :pad] = True
-    out, _ = m(x, x, x, attn_mask=future_mask(T), need_weights=False)
-    out_p, _ = m(xp, xp, xp, key_padding_mask=kpm, attn_mask=future_mask(T + pad), need_weights=False)
+    out, _ = m(x, x, x, need_weights=False)
+    out_p, _ = m(xp, xp, xp, key_padding_mask=kpm, need_weights=False)
     torch.testing.assert_close(out_p[pad:], out, rtol=1e-5, atol=1e-6)
     # the padded queries see only padded keys: attention 0, so their output is out_proj's bias
     torch.testing.assert_close(out_p[:pad], m.out_proj.bias.expand(pad, B, E), rtol=0, atol=0)
@@ -346,11 +345,11 @@ def test_cross_attention_padding_and_batch_equals_single():
 @pytest.mark.parametrize("kernel", ["softmax", "relu", "fourier_rf"])
 def test_incremental_decoding_equals_full_with_a_constant_size_cache(kernel):
     """In float64 (both orders of summation exact to rounding: 1e-10); float32 is checked on the LM below."""
-    m = make(self_attention=True, kernel=kernel, chunk_size=4, num_features=8 if kernel == "fourier_rf" else 64)
+    m = make(self_attention=True, causal=True, kernel=kernel, chunk_size=4, num_features=8 if kernel == "fourier_rf" else 64)
     m = m.double()
     T, B = 11, 3
     x = torch.randn(T, B, E, dtype=torch.float64) * 2
-    full, _ = m(x, x, x, attn_mask=future_mask(T), need_weights=False)
+    full, _ = m(x, x, x, need_weights=False)
     state = {}
     steps, shapes = [], []
     for t in range(T):
@@ -593,11 +592,11 @@ def test_checkpoint_round_trip_keeps_the_features(tmp_path):
 
 
 def test_bfloat16_autocast_computes_features_in_float32():
-    m = make(self_attention=True)
+    m = make(self_attention=True, causal=True)
     x = torch.randn(9, 2, E)
-    ref, _ = m(x, x, x, attn_mask=future_mask(9), need_weights=False)
+    ref, _ = m(x, x, x, need_weights=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, _ = m(x, x, x, attn_mask=future_mask(9), need_weights=False)
+        out, _ = m(x, x, x, need_weights=False)
     assert torch.isfinite(out).all()
     # bfloat16 keeps 8 bits: the projections in and out carry ~2^-8 relative error each
     assert ((out.float() - ref).norm() / ref.norm()).item() < 2 ** -5
@@ -725,9 +724,9 @@ def test_fourier_rf_attention_approaches_the_fourier_op_and_learns_the_radius():
             err += ((out - exact).norm() / exact.norm()).item() / 6
         errors.append(err)
     assert errors[1] < errors[0] / 1.5 and errors[2] < errors[1] / 1.5, errors
-    m = make(self_attention=True, kernel="fourier_rf", num_features=8, radius_shape="head").train()
+    m = make(self_attention=True, causal=True, kernel="fourier_rf", num_features=8, radius_shape="head").train()
     x = torch.randn(6, 2, E)
-    out, _ = m(x, x, x, attn_mask=future_mask(6), need_weights=False)
+    out, _ = m(x, x, x, need_weights=False)
     out.square().sum().backward()
     # against central differences of the same loss, in float64 with the same features
     m64, x64 = m.double(), x.double()
@@ -738,7 +737,7 @@ def test_fourier_rf_attention_approaches_the_fourier_op_and_learns_the_radius():
         for sign in (1, -1):
             with torch.no_grad():
                 m64.radius.view(-1)[h] += sign * eps
-                losses.append(m64(x64, x64, x64, attn_mask=future_mask(6).double(), need_weights=False)[0].square().sum())
+                losses.append(m64(x64, x64, x64, need_weights=False)[0].square().sum())
                 m64.radius.view(-1)[h] -= sign * eps
         fd = (losses[0] - losses[1]) / (2 * eps)
         assert abs(grad.view(-1)[h].item() - fd.item()) <= 1e-3 * abs(fd.item()) + 1e-6, (h, grad, fd)

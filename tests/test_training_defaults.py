@@ -199,7 +199,7 @@ def parse(arch, *extra):
                                                 ("fourierformer_lm_wiki103_medium", 4, 2.0)])
 def test_arch_defaults_and_the_paper_exact_switch(arch, power, paper_r):
     from fourierformer_fairseq.models import FourierAttentionOptions
-    from fourierformer_fairseq.models.fourierformer_lm import LM_SITES
+    from fourierformer_fairseq.models.attention_options import LM_SITES
     from fourierformer_fairseq.models.fourier_attention_options import SITES
 
     sites = LM_SITES if "_lm_" in arch else SITES

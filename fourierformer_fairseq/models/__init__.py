@@ -1,10 +1,13 @@
-"""FourierFormer architectures for fairseq (registered on import).
+"""The plugin's architectures for fairseq (every file of this folder is imported, and registers, on import).
 
 Translation: model ``fourierformer``, arch ``fourierformer_iwslt_de_en`` (twin: stock
 ``transformer_iwslt_de_en``). Language modelling: model ``fourierformer_lm``, archs
 ``fourierformer_lm_wiki103_small`` / ``_medium`` (twins ``softmax_lm_wiki103_small`` / ``_medium``
 on stock ``transformer_lm``).
 """
+import importlib
+import pkgutil
+
 from .fourier_attention_options import SITES, FourierAttentionOptions
 from .fourierformer_lm import FourierFormerLanguageModel, FourierFormerLanguageModelConfig
 from .fourierformer_transformer import (
@@ -14,8 +17,12 @@ from .fourierformer_transformer import (
     FourierTransformerEncoder,
     FourierTransformerEncoderLayer,
 )
-from .performer_lm import PerformerLanguageModel  # noqa: F401  (Performer: performer_lm_wiki103_small / _medium)
-from .performer_transformer import PerformerModel  # noqa: F401  (Performer: performer_iwslt_de_en)
+
+# every module of this folder, as fairseq's own models/__init__.py does: an attention kind's model
+# and arch files register themselves on import, so a new kind adds files and edits none here
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 FOURIER_ARCHS = ("fourierformer_iwslt_de_en", "fourierformer_lm_wiki103_small", "fourierformer_lm_wiki103_medium")
 SOFTMAX_TWINS = {

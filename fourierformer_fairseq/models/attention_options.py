@@ -1,16 +1,34 @@
-"""The attention sites of the architectures, and what they need of an attention options object.
+"""The attention sites of the architectures, and an attention kind's options, declared once.
 
-An options object (``FourierAttentionOptions``, ``PerformerAttentionOptions``) is read and validated
-from the fairseq args by ``from_args(args, available_sites)``; it has ``sites``, the sites whose
-attention it replaces, and ``build_attention(site, embed_dim, num_heads, **kwargs)``, which makes
-the attention of one site: its own ``attention_class`` if the site is selected, fairseq's softmax
-``MultiheadAttention`` otherwise. ``add_args(parser)`` declares its command-line options and
-``prepare_model(model, args)`` finishes a built model (called once, after every module exists).
+A kind's options are one fairseq dataclass (``FourierAttentionConfig``, ``PerformerConfig``,
+``GlobalFilterConfig``): the translation models add it to their argparse options, the language
+models' configs inherit it. A field whose metadata names a ``kwarg`` is passed to the kind's
+attention class as that keyword argument; the ``sites_field`` selects the sites the kind replaces;
+other fields are for the architecture functions (defaults, switches). Adding an option is the
+field and the code that uses it (the attention class's constructor): reading, passing and
+validating are generic.
+
+An ``AttentionOptions`` subclass names ``config_class``, ``attention_class`` and ``sites_field``.
+``from_args(args, available_sites)`` reads the fields from fairseq's args, validates them once
+with the attention class's ``check_options`` (the same validation its constructor runs; errors
+name the flags here), and gives an object with ``sites`` and ``build_attention(site, embed_dim,
+num_heads, **kwargs)``, which makes the attention of one site: the kind's if the site is
+selected, fairseq's softmax ``MultiheadAttention`` otherwise. ``add_args(parser)`` declares the
+options and ``prepare_model(model, args)`` finishes a built model (called once, after every
+module exists).
 """
 
-from typing import Any, ClassVar, Dict, FrozenSet, Sequence, Type
+import enum
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Dict, FrozenSet, Optional, Sequence, Type
 
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.modules.multihead_attention import MultiheadAttention
+from fairseq.utils import safe_getattr
+
+from fourierformer_fairseq.modules.option_checks import OptionError
+from fourierformer_fairseq.modules.projected_attention import RADIUS_SHAPES
 
 SITES = ("encoder", "decoder", "cross")
 LM_SITES = ("decoder",)  # a language model has only decoder self-attention
@@ -23,8 +41,20 @@ SITE_HELP = {
 }
 
 
-def parse_sites(spec, available: Sequence[str], flag: str) -> FrozenSet[str]:
-    """'encoder,decoder,cross' / 'all' / 'none' (the value of ``flag``) -> the set of sites it selects."""
+def site_tag(module_name: str) -> str:
+    """The short tag of an attention module's site from its name in the model: "enc" (encoder
+    self-attention), "cross" (encoder-decoder attention) or "dec" (decoder self-attention)."""
+    if module_name.split(".")[0] == "encoder":
+        return "enc"
+    return "cross" if module_name.split(".")[-1] == "encoder_attn" else "dec"
+
+
+def parse_sites(spec, available: Sequence[str], flag: str, supported: Sequence[str] = SITES) -> FrozenSet[str]:
+    """'encoder,decoder,cross' / 'all' / 'none' (the value of ``flag``) -> the set of sites it selects.
+
+    available: the model's sites; supported: the sites the kind can replace ('all' is their common part).
+    """
+    available = [s for s in available if s in supported]
     if isinstance(spec, (list, tuple, set, frozenset)):
         items = [str(s).strip() for s in spec]
     else:
@@ -40,6 +70,12 @@ def parse_sites(spec, available: Sequence[str], flag: str) -> FrozenSet[str]:
             f"{flag} {spec!r}: expected a comma-separated subset of {','.join(available)} "
             f"(or 'all' / 'none')"
         )
+    unsupported = [s for s in items if s not in supported]
+    if unsupported:
+        raise ValueError(
+            f"{flag} {spec!r}: this attention kind cannot replace the {', '.join(SITE_HELP[s] for s in unsupported)} "
+            f"(it stays softmax); choose from {','.join(available)} (or 'all' / 'none')"
+        )
     missing = [s for s in items if s not in available]
     if missing:
         raise ValueError(
@@ -49,31 +85,130 @@ def parse_sites(spec, available: Sequence[str], flag: str) -> FrozenSet[str]:
     return frozenset(items)
 
 
-class AttentionOptions:
-    """The shared behaviour of the attention options dataclasses (which declare ``sites``)."""
+def kwarg_field(kwarg: str, default: Any, help: str, **metadata) -> Any:
+    """A config field passed to the attention class as the keyword argument ``kwarg``."""
+    return field(default=default, metadata={"help": help, "kwarg": kwarg, **metadata})
 
+
+@dataclass
+class FourierKernelConfig(FairseqDataclass):
+    """The Fourier kernel's options, shared by Fourier attention and the Performer's fourier_rf kernel.
+
+    ``None``: the architecture's default (set by its arch function), else the attention class's.
+    """
+
+    fourier_power: Optional[int] = kwarg_field(
+        "power", None, "p of phi(x) = x^p in the Fourier kernel prod_d phi(sinc(R (q_d - k_d))) (even for the "
+                       "Performer's fourier_rf); default: 2 translation, 4 language models")
+    fourier_radius_init: Optional[float] = kwarg_field(
+        "radius_init", None, "initial value of the learnable radius R; default: Fourier attention "
+                             "sqrt(3 / (p sqrt(head_dim))) (as peaked as softmax at init), or the paper's with "
+                             "--fourier-paper-exact; Performer fourier_rf the paper's (1.0 translation, 2.0 language models)")
+    fourier_radius_shape: ChoiceEnum(RADIUS_SHAPES) = kwarg_field(
+        "radius_shape", "scalar", "one learnable radius per layer (scalar), per head, or per head and feature")
+
+
+def _plain(value: Any) -> Any:
+    """A ChoiceEnum member as its string; anything else as it is."""
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+class AttentionOptions:
+    """A kind's options read from fairseq's args: ``sites`` and the attention class's keyword arguments."""
+
+    config_class: ClassVar[Type[FairseqDataclass]]
     attention_class: ClassVar[Type[MultiheadAttention]]
-    sites: FrozenSet[str]
+    sites_field: ClassVar[str]
+    #: the sites the kind can replace
+    supported_sites: ClassVar[Sequence[str]] = SITES
+    #: argparse without the dataclass defaults (the arch functions fill in what is unset)
+    parser_without_defaults: ClassVar[bool] = False
+
+    def __init__(self, sites: FrozenSet[str], kwargs: Dict[str, Any]):
+        self.sites = frozenset(sites)
+        self.kwargs = dict(kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        kwargs = self.__dict__.get("kwargs", {})
+        if name in kwargs:
+            return kwargs[name]
+        raise AttributeError(f"{type(self).__name__} has no option {name!r}")
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and (self.sites, self.kwargs) == (other.sites, other.kwargs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(sites={sorted(self.sites)}, {self.kwargs})"
+
+    # ------------------------------------------------------------------ reading
+
+    @classmethod
+    def kwarg_fields(cls) -> Dict[str, str]:
+        """keyword argument -> config field, for every field that names one."""
+        return {f.metadata["kwarg"]: f.name for f in fields(cls.config_class) if "kwarg" in f.metadata}
+
+    @classmethod
+    def flags(cls) -> Dict[str, str]:
+        """keyword argument -> its command-line flag."""
+        return {kw: "--" + name.replace("_", "-") for kw, name in cls.kwarg_fields().items()}
+
+    @classmethod
+    def read_kwargs(cls, args) -> Dict[str, Any]:
+        """The attention class's keyword arguments from args; a field left None is left out (the class's default)."""
+        defaults = {f.name: f.default for f in fields(cls.config_class)}
+        kwargs = {kw: _plain(safe_getattr(args, name, defaults[name])) for kw, name in cls.kwarg_fields().items()}
+        return {kw: value for kw, value in kwargs.items() if value is not None}
+
+    @classmethod
+    def from_args(cls, args, available: Sequence[str] = SITES) -> "AttentionOptions":
+        """Reads and validates the kind's options from a fairseq args namespace / config."""
+        kwargs = cls.read_kwargs(args)
+        try:
+            cls.attention_class.check_options(kwargs)
+        except OptionError as error:
+            raise ValueError(error.render(cls.flags())) from None
+        default_sites = next(f.default for f in fields(cls.config_class) if f.name == cls.sites_field)
+        sites = parse_sites(safe_getattr(args, cls.sites_field, default_sites), available,
+                            flag="--" + cls.sites_field.replace("_", "-"), supported=cls.supported_sites)
+        return cls(sites, kwargs)
 
     def attention_kwargs(self) -> Dict[str, Any]:
         """The keyword arguments of ``attention_class`` beyond fairseq's ``MultiheadAttention``'s."""
-        raise NotImplementedError
+        return dict(self.kwargs)
 
-    def build_attention(self, site: str, embed_dim: int, num_heads: int, **kwargs) -> MultiheadAttention:
-        """The attention for ``site``: ``attention_class`` if selected, else fairseq's MultiheadAttention."""
+    def build_attention(self, site: str, embed_dim: int, num_heads: int, *, causal: bool = False,
+                        max_positions=None, **kwargs) -> MultiheadAttention:
+        """The attention for ``site``: ``attention_class`` if selected, else fairseq's MultiheadAttention.
+
+        causal, max_positions: what the layer says of this attention (see ``ProjectedMultiheadAttention``);
+        fairseq's softmax attention takes its future mask instead and needs neither.
+        """
         if site not in SITES:
             raise ValueError(f"unknown attention site {site!r}; expected one of {SITES}")
         if site not in self.sites:
             return MultiheadAttention(embed_dim, num_heads, **kwargs)
-        return self.attention_class(embed_dim, num_heads, **self.attention_kwargs(), **kwargs)
+        return self.attention_class(embed_dim, num_heads, **self.attention_kwargs(), causal=causal,
+                                    max_positions=max_positions, **kwargs)
 
-    @staticmethod
-    def add_args(parser) -> None:
-        raise NotImplementedError
+    @classmethod
+    def add_args(cls, parser) -> None:
+        """Adds the kind's options to a legacy (argparse) model's parser."""
+        gen_parser_from_dataclass(parser, cls.config_class(), delete_default=cls.parser_without_defaults)
+
+    @classmethod
+    def set_defaults(cls, args, **overrides) -> None:
+        """For architecture functions: every config field the command line left unset takes
+        ``overrides[name]`` or else the declared default (a None default stays unset)."""
+        for f in fields(cls.config_class):
+            if f.name.startswith("_") or safe_getattr(args, f.name, None) is not None:
+                continue
+            value = overrides.get(f.name, f.default)
+            if value is not None:
+                setattr(args, f.name, value)
 
     @staticmethod
     def prepare_model(model, args) -> None:
         """Finishes a built model; nothing by default."""
 
 
-__all__ = ["LM_SITES", "SITES", "AttentionOptions", "parse_sites"]
+__all__ = ["LM_SITES", "SITES", "AttentionOptions", "FourierKernelConfig", "kwarg_field", "parse_sites", "site_tag"]

@@ -17,7 +17,7 @@ from fairseq import options
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
 from fairseq.models.transformer.transformer_legacy import TransformerModel
-from fairseq.models.transformer_lm import DEFAULT_MAX_TARGET_POSITIONS, TransformerLanguageModel
+from fairseq.models.transformer_lm import DEFAULT_MAX_TARGET_POSITIONS, TransformerLanguageModel, base_lm_architecture
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
@@ -26,6 +26,20 @@ from fairseq.utils import safe_getattr
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 
 from .attention_options import LM_SITES, SITES, AttentionOptions
+
+
+def paper_lm_sizes(args, embed_dim: int, context: int) -> None:
+    """The paper's WikiText-103 LM shape (shared by every kind's models and the softmax twins)."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 16)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", embed_dim)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 2048)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
+    # present but None when the language_modeling task left it unset
+    if safe_getattr(args, "max_target_positions", None) is None:
+        args.max_target_positions = context
+    args.dropout = safe_getattr(args, "dropout", 0.1)
+    args.attention_dropout = safe_getattr(args, "attention_dropout", 0.0)
+    base_lm_architecture(args)
 
 NO_ALIGNMENT_LAYER = -1  # an alignment_layer index that matches no layer: no weights are requested
 
@@ -54,6 +68,7 @@ class AttentionOptionsEncoderLayer(TransformerEncoderLayerBase):
             cfg.encoder.attention_heads,
             dropout=cfg.attention_dropout,
             self_attention=True,
+            max_positions=cfg.max_source_positions,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
             xformers_att_config=cfg.encoder.xformers_att_config,
@@ -69,10 +84,14 @@ class AttentionOptionsDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        attention = self.attention_options.build_attention(
+        # causal: this layer's self-attention is the decoder's; a kind computes causality itself and
+        # gets no future mask (AttentionOptionsDecoder.buffered_future_mask), softmax gets fairseq's
+        return self.attention_options.build_attention(
             "decoder",
             embed_dim,
             cfg.decoder.attention_heads,
+            causal=True,
+            max_positions=cfg.max_target_positions,
             dropout=cfg.attention_dropout,
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
@@ -81,11 +100,6 @@ class AttentionOptionsDecoderLayer(TransformerDecoderLayerBase):
             qn_block_size=self.quant_noise_block_size,
             xformers_att_config=cfg.decoder.xformers_att_config,
         )
-        if isinstance(attention, ProjectedMultiheadAttention):
-            # the self_attn_mask this layer passes is fairseq's future mask: the module runs it as
-            # causal attention (no mask read), see ProjectedMultiheadAttention._causal_from_future_mask
-            attention.causal_self_attention = True
-        return attention
 
     def build_encoder_attention(self, embed_dim, cfg):
         return self.attention_options.build_attention(
@@ -132,6 +146,16 @@ class AttentionOptionsDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return wrap_layer(AttentionOptionsDecoderLayer(cfg, self.attention_options, no_encoder_attn), cfg)
 
+    def buffered_future_mask(self, tensor):
+        """fairseq's future mask for softmax self-attention; None where the self-attention is a kind
+        built with ``causal=True``, which is causal by construction and would apply a mask as a mask."""
+        if "decoder" in self.attention_options.sites:
+            return None
+        return super().buffered_future_mask(tensor)
+
+    def _causal_self_attention(self) -> List[ProjectedMultiheadAttention]:
+        return [m for m in self.modules() if isinstance(m, ProjectedMultiheadAttention) and m.causal]
+
     def extract_features(
         self,
         prev_output_tokens,
@@ -143,14 +167,23 @@ class AttentionOptionsDecoder(TransformerDecoderBase):
     ):
         if self.training and alignment_layer is None and "cross" in self.attention_options.sites:
             alignment_layer = NO_ALIGNMENT_LAYER  # see the class docstring
-        return super().extract_features(
-            prev_output_tokens,
-            encoder_out,
-            incremental_state=incremental_state,
-            full_context_alignment=full_context_alignment,
-            alignment_layer=alignment_layer,
-            alignment_heads=alignment_heads,
-        )
+        # full_context_alignment: fairseq's decoder then passes no future mask, and self-attention sees
+        # every position; a causal kind is told so for this call
+        uncausal = self._causal_self_attention() if full_context_alignment else []
+        for module in uncausal:
+            module.causal = False
+        try:
+            return super().extract_features(
+                prev_output_tokens,
+                encoder_out,
+                incremental_state=incremental_state,
+                full_context_alignment=full_context_alignment,
+                alignment_layer=alignment_layer,
+                alignment_heads=alignment_heads,
+            )
+        finally:
+            for module in uncausal:
+                module.causal = True
 
 
 class AttentionOptionsTransformerModel(TransformerModel):
@@ -262,5 +295,6 @@ __all__ = [
     "AttentionOptionsEncoderLayer",
     "AttentionOptionsLanguageModel",
     "AttentionOptionsTransformerModel",
+    "paper_lm_sizes",
     "wrap_layer",
 ]

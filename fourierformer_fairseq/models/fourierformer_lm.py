@@ -22,11 +22,10 @@ so the archs also run on small vocabularies.
 from dataclasses import dataclass
 
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer_lm import TransformerLanguageModelConfig, base_lm_architecture
+from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 from fairseq.utils import safe_getattr
 
-from .attention_options import LM_SITES  # noqa: F401  (the sites of a language model)
-from .attention_transformer import AttentionOptionsLanguageModel
+from .attention_transformer import AttentionOptionsLanguageModel, paper_lm_sizes
 from .fourier_attention_options import FourierAttentionConfig, FourierAttentionOptions, set_fourier_defaults
 
 
@@ -48,20 +47,6 @@ class FourierFormerLanguageModel(AttentionOptionsLanguageModel):
             # a saved config always has the power, so old checkpoints keep their formulation
             set_fourier_defaults(args, power=LM_POWER, paper_radius_init=LM_PAPER_RADIUS_INIT)
         return super().build_model(args, task)
-
-
-def paper_lm_sizes(args, embed_dim: int, context: int) -> None:
-    """The paper's WikiText-103 LM shape (shared by the Fourier models and their softmax twins)."""
-    args.decoder_layers = safe_getattr(args, "decoder_layers", 16)
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", embed_dim)
-    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 2048)
-    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
-    # present but None when the language_modeling task left it unset
-    if safe_getattr(args, "max_target_positions", None) is None:
-        args.max_target_positions = context
-    args.dropout = safe_getattr(args, "dropout", 0.1)
-    args.attention_dropout = safe_getattr(args, "attention_dropout", 0.0)
-    base_lm_architecture(args)
 
 
 LM_POWER, LM_PAPER_RADIUS_INIT = 4, 2.0  # the paper's p and radius init for its language models

@@ -16,8 +16,7 @@ from omegaconf import II
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 
-from .attention_transformer import AttentionOptionsLanguageModel
-from .fourierformer_lm import paper_lm_sizes
+from .attention_transformer import AttentionOptionsLanguageModel, paper_lm_sizes
 from .performer_options import PerformerAttentionOptions, PerformerConfig, set_performer_defaults
 
 

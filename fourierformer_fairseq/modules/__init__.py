@@ -3,14 +3,20 @@
     from fourierformer_fairseq.modules import build_attention
     attn = build_attention("fourier_multihead_attention", 512, 8, self_attention=True, power=2)
 
-``ATTENTION_REGISTRY`` maps "multihead_attention" to fairseq's ``MultiheadAttention`` and
-"fourier_multihead_attention" to :class:`FourierMultiheadAttention`.
+``ATTENTION_REGISTRY`` maps "multihead_attention" to fairseq's ``MultiheadAttention``,
+"fourier_multihead_attention" to :class:`FourierMultiheadAttention` and
+"performer_multihead_attention" to :class:`PerformerMultiheadAttention` and
+"global_filter_mixer" to :class:`GlobalFilterMixer`. Every kind is a
+:class:`ProjectedMultiheadAttention` (the shared forward) and imports no other kind.
 """
 from typing import Callable, Dict, Type
 
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from .fourier_multihead_attention import RADIUS_SHAPES, FourierMultiheadAttention
+from .fourier_multihead_attention import FourierMultiheadAttention
+from .global_filter_mixer import GlobalFilterMixer
+from .performer_multihead_attention import PerformerMultiheadAttention
+from .projected_attention import RADIUS_SHAPES, ProjectedMultiheadAttention
 
 ATTENTION_REGISTRY: Dict[str, Type[MultiheadAttention]] = {}
 
@@ -36,13 +42,17 @@ def build_attention(name: str, *args, **kwargs) -> MultiheadAttention:
 
 register_attention("multihead_attention")(MultiheadAttention)
 register_attention("fourier_multihead_attention")(FourierMultiheadAttention)
+register_attention("performer_multihead_attention")(PerformerMultiheadAttention)
+register_attention("global_filter_mixer")(GlobalFilterMixer)
 
 __all__ = [
     "ATTENTION_REGISTRY",
     "FourierMultiheadAttention",
+    "GlobalFilterMixer",
+    "PerformerMultiheadAttention",
+    "ProjectedMultiheadAttention",
     "RADIUS_SHAPES",
     "build_attention",
     "register_attention",
 ]
 
-from .performer_multihead_attention import PerformerMultiheadAttention  # noqa: E402,F401  (registers "performer_multihead_attention")

@@ -23,19 +23,23 @@ over the head dim, so that the radius alone sets how far ``R (q_d - k_d)`` reach
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
+from fourierformer_fairseq.modules.projected_attention import (
+    RADIUS_SHAPES,
+    ProjectedMultiheadAttention,
+    radius_parameter_shape,
+)
+from fourierformer_fairseq.modules.option_checks import OptionError, check_choice, check_int, check_positive
 from fourierformer_fairseq.ops import fourier_attention
 from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
 from fourierformer_fairseq.ops.inputs import PHIS, prepare_inputs
 from fourierformer_fairseq.ops.reference import log_weights
 
-RADIUS_SHAPES = ("scalar", "head", "feature")
 QK_NORMS = ("rms", "none")
 KERNELS = ("sinc", "gaussian")
 QK_NORM_EPS = 1e-6
@@ -57,17 +61,6 @@ def rms_normalise(x: Tensor) -> Tensor:
     compute = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     out = compute * torch.rsqrt(compute.pow(2).mean(-1, keepdim=True) + QK_NORM_EPS)
     return out.to(x.dtype)
-
-
-def radius_parameter_shape(radius_shape: str, num_heads: int, head_dim: int) -> Tuple[int, ...]:
-    """Shape of the learnable radius: () scalar, (H, 1) per head, (H, D) per head and feature."""
-    if radius_shape == "scalar":
-        return ()
-    if radius_shape == "head":
-        return (num_heads, 1)
-    if radius_shape == "feature":
-        return (num_heads, head_dim)
-    raise ValueError(f"radius_shape must be one of {RADIUS_SHAPES}, got {radius_shape!r}")
 
 
 class FourierMultiheadAttention(ProjectedMultiheadAttention):
@@ -103,27 +96,13 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         backend: str = "auto",
         **kwargs,
     ):
-        if phi not in PHIS:
-            raise ValueError(f"phi must be one of {PHIS}, got {phi!r}")
-        if isinstance(power, bool) or int(power) != power or power < 1:
-            raise ValueError(f"power must be a positive integer, got {power!r}")
-        if radius_init is not None:
-            radius_init = float(radius_init)
-            if not radius_init > 0:
-                raise ValueError(f"radius_init must be positive, got {radius_init}")
-        if qk_norm not in QK_NORMS:
-            raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        if kernel == "gaussian" and phi != "power":
-            raise ValueError(f"kernel='gaussian' is exp(-(p R^2 / 6) |q - k|^2) and takes phi='power', got {phi!r}")
-        if isinstance(log_interval, bool) or int(log_interval) != log_interval or log_interval < 0:
-            raise ValueError(f"log_interval must be a non-negative integer, got {log_interval!r}")
+        self.check_options(dict(power=power, phi=phi, radius_init=radius_init, radius_shape=radius_shape,
+                                qk_norm=qk_norm, kernel=kernel, log_interval=log_interval))
         super().__init__(embed_dim, num_heads, *args, **kwargs)
         self.power = int(power)
         self.phi = phi
         self.radius_shape = radius_shape
-        self.radius_init = auto_radius(self.power, self.head_dim) if radius_init is None else radius_init
+        self.radius_init = auto_radius(self.power, self.head_dim) if radius_init is None else float(radius_init)
         self.qk_norm = qk_norm
         self.kernel = kernel
         self.backend = backend
@@ -139,6 +118,21 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             f"radius_shape={self.radius_shape!r}, radius_init={self.radius_init:.4g}, qk_norm={self.qk_norm!r}, "
             f"kernel={self.kernel!r}"
         )
+
+    @classmethod
+    def check_options(cls, options) -> None:
+        """The one validation of the options (keyword -> value; None: the default); raises OptionError."""
+        check_int(options, "power", 1, "a positive integer")
+        check_choice(options, "phi", PHIS)
+        check_positive(options, "radius_init")
+        check_choice(options, "radius_shape", RADIUS_SHAPES)
+        check_choice(options, "qk_norm", QK_NORMS)
+        check_choice(options, "kernel", KERNELS)
+        check_int(options, "log_interval", 0, "a non-negative integer")
+        phi = options.get("phi") or "power"
+        if options.get("kernel") == "gaussian" and phi != "power":
+            raise OptionError("{kernel} gaussian is exp(-(p R^2 / 6) |q - k|^2) and takes {phi} power, got {value!r}",
+                              value=phi)
 
     # ------------------------------------------------------------------ observability
 
@@ -167,95 +161,20 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
                 site = self.log_name.rstrip("0123456789")
                 metrics.log_scalar(f"entropy_{site}", H[seen].mean().item(), round=3)
 
-    # ------------------------------------------------------------------ forward
+    # ------------------------------------------------------------------ attention
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Input shape: Time x Batch x Channel; the contract of ``MultiheadAttention.forward``.
+    supports_before_softmax = True
 
-        Returns ``(attn, attn_weights)``: attn (tgt_len, batch, embed_dim); attn_weights None
-        unless need_weights: (batch, tgt_len, src_len) averaged over heads, or
-        (heads, batch, tgt_len, src_len) with need_head_weights. ``before_softmax=True`` returns
-        the unnormalised log-weights (batch * heads, tgt_len, src_len) and the values instead.
-        """
-        if need_head_weights:
-            need_weights = True
-        tgt_len, bsz, embed_dim = query.size()
-        if not self.skip_embed_dim_check:
-            assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
-        if key is not None:
-            assert value is not None
-
-        saved_state: Optional[Dict[str, Optional[Tensor]]] = None
-        if incremental_state is not None:
-            saved_state = self._get_input_buffer(incremental_state)
-            if "prev_key" in saved_state and static_kv:
-                # encoder-decoder attention after the first step: keys/values come from the cache
-                assert self.encoder_decoder_attention and not self.self_attention
-                key = value = None
-
-        q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask, bsz)
-        if self.bias_k is not None and k is not None:
-            # (with static cached keys, k is None and the bias column is already in the cache)
-            assert self.bias_v is not None and v is not None
-            k, v, key_padding_mask, attn_mask = self._add_bias(
-                k, v, key_padding_mask=key_padding_mask, attn_mask=attn_mask, bsz=bsz
-            )
-
-        q = self._split_heads(q)
-        kv_bsz = bsz
-        if k is not None:
-            kv_bsz = k.size(1)
-            k = self._split_heads(k)
+    def prepare_queries_keys(self, q, k):
         if self.qk_norm == "rms":
             # before the cache, so cached keys are stored normalised (the normalisation is per key)
             q = rms_normalise(q)
             k = None if k is None else rms_normalise(k)
-        if v is not None:
-            v = self._split_heads(v)
+        return q, k
 
-        if saved_state is not None:
-            k, v, key_padding_mask, kv_bsz = self._cache_keys_values(
-                saved_state, incremental_state, k, v, key_padding_mask, kv_bsz, static_kv
-            )
-        assert k is not None and v is not None
-
-        if key_padding_mask is not None and key_padding_mask.dim() == 0:
-            key_padding_mask = None  # fairseq's fork/join placeholder for "no mask"
-        if key_padding_mask is not None:
-            assert key_padding_mask.size(0) == kv_bsz and key_padding_mask.size(1) == k.size(2)
-        if self.add_zero_attn:
-            k, v, key_padding_mask, attn_mask = self._append_zero_attn(
-                k=k, v=v, key_padding_mask=key_padding_mask, attn_mask=attn_mask
-            )
-
-        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
-            key_padding_mask = key_padding_mask != 0  # the cache keeps float 0/1 masks
-        if attn_mask is not None and not (attn_mask.is_floating_point() or attn_mask.dtype == torch.bool):
-            attn_mask = attn_mask != 0  # byte masks: nonzero = masked
-        attn_mask, causal = self._causal_from_future_mask(attn_mask, tgt_len, k.size(2))
-
-        if before_softmax:
-            return self._log_weights(q, k, v, key_padding_mask, attn_mask, causal)
+    def attend(self, q, k, v, *, key_padding_mask, attn_mask, causal, need_weights):
         if self.training and self._log_this_update:
             self._log_metrics(q, k, key_padding_mask, causal)
-
-        dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
-        beam = bsz // kv_bsz
-        if beam != 1:
-            # beamable enc-dec attention: the beam_size queries of each sentence share its keys
-            q, attn_mask = self._fold_beam(q, attn_mask, kv_bsz, beam)
         attention = fourier_attention if self.kernel == "sinc" else gaussian_attention
         result = attention(
             q,
@@ -267,29 +186,18 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             attn_mask=attn_mask,
             key_padding_mask=key_padding_mask,
             causal=causal,
-            dropout_p=dropout_p,
+            dropout_p=self.attention_dropout_p(),
             need_weights=need_weights,
             backend=self.backend,
         )
-        out, weights = result if need_weights else (result, None)
-        if beam != 1:
-            out = self._unfold_beam(out, kv_bsz, beam)
-            weights = None if weights is None else self._unfold_beam(weights, kv_bsz, beam)
+        return result if need_weights else (result, None)
 
-        attn = self._output(out, tgt_len, bsz)
-        attn_weights: Optional[Tensor] = None
-        if weights is not None:
-            attn_weights = weights.transpose(0, 1)  # (heads, batch, tgt, src), as stock returns them
-            if not need_head_weights:
-                attn_weights = attn_weights.mean(dim=0)
-        return attn, attn_weights
-
-    # ------------------------------------------------------------------ helpers
-
-    def _log_weights(self, q, k, v, key_padding_mask, attn_mask, causal):
-        """``before_softmax``: the log-weights sum_d log phi(sinc(R_d (q_d - k_d))) plus masks."""
+    def scores_before_softmax(self, q, k, v, *, key_padding_mask, attn_mask, causal):
+        """The log-weights sum_d log phi(sinc(R_d (q_d - k_d))) plus masks, and the values."""
         B, H, N, M = q.size(0), q.size(1), q.size(2), k.size(2)
         return self._scores(q, k, v, key_padding_mask, attn_mask, causal).reshape(B * H, N, M), v.reshape(B * H, M, -1)
+
+    # ------------------------------------------------------------------ helpers
 
     def _scores(self, q, k, v, key_padding_mask, attn_mask, causal):
         """The log-weights (B, H, N, M) of this layer's kernel, masks included."""

@@ -23,8 +23,9 @@ projections (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``) and cache helpers
   ``reorder_incremental_state`` reorders them for beam search. Its ``need_weights`` gives None
   (the earlier keys are not kept). Encoder-decoder attention caches the projected keys and
   values in the stock layout.
-- ``attn_mask`` may be None or fairseq's causal future mask (computed by prefix sums); other
-  additive masks cannot be applied to weights that are never formed and raise ``ValueError``.
+- ``attn_mask`` must be None: causal self-attention is said with ``causal=True`` (set by the
+  decoder layer; computed by prefix sums); masks cannot be applied to weights that are never
+  formed and raise ``ValueError``.
   ``add_bias_kv``, ``add_zero_attn`` and ``before_softmax`` are not supported.
 - Attention dropout is not applied (the weights are never formed); ``dropout > 0`` logs a warning.
 - ``need_weights`` materialises the approximate weights ``phi(q_i) . phi(k_j)`` normalised over
@@ -40,20 +41,23 @@ worker. It is never redrawn in evaluation.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from fourierformer_fairseq.modules import register_attention
-from fourierformer_fairseq.modules.fourier_multihead_attention import RADIUS_SHAPES, radius_parameter_shape
-from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
+from fourierformer_fairseq.modules.projected_attention import (
+    RADIUS_SHAPES,
+    ProjectedMultiheadAttention,
+    radius_parameter_shape,
+)
+from fourierformer_fairseq.modules.option_checks import OptionError, check_choice, check_int, check_positive
 from fourierformer_fairseq.ops.favor import (
     DEFAULT_CHUNK,
     FEATURE_TYPES,
     KERNELS,
-    _causal_chunks,
+    causal_chunks,
     compute_dtype,
     default_num_features,
     draw_projection,
@@ -69,7 +73,6 @@ from fourierformer_fairseq.ops.favor import (
 logger = logging.getLogger(__name__)
 
 
-@register_attention("performer_multihead_attention")
 class PerformerMultiheadAttention(ProjectedMultiheadAttention):
     """Multi-head random-feature attention (FAVOR+ and variants).
 
@@ -100,22 +103,10 @@ class PerformerMultiheadAttention(ProjectedMultiheadAttention):
         chunk_size: int = DEFAULT_CHUNK,
         **kwargs,
     ):
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        if feature_type not in FEATURE_TYPES:
-            raise ValueError(f"feature_type must be one of {FEATURE_TYPES}, got {feature_type!r}")
-        if isinstance(num_features, bool) or int(num_features) != num_features or num_features < 0:
-            raise ValueError(f"num_features must be a non-negative integer (0: default), got {num_features!r}")
-        if isinstance(redraw_interval, bool) or int(redraw_interval) != redraw_interval or redraw_interval < 0:
-            raise ValueError(f"redraw_interval must be a non-negative integer (0: never), got {redraw_interval!r}")
-        if kernel == "fourier_rf":
-            if isinstance(power, bool) or int(power) != power or power < 2 or power % 2:
-                raise ValueError(f"the fourier_rf kernel needs an even power >= 2, got {power!r}")
-            if not float(radius_init) > 0:
-                raise ValueError(f"radius_init must be positive, got {radius_init}")
+        self.check_options(dict(num_features=num_features, kernel=kernel, redraw_interval=redraw_interval,
+                                feature_type=feature_type, power=power, radius_init=radius_init,
+                                radius_shape=radius_shape))
         super().__init__(embed_dim, num_heads, *args, **kwargs)
-        if self.bias_k is not None or self.add_zero_attn:
-            raise ValueError("PerformerMultiheadAttention does not support add_bias_kv / add_zero_attn")
         if self.dropout_module.p > 0:
             logger.warning("PerformerMultiheadAttention: attention dropout %s is not applied "
                            "(random-feature attention never forms the weights)", self.dropout_module.p)
@@ -136,6 +127,20 @@ class PerformerMultiheadAttention(ProjectedMultiheadAttention):
         self.register_buffer("feature_seed", torch.tensor(int(seed), dtype=torch.long))
         self.register_buffer("feature_draw", torch.tensor(0, dtype=torch.long))
         self.register_buffer("projection", self._draw(int(seed), 0))
+
+    @classmethod
+    def check_options(cls, options) -> None:
+        """The one validation of the options (keyword -> value; None: the default); raises OptionError."""
+        check_choice(options, "kernel", KERNELS)
+        check_choice(options, "feature_type", FEATURE_TYPES)
+        check_int(options, "num_features", 0, "a non-negative integer (0: the default)")
+        check_int(options, "redraw_interval", 0, "a non-negative integer (0: never)")
+        check_positive(options, "radius_init")
+        check_choice(options, "radius_shape", RADIUS_SHAPES)
+        power = options.get("power")
+        if options.get("kernel") == "fourier_rf" and power is not None and (
+                isinstance(power, bool) or int(power) != power or power < 2 or power % 2):
+            raise OptionError("{kernel} fourier_rf needs an even {power} >= 2, got {value!r}", value=power)
 
     def extra_repr(self) -> str:
         extra = f", power={self.power}, radius_shape={self.radius_shape!r}" if self.kernel == "fourier_rf" else ""
@@ -184,102 +189,22 @@ class PerformerMultiheadAttention(ProjectedMultiheadAttention):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
-    # ------------------------------------------------------------------ forward
+    # ------------------------------------------------------------------ attention
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Input shape: Time x Batch x Channel; the contract of ``MultiheadAttention.forward``."""
-        if before_softmax:
-            raise ValueError("PerformerMultiheadAttention has no scores before a softmax (before_softmax=True)")
-        if need_head_weights:
-            need_weights = True
-        tgt_len, bsz, embed_dim = query.size()
-        if not self.skip_embed_dim_check:
-            assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
-        if key is not None:
-            assert value is not None
+    supports_attn_mask = False  # the weights are never formed: only causal=True, by prefix sums
+    supports_bias_kv = False
+    own_incremental_state = True  # causal self-attention keeps the running sums, not the keys
 
-        if key_padding_mask is not None and key_padding_mask.dim() == 0:
-            key_padding_mask = None  # fairseq's fork/join placeholder for "no mask"
-        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
-            key_padding_mask = key_padding_mask != 0
-
-        causal = False
-        if attn_mask is not None:
-            src_len = tgt_len if self.self_attention else (key.size(0) if key is not None else -1)
-            if not (self.self_attention and self._is_future_mask(attn_mask, tgt_len, src_len)):
-                raise ValueError(
-                    "PerformerMultiheadAttention takes attn_mask=None or the causal future mask of "
-                    "self-attention; random-feature attention cannot apply other masks"
-                )
-            causal = True
-
-        saved_state: Optional[Dict[str, Optional[Tensor]]] = None
-        if incremental_state is not None:
-            saved_state = self._get_input_buffer(incremental_state)
-            if "prev_key" in saved_state and static_kv:
-                assert self.encoder_decoder_attention and not self.self_attention
-                key = value = None
-
-        q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask, bsz)
-        q = self._split_heads(q)
-        if self.self_attention and saved_state is not None:
-            # incremental causal decoding: the constant-size prefix state
-            assert k is not None and v is not None
-            out = self._incremental_step(q, self._split_heads(k), self._split_heads(v), key_padding_mask,
-                                         saved_state, incremental_state)
-            return self._output(out, tgt_len, bsz), None
-
-        kv_bsz = bsz
-        if k is not None:
-            kv_bsz = k.size(1)
-            k = self._split_heads(k)
-        if v is not None:
-            v = self._split_heads(v)
-        if saved_state is not None:
-            # encoder-decoder attention: the stock cache of projected keys / values
-            k, v, key_padding_mask, kv_bsz = self._cache_keys_values(
-                saved_state, incremental_state, k, v, key_padding_mask, kv_bsz, static_kv
-            )
-            if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
-                key_padding_mask = key_padding_mask != 0
-        assert k is not None and v is not None
-        if key_padding_mask is not None:
-            assert key_padding_mask.size(0) == kv_bsz and key_padding_mask.size(1) == k.size(2)
-
-        beam = bsz // kv_bsz
-        if beam != 1:
-            # beamable enc-dec attention: the beam_size queries of each sentence share its keys
-            q, _ = self._fold_beam(q, None, kv_bsz, beam)
+    def attend(self, q, k, v, *, key_padding_mask, attn_mask, causal, need_weights):
         common = dict(kernel=self.kernel, key_padding_mask=key_padding_mask, causal=causal, radius=self.radius)
         out = favor_attention(q, k, v, self.projection, chunk=self.chunk_size, **common)
-        weights = favor_weights(q, k, self.projection, **common) if need_weights else None
-        if beam != 1:
-            out = self._unfold_beam(out, kv_bsz, beam)
-            weights = None if weights is None else self._unfold_beam(weights, kv_bsz, beam)
-        attn = self._output(out, tgt_len, bsz)
-        attn_weights: Optional[Tensor] = None
-        if weights is not None:
-            attn_weights = weights.to(attn.dtype).transpose(0, 1)  # (heads, batch, tgt, src), as stock
-            if not need_head_weights:
-                attn_weights = attn_weights.mean(dim=0)
-        return attn, attn_weights
+        weights = favor_weights(q, k, self.projection, **common).to(v.dtype) if need_weights else None
+        return out, weights
 
     # ------------------------------------------------------------------ helpers
 
-    def _incremental_step(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
-                          saved_state: Dict[str, Optional[Tensor]], incremental_state) -> Tensor:
+    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                    saved_state: Dict[str, Optional[Tensor]]) -> Tensor:
         """Causal self-attention over the cached prefix: S and the stabiliser C are all that is kept."""
         if key_padding_mask is not None and key_padding_mask.size(1) != k.size(2):
             key_padding_mask = key_padding_mask[:, -k.size(2):]  # a mask over the whole prefix: this step's part
@@ -296,11 +221,10 @@ class PerformerMultiheadAttention(ProjectedMultiheadAttention):
                 state = (qf.new_zeros(qf.size(0), qf.size(1), qf.size(-1), v1.size(-1)), logscale[..., 0])
             else:
                 state = (prev_kv, prev_c)
-            num_den, (S, c) = _causal_chunks(qf, kf, v1, logscale, self.chunk_size, state=state)
+            num_den, (S, c) = causal_chunks(qf, kf, v1, logscale, self.chunk_size, state=state)
         saved_state["prefix_kv"] = S
         saved_state["prefix_logscale"] = c
-        self._set_input_buffer(incremental_state, saved_state)
         return normalise(num_den).to(v.dtype)
 
 
-__all__ = ["PerformerMultiheadAttention", "RADIUS_SHAPES"]
+__all__ = ["PerformerMultiheadAttention"]

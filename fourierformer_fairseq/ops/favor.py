@@ -219,7 +219,7 @@ def _advance(S: Tensor, c_prev: Tensor, k_c: Tensor, v_c: Tensor, c: Tensor) -> 
     return torch.exp(c_prev - c_last).unsqueeze(-1) * S + decayed_keys.transpose(-1, -2) @ v_c
 
 
-def _causal_chunks(qf: Tensor, kf: Tensor, v: Tensor, logscale: Tensor, chunk: int,
+def causal_chunks(qf: Tensor, kf: Tensor, v: Tensor, logscale: Tensor, chunk: int,
                    state: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
     """Y_i = sum_{j <= i} exp(C_j - C_i) (qf_i . kf_j) v_j, chunk by chunk; C non-decreasing along N.
 
@@ -262,7 +262,7 @@ class CausalLinearAttention(torch.autograd.Function):
     def forward(ctx, qf, kf, v, logscale, chunk=DEFAULT_CHUNK):
         ctx.save_for_backward(qf, kf, v, logscale)
         ctx.chunk = chunk
-        out, _ = _causal_chunks(qf, kf, v, logscale, chunk)
+        out, _ = causal_chunks(qf, kf, v, logscale, chunk)
         return out
 
     @staticmethod
