@@ -51,7 +51,7 @@ def _run(m, x, causal):
 def test_half_precision_parameters_match_float64(dtype, causal):
     dt = HALF[dtype]
     fourier, softmax = _pair()
-    fourier.causal_self_attention = causal
+    fourier.causal = causal  # as the decoder layer builds its self-attention
     x = torch.randn(T, B, E, device="cuda").to(dt)
     errs = {}
     grads = {}
@@ -98,7 +98,7 @@ def test_autocast_runs_the_fused_op_in_half_and_keeps_the_radius_float32(dtype):
 def test_incremental_decoding_on_cuda_equals_full_forward(dtype):
     fourier, _ = _pair()
     fourier = fourier.to(dtype)
-    fourier.causal_self_attention = True
+    fourier.causal = True
     x = torch.randn(T, B, E, device="cuda").to(dtype)
     with torch.no_grad():
         full = _run(fourier, x, causal=True)

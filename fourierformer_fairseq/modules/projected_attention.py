@@ -128,15 +128,6 @@ class ProjectedMultiheadAttention(MultiheadAttention):
             self.q_proj = None
             self.k_proj = None
 
-    @property
-    def causal_self_attention(self) -> bool:
-        """The name earlier versions gave ``causal``."""
-        return self.causal
-
-    @causal_self_attention.setter
-    def causal_self_attention(self, value: bool) -> None:
-        self.causal = bool(value)
-
     # ------------------------------------------------------------------ what a kind writes
 
     def attend(
