@@ -14,9 +14,12 @@
 // the middle factor depends only on the row, the last only on the key, so that
 //   sum_d log|sinc x_d| = log|prod_d s'_d / prod_d u_d| + row_log_i + key_log_j,
 //   row_log_i = sum_d log(c_d |cos a_d| / |R_d|),   key_log_j = -sum_d log rho_jd.
-// A flat feature (|R_d| < 1e-9, sinc = 1 to float precision, or a padding feature d >= D)
-// stores q c = 0, t = 0 and k c = 1, X = 1, Y = -1: its factor s' / u is 1 / -1, of magnitude
-// exactly 1, and it adds nothing to row_log or key_log.
+// A flat feature (|R_d| < 1e-9, R = 0 included: sinc = 1 to float precision) stores c = 1,
+// q c = q, t = -q and k c = k, X = 1, Y = -k: its factor s' / u = (k - q) / (q - k) is -1
+// exactly (the two differences round alike), it adds nothing to row_log or key_log, and its
+// x / u is its true |R|, so that g(x) = -x / 3 + ... still gives dq, dk and dR their (tiny)
+// values, and R = 0 exactly 0. A padding feature d >= D stores q c = 0, t = 0 and k c = 1,
+// X = 1, Y = -1 (s' / u = 1 / -1) and x / u = 0.
 //
 // The backward gets cos(x) from the same tables: cos(x) / cos(a) = (X + t Y) / rho, so
 // cot x = (X + t Y) / s' (no table of cos a at all).
@@ -56,12 +59,13 @@ FF_HD void carve_tables(Params<scalar_t, acc_t>& p, float* ws) {
   p.x_per_u = p.key_log + BH * M;
 }
 
-// |R| of feature d (0 for a flat or padding feature) and c, the power of two with c <= |R| < 2c.
+// |R| of feature d and c, the power of two with c <= |R| < 2c; for a flat feature its |R| (0 for
+// NaN) and c = 1; -1 for a padding feature.
 FF_DEV double feature_radius(const float* radius, int h, int D, int d, double& c) {
   c = 1.0;
-  if (d >= D) return 0.0;
+  if (d >= D) return -1.0;
   const double r = fabs((double)radius[(int64_t)h * D + d]);
-  if (!(r >= kFlatRadius)) return 0.0;  // (NaN too)
+  if (!(r >= kFlatRadius)) return r == r ? r : 0.0;
   int e = 0;
   (void)frexp(r, &e);  // r = m 2^e, m in [1/2, 1)
   c = ldexp(1.0, e - 1);
@@ -80,7 +84,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
     const int h = (int)(id / Dp), d = (int)(id % Dp);
     double c;
     const double r = feature_radius(p.radius, h, p.D, d, c);
-    p.x_per_u[id] = (float)(r / c);
+    p.x_per_u[id] = r > 0.0 ? (float)(r / c) : 0.0f;
   }
   const int64_t per_slice = N + M;
   if (id >= (int64_t)p.B * p.H * per_slice) return;
@@ -94,7 +98,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
       double c;
       const double r = feature_radius(p.radius, h, p.D, d, c);
       float qc = 0.0f, t_hi = 0.0f, t_lo = 0.0f;
-      if (r > 0.0) {
+      if (r >= 0.0 && r < kFlatRadius) {  // flat
+        qc = load_as<float>(q, d);
+        t_hi = -qc;
+      } else if (r > 0.0) {
         const float qf = load_as<float>(q, d);
         const double a = r * (double)qf;
         double sa, ca;
@@ -121,7 +128,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
       double c;
       const double r = feature_radius(p.radius, h, p.D, d, c);
       float kc = 1.0f, X = 1.0f, y_hi = -1.0f, y_lo = 0.0f;
-      if (r > 0.0) {
+      if (r >= 0.0 && r < kFlatRadius) {  // flat
+        kc = load_as<float>(k, d);
+        y_hi = -kc;
+      } else if (r > 0.0) {
         const float kf = load_as<float>(k, d);
         const double b = r * (double)kf;
         double sb, cb;
