@@ -43,6 +43,12 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
                                     const std::optional<at::Tensor>& attn_mask,
                                     const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p);
 
+// log(normaliser_eps) (-inf for 0) after checking it is finite and >= 0.
+double null_key_log_eps(double normaliser_eps);
+
+// out_i *= sigmoid(lse_i - log_eps): the forward's share of the null key (a no-op for log_eps = -inf).
+void scale_by_null_key(at::Tensor& out, const at::Tensor& lse, double log_eps);
+
 // A mask as an additive one in dtype: a bool mask becomes 0 / -inf (here, once), a float mask is cast.
 at::Tensor additive_mask(const at::Tensor& mask, at::ScalarType dtype);
 
@@ -63,12 +69,12 @@ inline int64_t mask_slice_offset(const at::Tensor& mask, int64_t b, int64_t h) {
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed);
+    double dropout_p, int64_t seed, double normaliser_eps);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
     const at::Tensor& out, const at::Tensor& lse, double power, const std::optional<at::Tensor>& attn_mask,
-    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed);
+    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed, double normaliser_eps);
 
 // Which CPU instruction set the float32 kernels run with on this machine.
 const char* cpu_kernel_isa();

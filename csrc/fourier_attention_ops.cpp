@@ -62,6 +62,21 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
   return s;
 }
 
+double null_key_log_eps(double normaliser_eps) {
+  TORCH_CHECK(std::isfinite(normaliser_eps) && normaliser_eps >= 0.0,
+              "fourier_attention: normaliser_eps must be finite and >= 0, got ", normaliser_eps);
+  return normaliser_eps > 0.0 ? std::log(normaliser_eps) : -std::numeric_limits<double>::infinity();
+}
+
+void scale_by_null_key(at::Tensor& out, const at::Tensor& lse, double log_eps) {
+  if (!(log_eps > -std::numeric_limits<double>::infinity()) || out.numel() == 0) return;
+  // m_i = sigmoid(lse_i - log eps) in float64 (1 for rows at lse = +inf, whose out is 0);
+  // the product in float32 at least, rounded once to out's dtype
+  const at::ScalarType compute = out.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor share = at::sigmoid(lse - log_eps).to(compute).unsqueeze(-1);
+  out.copy_(out.to(compute) * share);
+}
+
 at::Tensor additive_mask(const at::Tensor& mask, at::ScalarType dtype) {
   if (mask.scalar_type() != at::kBool) return mask.to(dtype);
   return at::zeros(mask.sizes(), mask.options().dtype(dtype))
@@ -75,14 +90,16 @@ at::Tensor prepare_mask(const at::Tensor& mask, at::ScalarType dtype) {
 }
 
 TORCH_LIBRARY(fourierformer, m) {
+  // normaliser_eps: out_i = sum_j w_ij v_j / (sum_j w_ij + eps), the published code's normaliser
+  // (see null_key_share in fourier_element_math.h); lse stays the log-sum over the real keys.
   m.def(
       // attn_mask (B|1, H|1, N, M) and key_bias (B, M): additive float masks, or bool (true = masked)
       "fourier_attention_forward(Tensor q, Tensor k, Tensor v, Tensor radius, float power, Tensor? attn_mask, "
-      "Tensor? key_bias, bool causal, float dropout_p, int seed) -> (Tensor, Tensor)");
+      "Tensor? key_bias, bool causal, float dropout_p, int seed, float normaliser_eps=0.0) -> (Tensor, Tensor)");
   m.def(
       "fourier_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor radius, Tensor out, "
-      "Tensor lse, float power, Tensor? attn_mask, Tensor? key_bias, bool causal, float dropout_p, int seed) "
-      "-> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor lse, float power, Tensor? attn_mask, Tensor? key_bias, bool causal, float dropout_p, int seed, "
+      "float normaliser_eps=0.0) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fourierformer, CPU, m) {

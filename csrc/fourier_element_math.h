@@ -105,6 +105,22 @@ FF_HD T dlog_sinc_from_sincos(T x, T sin_x, T cos_x) {
   return (x * cos_x - s) / (x * s);
 }
 
+// ---- The published normaliser: out_i = sum_j w_ij v_j / (sum_j w_ij + eps), a null key of
+// log-weight log(eps) and value 0. Kernels keep lse_i = log sum_j w_ij over the real keys (the
+// forward and the backward's recomputed P are unchanged); the null key only scales a row's
+// weights by its real keys' share of the mass,
+//     m_i = sum_j w_ij / (sum_j w_ij + eps) = sigmoid(lse_i - log eps),
+// so P~_ij = m_i P_ij, out~_i = m_i out_i and dS_ij = P~_ij (dP_ij - Delta~_i) with
+// Delta~_i = sum_j P~_ij dP_ij. log_eps = -inf (eps = 0) gives m = 1 exactly; a row whose keys
+// all underflow (lse_i << log eps) gives m = 0: out 0 and gradients 0. Computed in float64.
+FF_HD double null_key_log_share(double lse, double log_eps) {
+  // -softplus(log_eps - lse) = log sigmoid(lse - log_eps), without overflow
+  const double x = log_eps - lse;
+  if (!(x > -INFINITY)) return 0.0;  // eps = 0, or lse = +inf (a row without keys: P is 0 anyway)
+  return x > 0.0 ? -(x + log1p(exp(-x))) : -log1p(exp(x));
+}
+FF_HD double null_key_share(double lse, double log_eps) { return exp(null_key_log_share(lse, log_eps)); }
+
 // ---- Attention dropout: a counter-based RNG, identical on CPU, CUDA and in the reference
 // (fourierformer_fairseq/ops/reference.py: dropout_keep_mask). ----
 FF_HD uint32_t ff_mix32(uint32_t x) {

@@ -42,6 +42,7 @@ struct CallArgs {
   bool causal;
   double dropout_p;
   int64_t seed;
+  double log_eps;  // log of the normaliser's eps (null_key_log_eps), -inf for 0
 };
 
 template <typename Slice, typename T>
@@ -69,6 +70,7 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   s.dropout_p = (T)c.dropout_p;
   s.seed = (uint32_t)c.seed;
   s.bh = (uint32_t)bh;
+  s.log_eps = c.log_eps;
   return s;
 }
 
@@ -133,14 +135,15 @@ void backward_slices(const CallArgs& c, const at::Tensor& out, const at::Tensor&
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& radius_in,
     double power, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias,
-    bool causal, double dropout_p, int64_t seed) {
+    bool causal, double dropout_p, int64_t seed, double normaliser_eps) {
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+  const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
               " are supported, got ", dtype);
   const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
-                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed};
+                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed, log_eps};
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, c.q.options());
   // lse is float64 for every input dtype (see KernelTable::forward)
   at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, c.q.options().dtype(at::kDouble));
@@ -157,6 +160,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
       s.forward(out.data_ptr<double>() + bh * sh.N * sh.Dv, lse.data_ptr<double>() + bh * sh.N, row);
     });
   }
+  scale_by_null_key(out, lse, log_eps);
   return {out, lse};
 }
 
@@ -164,9 +168,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& radius_in, const at::Tensor& out_in, const at::Tensor& lse_in, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed) {
+    double dropout_p, int64_t seed, double normaliser_eps) {
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+  const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
               " are supported, got ", dtype);
@@ -174,7 +179,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
                   out_in.size(3) == sh.Dv,
               "fourier_attention backward: grad_out and out must be (B, H, N, Dv)");
   const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
-                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed};
+                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed, log_eps};
   const at::Tensor out = out_in.to(dtype).contiguous(), dout = dout_in.to(dtype).contiguous();
   const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
   at::Tensor dq = at::empty_like(c.q), dk = at::empty_like(c.k), dv = at::empty_like(c.v);

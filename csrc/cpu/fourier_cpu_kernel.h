@@ -32,6 +32,7 @@ struct SliceArgs {
   float dropout_p;        // 0 disables dropout
   uint32_t seed;
   uint32_t bh;  // b * H + h, the dropout counter
+  double log_eps;  // log of the normaliser's eps, -inf for 0 (null_key_share in fourier_element_math.h)
 };
 
 struct KernelTable {

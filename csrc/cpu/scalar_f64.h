@@ -27,6 +27,7 @@ struct ScalarSlice {
   bool causal;
   T dropout_p;
   uint32_t seed, bh;
+  double log_eps;  // log of the normaliser's eps, -inf for 0 (null_key_share)
 
   int64_t visible_end(int64_t i) const { return causal ? std::min(M, i + (M - N) + 1) : M; }
 
@@ -84,11 +85,13 @@ struct ScalarSlice {
     for (int64_t i = 0; i < N; ++i) {
       if (!(lse[i] < std::numeric_limits<T>::infinity())) continue;
       const T* dout_i = dout + i * Dv;
+      // Delta from the stored output, which the forward scaled by the null key's share m_i
       T delta = 0;
       for (int64_t c = 0; c < Dv; ++c) delta += dout_i[c] * out[i * Dv + c];
+      const T share = (T)null_key_share(lse[i], log_eps);
       const int64_t end = visible_end(i);
       for (int64_t j = 0; j < end; ++j) {
-        const T P = std::exp(score(i, j) - lse[i]);
+        const T P = share * std::exp(score(i, j) - lse[i]);  // the weight after the null key
         if (P == 0) continue;
         const T f = dropout_scale(i, j);
         T dP = 0;

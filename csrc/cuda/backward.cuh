@@ -121,11 +121,13 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
     }
   }
   const acc_t psum = warp_sum(psum_lane);  // c_i; 0 for rows without a gradient
-  const acc_t inv_c = psum > acc_t(0) ? acc_t(1) / psum : acc_t(0);
+  // m_i / c_i: P renormalised, times the real keys' share with the null key (null_key_share)
+  const double log_share = live ? null_key_log_share(L, p.log_eps) : 0.0;
+  const acc_t inv_c = psum > acc_t(0) ? acc_t(exp(log_share)) / psum : acc_t(0);
   const acc_t delta = warp_sum(delta_lane) * inv_c;  // sum_j (P_ij / c_i) f_ij dP_ij
   if (active && lane == 0) {  // for the dk/dv kernel
     p.delta[bh * N + i] = delta;
-    p.lse_bwd[bh * N + i] = psum > acc_t(0) ? L + log((double)psum) : (double)INFINITY;
+    p.lse_bwd[bh * N + i] = psum > acc_t(0) ? L + log((double)psum) - log_share : (double)INFINITY;
   }
   acc_t dr_acc[kPerLane];  // sum_j p dS_ij g(x_ijd) (q_id - k_jd)
 #pragma unroll

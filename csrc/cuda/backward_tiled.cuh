@@ -248,13 +248,15 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dq_tiled_kernel(const Para
   }
   __syncthreads();
   const float psum = row_sums[gr * 2 + 1] + row_sums[(kFwdRows + gr) * 2 + 1];  // c_i; 0 without a gradient
-  const float inv_c = psum > 0.0f ? 1.0f / psum : 0.0f;
+  // m_i / c_i: P renormalised, times the real keys' share with the null key (null_key_share)
+  const double L_row = gi < N ? p.lse_in[bh * N + gi] : (double)INFINITY;
+  const double log_share = psum > 0.0f ? null_key_log_share(L_row, p.log_eps) : 0.0;
+  const float inv_c = psum > 0.0f ? (float)exp(log_share) / psum : 0.0f;
   const float delta = (row_sums[gr * 2] + row_sums[(kFwdRows + gr) * 2]) * inv_c;
   if (gi < N) {
     if (part == 0) {
       p.delta[bh * N + gi] = delta;
-      const double L = p.lse_in[bh * N + gi];
-      p.lse_bwd[bh * N + gi] = psum > 0.0f ? L + log((double)psum) : (double)INFINITY;
+      p.lse_bwd[bh * N + gi] = psum > 0.0f ? L_row + log((double)psum) - log_share : (double)INFINITY;
     }
     scalar_t* dq_i = p.dq + (bh * N + gi) * D;
 #pragma unroll

@@ -53,6 +53,7 @@ struct Params {
   const double* lse_in;  // (B, H, N), the forward's
   acc_t* delta;          // (B, H, N), written by the dq kernel for the dk/dv kernel
   double* lse_bwd;       // (B, H, N), the same: the lse of the backward's own scores
+  double log_eps;        // log of the normaliser's eps, -inf for 0 (null_key_share)
   scalar_t* dq;          // (B, H, N, D)
   scalar_t* dk;          // (B, H, M, D)
   scalar_t* dv;          // (B, H, M, Dv)

@@ -48,21 +48,22 @@ void check_on_cuda(const at::Tensor& q) {
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed) {
+    double dropout_p, int64_t seed, double normaliser_eps) {
   check_on_cuda(q);
   const c10::cuda::CUDAGuard guard(q.device());
-  return forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, current_launcher());
+  return forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps,
+                      current_launcher());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& radius, const at::Tensor& out, const at::Tensor& lse, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed) {
+    double dropout_p, int64_t seed, double normaliser_eps) {
   check_on_cuda(q);
   const c10::cuda::CUDAGuard guard(q.device());
   return backward_impl(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-                       current_launcher());
+                       normaliser_eps, current_launcher());
 }
 
 TORCH_LIBRARY_IMPL(fourierformer, CUDA, m) {

@@ -66,6 +66,7 @@ Params<scalar_t, acc_t> make_params(const AttentionShape& sh, const at::Tensor& 
   p.Dv = (int)sh.Dv;
   p.power = (acc_t)power;
   p.causal = causal;
+  p.log_eps = -INFINITY;  // no null key unless the backward sets it
   p.dropout_p = (float)dropout_p;
   p.keep_scale = acc_t(1) / (acc_t(1) - (acc_t)dropout_p);
   p.seed = (uint32_t)seed;
@@ -139,10 +140,12 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
                                                 const at::Tensor& v_in, const at::Tensor& radius_in, double power,
                                                 const std::optional<at::Tensor>& attn_mask,
                                                 const std::optional<at::Tensor>& key_bias, bool causal,
-                                                double dropout_p, int64_t seed, const Launcher& launch) {
+                                                double dropout_p, int64_t seed, double normaliser_eps,
+                                                const Launcher& launch) {
   const PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "forward");
   const AttentionShape& sh = in.sh;
+  const double log_eps = null_key_log_eps(normaliser_eps);
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, in.q.options());
   // lse is float64 for every dtype: it can be of order 1e3, and the backward needs it to the
   // accumulation type's accuracy relative to 1 (it reads it as two acc_t, see Params::lse_in)
@@ -157,6 +160,7 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
     p.lse = lse.data_ptr<double>();
     launch_forward(sh, p, in.q.options(), launch);
   });
+  scale_by_null_key(out, lse, log_eps);
   return {out, lse};
 }
 
@@ -216,9 +220,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& radius_in, const at::Tensor& out_in, const at::Tensor& lse_in, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, const Launcher& launch) {
+    double dropout_p, int64_t seed, double normaliser_eps, const Launcher& launch) {
   const PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "backward");
+  const double log_eps = null_key_log_eps(normaliser_eps);
   const AttentionShape& sh = in.sh;
   TORCH_CHECK(out_in.dim() == 4 && out_in.size(0) == sh.B && out_in.size(1) == sh.H && out_in.size(2) == sh.N &&
                   out_in.size(3) == sh.Dv && dout_in.sizes() == out_in.sizes(),
@@ -247,6 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
       p.lse_in = lse.data_ptr<double>();
       p.delta = delta.data_ptr<acc_t>();
       p.lse_bwd = lse_bwd.data_ptr<double>();
+      p.log_eps = log_eps;
       p.dq = dq.data_ptr<scalar_t>();
       p.dk = dk.data_ptr<scalar_t>();
       p.dv = dv.data_ptr<scalar_t>();

@@ -42,12 +42,32 @@ class FourierAttentionConfig(FourierKernelConfig):
     fourier_paper_exact: bool = field(
         default=False, metadata={"help": "the paper's formulation: no q/k normalisation, the paper's radius init "
                                          "(exact normalisation over keys, without the published code's + 1e-6)"})
+    fourier_normaliser_eps: Optional[float] = kwarg_field(
+        "normaliser_eps", None, "out_i = sum_j w_ij v_j / (sum_j w_ij + EPS), the published code's normaliser: a "
+                                "null key of log-weight log(EPS) and value 0; default 0 (exact), 1e-6 with "
+                                "--fourier-published")
+    fourier_proj_init_std: Optional[float] = kwarg_field(
+        "proj_init_std", None, "initialise the Fourier attentions' q, k, v and output projections N(0, STD); "
+                               "default: fairseq's init, 0.02 with --fourier-published")
+    fourier_proj_bias: Optional[bool] = kwarg_field(
+        "bias", None, "keep the biases of the Fourier attentions' projections (the default, except with "
+                      "--fourier-published)")
+    fourier_published: bool = field(
+        default=False, metadata={"help": "the published code's attention (docs/published-model.md): "
+                                         "--fourier-paper-exact, --fourier-normaliser-eps 1e-6, projections "
+                                         "N(0, 0.02) without biases; each can be overridden"})
     fourier_attention: str = field(
         default="all", metadata={"help": "comma-separated attentions that are Fourier, from encoder,decoder,cross "
                                          "(or all / none); the others stay softmax"})
     fourier_log_interval: int = kwarg_field(
         "log_interval", 0, "every N updates, log each Fourier layer's radius (radius_<layer>) and the mean "
                            "attention entropy per site (entropy_<site>, nats) through fairseq's metrics; 0: off")
+
+
+# What --fourier-published sets beyond --fourier-paper-exact: the published code's normaliser
+# (sum_j w_ij + 1e-6) and the init of its attention projections (nn.Linear(bias=False), weights
+# N(0, 0.02)); docs/published-model.md lists every difference and what is not reproduced.
+PUBLISHED_ATTENTION = {"fourier_normaliser_eps": 1e-6, "fourier_proj_init_std": 0.02, "fourier_proj_bias": False}
 
 
 class FourierAttentionOptions(AttentionOptions):
@@ -84,7 +104,12 @@ def set_fourier_defaults(args, *, power: int, paper_radius_init: float) -> None:
     power: the arch's p. paper_radius_init: the paper's initial radius for this arch, used with
     --fourier-paper-exact (otherwise the radius starts at auto_radius unless given).
     """
-    paper = bool(safe_getattr(args, "fourier_paper_exact", False))
+    published = bool(safe_getattr(args, "fourier_published", False))
+    paper = published or bool(safe_getattr(args, "fourier_paper_exact", False))
+    if published:  # the published code's attention (docs/published-model.md), where the command line is silent
+        for name, value in PUBLISHED_ATTENTION.items():
+            if safe_getattr(args, name, None) is None:
+                setattr(args, name, value)
     if safe_getattr(args, "fourier_power", None) is None:
         args.fourier_power = power
     if safe_getattr(args, "fourier_qk_norm", None) is None:

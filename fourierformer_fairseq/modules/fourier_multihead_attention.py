@@ -34,7 +34,13 @@ from fourierformer_fairseq.modules.projected_attention import (
     ProjectedMultiheadAttention,
     radius_parameter_shape,
 )
-from fourierformer_fairseq.modules.option_checks import OptionError, check_choice, check_int, check_positive
+from fourierformer_fairseq.modules.option_checks import (
+    OptionError,
+    check_choice,
+    check_int,
+    check_non_negative,
+    check_positive,
+)
 from fourierformer_fairseq.ops import fourier_attention
 from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
 from fourierformer_fairseq.ops.inputs import PHIS, prepare_inputs
@@ -76,8 +82,13 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             (the paper's formulation).
         kernel: "sinc" (Fourier integral attention) or "gaussian" (the ablation
             exp(-(p R^2 / 6) sum_d (q_d - k_d)^2), the small-x limit of the same p and R).
+        normaliser_eps: the published code's normaliser, out_i = sum_j w_ij v_j / (sum_j w_ij + eps):
+            a null key of log-weight log(eps) and value 0 (0: exact normalisation; sinc kernel only).
+        proj_init_std: initialise the q, k, v and output projection weights N(0, std) (the
+            published code's 0.02) instead of fairseq's init; biases, if any, start at 0.
         log_interval: every this many training updates, log the radius and the mean attention
-            entropy through fairseq's metrics (0: never; see ``set_num_updates``).
+            entropy through fairseq's metrics (0: never; see ``set_num_updates``), and with
+            normaliser_eps the mean share of a row's weight that goes to the null key.
         backend: passed to ``fourier_attention`` ("auto", "cpu", "cuda", "reference").
     """
 
@@ -92,12 +103,15 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         radius_shape: str = "scalar",
         qk_norm: str = "rms",
         kernel: str = "sinc",
+        normaliser_eps: float = 0.0,
+        proj_init_std: Optional[float] = None,
         log_interval: int = 0,
         backend: str = "auto",
         **kwargs,
     ):
         self.check_options(dict(power=power, phi=phi, radius_init=radius_init, radius_shape=radius_shape,
-                                qk_norm=qk_norm, kernel=kernel, log_interval=log_interval))
+                                qk_norm=qk_norm, kernel=kernel, normaliser_eps=normaliser_eps,
+                                proj_init_std=proj_init_std, log_interval=log_interval))
         super().__init__(embed_dim, num_heads, *args, **kwargs)
         self.power = int(power)
         self.phi = phi
@@ -105,6 +119,13 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         self.radius_init = auto_radius(self.power, self.head_dim) if radius_init is None else float(radius_init)
         self.qk_norm = qk_norm
         self.kernel = kernel
+        self.normaliser_eps = float(normaliser_eps)
+        self.proj_init_std = None if proj_init_std is None else float(proj_init_std)
+        if self.proj_init_std is not None:
+            for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+                torch.nn.init.normal_(proj.weight, mean=0.0, std=self.proj_init_std)
+                if proj.bias is not None:
+                    torch.nn.init.zeros_(proj.bias)
         self.backend = backend
         self.log_interval = int(log_interval)
         self.log_name = "attn"  # set by the models to the layer's place, e.g. "enc0", "dec3", "cross3"
@@ -116,7 +137,7 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, power={self.power}, phi={self.phi!r}, "
             f"radius_shape={self.radius_shape!r}, radius_init={self.radius_init:.4g}, qk_norm={self.qk_norm!r}, "
-            f"kernel={self.kernel!r}"
+            f"kernel={self.kernel!r}" + (f", normaliser_eps={self.normaliser_eps:g}" if self.normaliser_eps else "")
         )
 
     @classmethod
@@ -128,11 +149,17 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         check_choice(options, "radius_shape", RADIUS_SHAPES)
         check_choice(options, "qk_norm", QK_NORMS)
         check_choice(options, "kernel", KERNELS)
+        check_non_negative(options, "normaliser_eps")
+        check_positive(options, "proj_init_std")
         check_int(options, "log_interval", 0, "a non-negative integer")
         phi = options.get("phi") or "power"
         if options.get("kernel") == "gaussian" and phi != "power":
             raise OptionError("{kernel} gaussian is exp(-(p R^2 / 6) |q - k|^2) and takes {phi} power, got {value!r}",
                               value=phi)
+        if options.get("kernel") == "gaussian" and float(options.get("normaliser_eps") or 0) > 0:
+            raise OptionError("{normaliser_eps} is for the sinc kernel ({kernel} gaussian drops a per-row constant "
+                              "of its scores, so a null key has no fixed weight there), got {value!r}",
+                              value=options.get("normaliser_eps"))
 
     # ------------------------------------------------------------------ observability
 
@@ -160,6 +187,10 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             if seen.any():
                 site = self.log_name.rstrip("0123456789")
                 metrics.log_scalar(f"entropy_{site}", H[seen].mean().item(), round=3)
+                if self.normaliser_eps > 0:  # the null key's share eps / (sum_j w_ij + eps), per layer
+                    lse = torch.logsumexp(S.double(), dim=-1)[seen]
+                    share = torch.sigmoid(math.log(self.normaliser_eps) - lse)
+                    metrics.log_scalar(f"nullkey_{self.log_name}", share.mean().item(), round=4)
 
     # ------------------------------------------------------------------ attention
 
@@ -189,6 +220,7 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             dropout_p=self.attention_dropout_p(),
             need_weights=need_weights,
             backend=self.backend,
+            **({"normaliser_eps": self.normaliser_eps} if self.normaliser_eps else {}),
         )
         return result if need_weights else (result, None)
 

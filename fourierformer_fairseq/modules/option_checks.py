@@ -57,4 +57,17 @@ def check_positive(options: Mapping[str, Any], name: str) -> None:
         raise OptionError("{%s} must be positive, got {value!r}" % name, value=value)
 
 
-__all__ = ["OptionError", "check_choice", "check_int", "check_positive"]
+def check_non_negative(options: Mapping[str, Any], name: str) -> None:
+    """A finite number >= 0."""
+    value = options.get(name)
+    if value is None:
+        return
+    try:
+        ok = not isinstance(value, bool) and 0 <= float(value) < float("inf")
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise OptionError("{%s} must be a finite number >= 0, got {value!r}" % name, value=value)
+
+
+__all__ = ["OptionError", "check_choice", "check_int", "check_non_negative", "check_positive"]

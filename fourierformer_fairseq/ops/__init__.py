@@ -99,6 +99,7 @@ def fourier_attention(
     key_padding_mask: torch.Tensor | None = None,
     causal: bool = False,
     dropout_p: float = 0.0,
+    normaliser_eps: float = 0.0,
     need_weights: bool = False,
     backend: str = "auto",
 ):
@@ -117,16 +118,20 @@ def fourier_attention(
         causal: key j > query i excluded; with N < M, queries are the last N positions.
         dropout_p: attention dropout on the normalised weights, drawn from a counter-based
             RNG seeded from torch's CPU generator (same mask on every backend).
+        normaliser_eps: eps of the published code's normaliser, out_i = sum_j w_ij v_j /
+            (sum_j w_ij + eps): a null key of log-weight log(eps) and value 0 (the weights of a
+            row then sum to less than 1); 0 (default): exact normalisation over the keys.
         need_weights: also return the normalised weights (B, H, N, M) (materialised), after
             dropout, as the backend computed them (a fused backend runs its kernel again with
             the identity as the values: out = P I).
         backend: "auto" (cuda, then cpu, then reference), or one of them explicitly.
 
-    Rows whose keys are all masked give a zero output and zero gradients.
+    Rows whose keys are all masked give a zero output and zero gradients (also with
+    normaliser_eps, as do rows whose weights all underflow next to eps).
     """
     inp = prepare_inputs(
         q, k, v, radius, power=power, phi=phi, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-        causal=causal, dropout_p=dropout_p,
+        causal=causal, dropout_p=dropout_p, normaliser_eps=normaliser_eps,
     )
     name = select_backend(backend, inp)
     seed = draw_seed() if inp.dropout_p > 0 else 0

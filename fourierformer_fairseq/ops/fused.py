@@ -2,17 +2,19 @@
 
 The C++ library defines two ops (csrc/fourier_attention_ops.cpp):
 
-    fourier_attention_forward(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed)
-        -> (out, lse)
+    fourier_attention_forward(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed,
+                              normaliser_eps=0) -> (out, lse)
     fourier_attention_backward(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias,
-                               causal, dropout_p, seed) -> (dq, dk, dv, dradius)
+                               causal, dropout_p, seed, normaliser_eps=0) -> (dq, dk, dv, dradius)
 
 ``attn_mask`` (B|1, H|1, N, M) and ``key_bias`` (B, M) are additive float masks or bool masks
 (True = masked; the C++ side turns them into 0 / -inf once and knows from the dtype that they
 only select). ``radius`` is the (H, D) table, float32 (float64 for float64 inputs); ``lse`` the per-row
 log-normaliser (+inf for rows with no visible key), float64 for every input dtype: it is
 of order p * D (a sum of D logs), and the backward needs it to float32 accuracy relative
-to 1, which a float32 lse (error ulp(|lse|) / 2) would not give.
+to 1, which a float32 lse (error ulp(|lse|) / 2) would not give. With ``normaliser_eps`` > 0
+(the published code's ``sum_j w_ij + eps``) ``lse`` stays the log-sum over the real keys and
+``out`` is scaled by their share sigmoid(lse - log eps); the backward recomputes that share.
 
 ``register_ops`` adds the shape (fake) and autograd registrations; ``extension_status``
 (extension.py) calls it once, when the extension loads.
@@ -40,30 +42,33 @@ def register_ops() -> None:
     _registered = True
 
     @torch.library.register_fake("fourierformer::fourier_attention_forward")
-    def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed):
+    def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps=0.0):
         B, H, N, _ = q.shape
         out = q.new_empty((B, H, N, v.shape[-1]))
         lse = q.new_empty((B, H, N), dtype=torch.float64)
         return out, lse
 
     @torch.library.register_fake("fourierformer::fourier_attention_backward")
-    def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed):
+    def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
+                       normaliser_eps=0.0):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(radius)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed = inputs
+        q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed = inputs[:10]
+        normaliser_eps = inputs[10] if len(inputs) > 10 else 0.0
         out, lse = output
         ctx.save_for_backward(q, k, v, radius, out, lse, attn_mask, key_bias)
-        ctx.args = (power, causal, dropout_p, seed)
+        ctx.args = (power, causal, dropout_p, seed, normaliser_eps)
         ctx.mark_non_differentiable(lse)
 
     def backward(ctx, grad_out, grad_lse):
         q, k, v, radius, out, lse, attn_mask, key_bias = ctx.saved_tensors
-        power, causal, dropout_p, seed = ctx.args
+        power, causal, dropout_p, seed, normaliser_eps = ctx.args
         dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
-            grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed
+            grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
+            normaliser_eps,
         )
-        return dq, dk, dv, dradius, None, None, None, None, None, None
+        return dq, dk, dv, dradius, None, None, None, None, None, None, None
 
     torch.library.register_autograd(
         "fourierformer::fourier_attention_forward", backward, setup_context=setup_context
@@ -87,7 +92,7 @@ def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None =
     key_bias = inp.key_padding_mask
     out, _ = torch.ops.fourierformer.fourier_attention_forward(
         inp.q, inp.k, inp.v if values is None else values, radius, float(inp.power), attn_mask, key_bias,
-        inp.causal, inp.dropout_p, seed
+        inp.causal, inp.dropout_p, seed, inp.normaliser_eps,
     )
     return out
 

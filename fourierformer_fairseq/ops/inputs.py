@@ -5,6 +5,7 @@ inputs, so shape rules and error messages live here once.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -26,6 +27,8 @@ class AttentionInputs:
     key_padding_mask: Optional[torch.Tensor]  # bool (B, M), True = padding
     causal: bool
     dropout_p: float
+    # the published code's normaliser: out_i = sum_j w_ij v_j / (sum_j w_ij + eps); 0: exact
+    normaliser_eps: float = 0.0
 
     @property
     def log_domain(self) -> bool:
@@ -90,7 +93,8 @@ def _key_padding_mask(mask: torch.Tensor, B: int, M: int, like: torch.Tensor) ->
 
 
 def prepare_inputs(
-    q, k, v, radius, *, power=4, phi="power", attn_mask=None, key_padding_mask=None, causal=False, dropout_p=0.0
+    q, k, v, radius, *, power=4, phi="power", attn_mask=None, key_padding_mask=None, causal=False, dropout_p=0.0,
+    normaliser_eps=0.0,
 ) -> AttentionInputs:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -115,6 +119,8 @@ def prepare_inputs(
         raise ValueError(f"power must be a positive integer, got {power!r}")
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if isinstance(normaliser_eps, bool) or not math.isfinite(float(normaliser_eps)) or float(normaliser_eps) < 0:
+        raise ValueError(f"normaliser_eps must be finite and >= 0, got {normaliser_eps!r}")
     if causal and N > M:
         raise ValueError(f"causal attention needs N <= M (queries aligned to the last keys), got N={N}, M={M}")
     return AttentionInputs(
@@ -128,6 +134,7 @@ def prepare_inputs(
         key_padding_mask=None if key_padding_mask is None else _key_padding_mask(key_padding_mask, B, M, q),
         causal=bool(causal),
         dropout_p=float(dropout_p),
+        normaliser_eps=float(normaliser_eps),
     )
 
 

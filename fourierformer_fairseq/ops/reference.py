@@ -13,6 +13,8 @@ intermediates chunk by chunk, so it is meant for correctness, not speed.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .inputs import AttentionInputs, causal_bias, prepare_inputs
@@ -97,8 +99,15 @@ def log_weights(inp: AttentionInputs) -> torch.Tensor:
     return S if mask is None else S + mask
 
 
-def masked_softmax(S: torch.Tensor) -> torch.Tensor:
-    """softmax over the last dim; rows that are entirely -inf give all-zero weights, not NaN."""
+def masked_softmax(S: torch.Tensor, normaliser_eps: float = 0.0) -> torch.Tensor:
+    """softmax over the last dim; rows that are entirely -inf give all-zero weights, not NaN.
+
+    normaliser_eps > 0: exp(S_ij) / (sum_j exp(S_ij) + eps), a null key of score log(eps) whose
+    weight is dropped (the published code's normaliser).
+    """
+    if normaliser_eps > 0:
+        null = torch.full(S.shape[:-1] + (1,), math.log(normaliser_eps), dtype=S.dtype, device=S.device)
+        return masked_softmax(torch.cat([S, null], -1))[..., :-1]
     row_max = S.amax(-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     e = torch.exp(S - row_max.detach())
@@ -116,7 +125,7 @@ def _direct_weights(inp: AttentionInputs) -> torch.Tensor:
     mask = additive_mask(inp)
     if mask is not None:
         w = w.masked_fill(torch.isinf(mask.expand_as(w)), 0.0)
-    return w / w.sum(-1, keepdim=True)
+    return w / (w.sum(-1, keepdim=True) + inp.normaliser_eps)
 
 
 def dropout_keep_mask(seed: int, shape, dropout_p: float, device) -> torch.Tensor:
@@ -147,7 +156,7 @@ def dropout_keep_mask(seed: int, shape, dropout_p: float, device) -> torch.Tenso
 
 def attention_weights(inp: AttentionInputs, seed: int = 0) -> torch.Tensor:
     """Normalised weights (B, H, N, M), after dropout when inp.dropout_p > 0."""
-    P = masked_softmax(log_weights(inp)) if inp.log_domain else _direct_weights(inp)
+    P = masked_softmax(log_weights(inp), inp.normaliser_eps) if inp.log_domain else _direct_weights(inp)
     if inp.dropout_p > 0:
         keep = dropout_keep_mask(seed, P.shape, inp.dropout_p, P.device)
         P = P * keep.to(P.dtype) / (1.0 - inp.dropout_p)
@@ -172,6 +181,7 @@ def fourier_attention_reference(
     key_padding_mask=None,
     causal=False,
     dropout_p=0.0,
+    normaliser_eps=0.0,
     need_weights=False,
     seed=None,
     backend="reference",
@@ -185,7 +195,7 @@ def fourier_attention_reference(
         raise ValueError("fourier_attention_reference only runs the 'reference' backend")
     inp = prepare_inputs(
         q, k, v, radius, power=power, phi=phi, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-        causal=causal, dropout_p=dropout_p,
+        causal=causal, dropout_p=dropout_p, normaliser_eps=normaliser_eps,
     )
     if seed is None:
         seed = draw_seed() if inp.dropout_p > 0 else 0

@@ -113,7 +113,7 @@ def make_case(B, H, N, M, D, Dv, dtype, *, mask=None, kpm=False, causal=False, s
                 key_padding=key_padding, causal=causal)
 
 
-def run_case(name, case, power, dropout_p=0.0, seed=1234, rtol=1e-9, atol=1e-9):
+def run_case(name, case, power, dropout_p=0.0, seed=1234, rtol=1e-9, atol=1e-9, normaliser_eps=0.0):
     t0 = time.time()
     q, k, v, radius = case["q"], case["k"], case["v"], case["radius"]
     dtype = q.dtype
@@ -122,16 +122,17 @@ def run_case(name, case, power, dropout_p=0.0, seed=1234, rtol=1e-9, atol=1e-9):
     key_bias = None if kpm is None else torch.zeros(kpm.shape, dtype=acc).masked_fill(kpm, float("-inf"))
     attn_mask = None if case["attn_mask"] is None else case["attn_mask"].to(acc)
     out, lse = torch.ops.fourierformer.fourier_attention_forward(
-        q, k, v, radius.to(acc), float(power), attn_mask, key_bias, case["causal"], dropout_p, seed)
+        q, k, v, radius.to(acc), float(power), attn_mask, key_bias, case["causal"], dropout_p, seed, normaliser_eps)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     dq, dk, dv, dr = torch.ops.fourierformer.fourier_attention_backward(
         dout.to(dtype), q, k, v, radius.to(acc), out, lse, float(power), attn_mask, key_bias, case["causal"],
-        dropout_p, seed)
+        dropout_p, seed, normaliser_eps)
 
     # float64 reference with autograd
     qr, kr, vr, rr = (t.detach().double().requires_grad_(True) for t in (q, k, v, radius))
     ref = fourier_attention_reference(qr, kr, vr, rr, power=power, attn_mask=case["attn_mask"],
-                                      key_padding_mask=kpm, causal=case["causal"], dropout_p=dropout_p, seed=seed)
+                                      key_padding_mask=kpm, causal=case["causal"], dropout_p=dropout_p, seed=seed,
+                                      normaliser_eps=normaliser_eps)
     ref.backward(dout)
     worst = []
     for label, got, want in (("out", out, ref), ("dq", dq, qr.grad), ("dk", dk, kr.grad), ("dv", dv, vr.grad),
@@ -229,6 +230,17 @@ def special_cases():
     q[:, :, ::3] += 1e-6 * torch.randn(q[:, :, ::3].shape, generator=g)
     cases.append(("tile remainders N65 M130 duplicates causal", q, k, torch.randn(1, 1, 130, 20, generator=g),
                   0.5 + torch.rand(1, 16, generator=g), dict(power=4, causal=True)))
+    # the published normaliser's null key: a share of each row (eps near the rows' mass), and
+    # rows whose keys all underflow next to eps (out and gradients 0)
+    q = torch.randn(2, 2, 9, 16, generator=g) * 0.7
+    k = torch.randn(2, 2, 70, 16, generator=g) * 0.7
+    k[0, 1, 5] = q[0, 1, 3]
+    cases.append(("null key eps 1e-9 causal N9 M70", q, k, torch.randn(2, 2, 70, 7, generator=g), torch.tensor(2.0),
+                  dict(power=4, causal=True, normaliser_eps=1e-9)))
+    q = torch.randn(1, 2, 5, 64, generator=g) * 3
+    k = torch.randn(1, 2, 7, 64, generator=g) * 3
+    cases.append(("null key takes every row N5 M7 D64", q, k, torch.randn(1, 2, 7, 3, generator=g), torch.tensor(10.0),
+                  dict(power=4, normaliser_eps=1e-6)))
     return cases
 
 
@@ -242,11 +254,12 @@ def run_special():
         causal = kwargs.get("causal", False)
         power = float(kwargs["power"])
         r = radius if radius.dim() == 2 else radius.expand(q.shape[1], q.shape[3])
+        eps = kwargs.get("normaliser_eps", 0.0)
         out, lse = torch.ops.fourierformer.fourier_attention_forward(q, k, v, r.contiguous(), power, None, None,
-                                                                     causal, 0.0, 0)
+                                                                     causal, 0.0, 0, eps)
         dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
         grads = list(torch.ops.fourierformer.fourier_attention_backward(dout, q, k, v, r.contiguous(), out, lse,
-                                                                        power, None, None, causal, 0.0, 0))
+                                                                        power, None, None, causal, 0.0, 0, eps))
         if radius.dim() == 0:
             grads[3] = grads[3].sum()
         bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, **kwargs)
@@ -308,6 +321,11 @@ def main():
         ("f32 causal dropout kpm", make_case(2, 1, 20, 41, 5, 3, torch.float32, causal=True, kpm=True), 4, 0.2, f32),
         ("f32 D100 Dv100 N9 M70 causal", make_case(1, 1, 9, 70, 100, 100, torch.float32, causal=True, scale=0.3), 4,
          0.0, f32),
+        # the published normaliser (the simple float64 kernels; float32's tiled ones in run_special)
+        ("f64 null key causal kpm dropout", make_case(2, 1, 5, 40, 8, 12, torch.float64, causal=True, kpm=True), 4,
+         0.2, dict(f64, normaliser_eps=1e-3)),
+        ("f32 null key D129 Dv200 (simple kernels)", make_case(1, 1, 5, 7, 129, 200, torch.float32, scale=0.3), 2,
+         0.0, dict(f32, normaliser_eps=0.5)),
     ]
     if not args.quick:
         cases += [
