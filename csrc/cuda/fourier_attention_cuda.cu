@@ -1,43 +1,22 @@
 // The CUDA backend of the `fourierformer` ops: registers the kernels of
 // fourier_attention_kernels.cuh for the CUDA dispatch key. Semantics are those of the CPU
 // backend (../cpu/fourier_attention_cpu.cpp); see fourier_attention_launch.h for the host
-// side and fourier_attention_kernels.cuh for how the kernels are organised.
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
+// side, fourier_attention_kernels.cuh for how the kernels are organised and cuda_launcher.cuh
+// for the launches (compiled per dtype in launch_<dtype>.cu).
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include "fourier_attention_launch.h"
+#include "cuda_launcher.cuh"
+
+// instantiated in launch_<dtype>.cu, one translation unit per dtype
+FF_CUDA_LAUNCH_INSTANCES(extern template, float, float)
+FF_CUDA_LAUNCH_INSTANCES(extern template, at::Half, float)
+FF_CUDA_LAUNCH_INSTANCES(extern template, at::BFloat16, float)
+FF_CUDA_LAUNCH_INSTANCES(extern template, double, double)
 
 namespace fourierformer {
 namespace cuda {
 namespace {
-
-// Launches on the current stream of q's device; raises the dynamic shared memory limit
-// of a kernel when it needs more than the default 48 KiB (head dims above ~96).
-struct CudaLauncher {
-  cudaStream_t stream;
-  size_t smem_optin;
-
-  template <typename scalar_t, typename acc_t>
-  void operator()(void (*kernel)(Params<scalar_t, acc_t>), int64_t blocks, int threads, size_t smem_bytes,
-                  const Params<scalar_t, acc_t>& p) const {
-    if (blocks <= 0) return;
-    TORCH_CHECK(smem_bytes <= smem_optin, "fourier_attention (cuda): head dims D = ", p.D, ", Dv = ", p.Dv,
-                " need ", smem_bytes, " bytes of shared memory per block, this GPU allows ", smem_optin);
-    if (smem_bytes > 48 * 1024) {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
-    }
-    kernel<<<(unsigned)blocks, (unsigned)threads, smem_bytes, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-};
-
-CudaLauncher current_launcher() {
-  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  return CudaLauncher{at::cuda::getCurrentCUDAStream().stream(), (size_t)prop->sharedMemPerBlockOptin};
-}
 
 void check_on_cuda(const at::Tensor& q) {
   TORCH_CHECK(q.is_cuda(), "fourier_attention (cuda): q must be a CUDA tensor, got ", q.device());

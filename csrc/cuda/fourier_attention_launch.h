@@ -1,7 +1,7 @@
 // Host side of the CUDA backend: argument checks, tensor preparation, launch geometry.
 //
 // Written against a `Launcher` (launch(kernel, blocks, threads, shared_bytes, params)) so that the
-// same code drives the real launches (fourier_attention_cuda.cu) and the host emulator
+// same code drives the real launches (cuda_launcher.cuh, launch_<dtype>.cu) and the host emulator
 // (emulation/), which runs it on CPU tensors.
 #pragma once
 

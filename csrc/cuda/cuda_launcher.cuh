@@ -1,0 +1,57 @@
+// The real launches of the CUDA backend, and their instances one translation unit per dtype.
+//
+// fourier_attention_launch.h is written against a Launcher; CudaLauncher launches on the
+// current stream. Each dtype's launches (and with them every kernel of that dtype) are
+// instantiated in a file of their own (launch_<dtype>.cu), so a build compiles the kernels
+// of the four dtypes in parallel; fourier_attention_cuda.cu, which registers the ops, only
+// declares them (FF_CUDA_LAUNCH_INSTANCES(extern template, ...)).
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include "fourier_attention_launch.h"
+
+namespace fourierformer {
+namespace cuda {
+
+// Launches on the current stream of q's device; raises the dynamic shared memory limit
+// of a kernel when it needs more than the default 48 KiB (head dims above ~96).
+struct CudaLauncher {
+  cudaStream_t stream;
+  size_t smem_optin;
+
+  template <typename scalar_t, typename acc_t>
+  void operator()(void (*kernel)(Params<scalar_t, acc_t>), int64_t blocks, int threads, size_t smem_bytes,
+                  const Params<scalar_t, acc_t>& p) const {
+    if (blocks <= 0) return;
+    TORCH_CHECK(smem_bytes <= smem_optin, "fourier_attention (cuda): head dims D = ", p.D, ", Dv = ", p.Dv,
+                " need ", smem_bytes, " bytes of shared memory per block, this GPU allows ", smem_optin);
+    if (smem_bytes > 48 * 1024) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
+    }
+    kernel<<<(unsigned)blocks, (unsigned)threads, smem_bytes, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+inline CudaLauncher current_launcher() {
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  return CudaLauncher{at::cuda::getCurrentCUDAStream().stream(), (size_t)prop->sharedMemPerBlockOptin};
+}
+
+}  // namespace cuda
+}  // namespace fourierformer
+
+// The forward and backward launches of one (input, accumulation) dtype pair with CudaLauncher:
+// `template` instantiates them (in launch_<dtype>.cu), `extern template` declares them.
+#define FF_CUDA_LAUNCH_INSTANCES(KIND, SCALAR, ACC)                                                              \
+  namespace fourierformer {                                                                                      \
+  namespace cuda {                                                                                               \
+  KIND void launch_forward<SCALAR, ACC, CudaLauncher>(const AttentionShape&, Params<SCALAR, ACC>&,               \
+                                                      const at::TensorOptions&, const CudaLauncher&);            \
+  KIND void launch_backward<SCALAR, ACC, CudaLauncher>(const AttentionShape&, Params<SCALAR, ACC>&,              \
+                                                       const at::TensorOptions&, const CudaLauncher&);           \
+  }                                                                                                              \
+  }
