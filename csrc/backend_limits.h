@@ -13,9 +13,11 @@
 namespace fourierformer {
 namespace limits {
 
-// p of phi(x) = x^p: the fused kernels work in the log domain (log |sinc|^p = p log |sinc|),
-// so p must be even, and at least this.
+// p of phi(x) = x^p: the fused kernels work in the log domain (log |sinc|^p = p log |sinc|,
+// which drops the sign of sinc), so p must be a multiple of kFusedPowerMultiple (even), and at
+// least kFusedMinPower. fused_power_rule() (fourier_attention_ops.cpp) says this in words.
 constexpr double kFusedMinPower = 2.0;
+constexpr double kFusedPowerMultiple = 2.0;
 
 // Input dtypes, named as torch names them. The CPU kernels are float32 (vectorised) and
 // float64 (scalar loops); the CUDA kernels are instantiated by AT_DISPATCH_FLOATING_TYPES_AND2

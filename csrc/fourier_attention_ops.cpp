@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <limits>
+#include <sstream>
+#include <string>
 
 #include "fourier_attention.h"
 
@@ -16,6 +18,22 @@
 #endif
 
 namespace fourierformer {
+namespace {
+
+// The rule of backend_limits.h on p, in words ("even p >= 2"): the check below says it, and
+// the extension exports it with the limits, for the Python declarations' reasons.
+std::string fused_power_rule() {
+  std::ostringstream rule;
+  if (limits::kFusedPowerMultiple == 2.0) {
+    rule << "even p";
+  } else {
+    rule << "p a multiple of " << limits::kFusedPowerMultiple;
+  }
+  rule << " >= " << limits::kFusedMinPower;
+  return rule.str();
+}
+
+}  // namespace
 
 AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& radius, double power,
@@ -36,8 +54,8 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
   TORCH_CHECK(radius.dim() == 2 && radius.size(0) == s.H && radius.size(1) == s.D,
               "fourier_attention: the kernel takes radius expanded to (H, D) = (", s.H, ", ", s.D, "), got ",
               radius.sizes());
-  TORCH_CHECK(power >= limits::kFusedMinPower && std::fmod(power, 2.0) == 0.0,
-              "fourier_attention: the fused kernels take phi(x) = x^p with even p >= ", limits::kFusedMinPower,
+  TORCH_CHECK(power >= limits::kFusedMinPower && std::fmod(power, limits::kFusedPowerMultiple) == 0.0,
+              "fourier_attention: the fused kernels take phi(x) = x^p with ", fused_power_rule(),
               " (log domain), got p = ", power, "; other phis run on the reference backend");
   TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "fourier_attention: dropout_p must be in [0, 1), got ",
               dropout_p);
@@ -118,15 +136,19 @@ PyObject* dtype_tuple(const char* const (&names)[N]) {
   return t;
 }
 
-// {"cpu": {...}, "cuda": {...}}: the limits of backend_limits.h for Python (ops/backends.py).
-// A limit a backend does not have is None.
+// {"cpu": {...}, "cuda": {...}}: the limits of backend_limits.h for Python (ops/backends.py),
+// with the rule on p in words (power_rule). A limit a backend does not have is None.
 PyObject* backend_limits_dict() {
   namespace L = fourierformer::limits;
-  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:d,s:O,s:O}", "device", "cpu", "dtypes", dtype_tuple(L::kCpuDtypes),
-                                "min_power", L::kFusedMinPower, "max_head_dim", Py_None, "seq_len_bound", Py_None);
-  PyObject* cuda = Py_BuildValue("{s:s,s:N,s:d,s:i,s:L}", "device", "cuda", "dtypes", dtype_tuple(L::kCudaDtypes),
-                                 "min_power", L::kFusedMinPower, "max_head_dim", L::kCudaMaxHeadDim,
-                                 "seq_len_bound", (long long)L::kCudaSeqLenBound);
+  const std::string rule = fourierformer::fused_power_rule();
+  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:O,s:O}", "device", "cpu", "dtypes",
+                                dtype_tuple(L::kCpuDtypes), "min_power", L::kFusedMinPower, "power_multiple",
+                                L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim", Py_None,
+                                "seq_len_bound", Py_None);
+  PyObject* cuda = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:i,s:L}", "device", "cuda", "dtypes",
+                                 dtype_tuple(L::kCudaDtypes), "min_power", L::kFusedMinPower, "power_multiple",
+                                 L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim",
+                                 L::kCudaMaxHeadDim, "seq_len_bound", (long long)L::kCudaSeqLenBound);
   if (cpu == nullptr || cuda == nullptr) {
     Py_XDECREF(cpu);
     Py_XDECREF(cuda);

@@ -27,8 +27,8 @@ for kv in rest:
     meta[k] = int(v) if v.lstrip("-").isdigit() else v
 meta["extra_args"] = extra
 # the --fourier-* options among them, as make_tables.py reads them
-sys.path.insert(0, os.path.join(os.environ["REPO_ROOT"], "scripts"))
-from make_tables import options_given
+sys.path.insert(0, os.environ["REPO_ROOT"])
+from fourierformer_fairseq.recipes import options_given
 meta["fourier"] = options_given(extra)
 with open(path, "w") as fh:
     json.dump(meta, fh, indent=1, sort_keys=True)

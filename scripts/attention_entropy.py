@@ -27,6 +27,7 @@ def entropies(model, samples):
     from fairseq.modules.multihead_attention import MultiheadAttention
 
     from fourierformer_fairseq.models.attention_options import site_tag
+    from fourierformer_fairseq.ops.inputs import expand_radius
 
     sums, counts = {}, {}
     originals = {}
@@ -53,14 +54,10 @@ def entropies(model, samples):
             q, k = module.q_proj(query).double(), module.k_proj(key).double()
             add(f"q_rms/{site}", q.pow(2).mean().sqrt().item() + k.pow(2).mean().sqrt().item(), 2)
             radius = getattr(module, "radius", None)
-            if radius is not None:
-                def heads(t):
-                    return t.reshape(t.size(0), t.size(1), module.num_heads, module.head_dim).permute(1, 2, 0, 3)
-                qh, kh = module.prepare_queries_keys(heads(q), heads(k))  # the module's own q/k normalisation
-                r = radius.detach().double()
-                if radius.dim() == 2:  # (H, 1) or (H, D)
-                    r = radius.detach().double().reshape(1, module.num_heads, 1, 1, -1)
-                x = r * (qh.unsqueeze(3) - kh.unsqueeze(2))  # (B, H, N, M, D)
+            if radius is not None:  # the module's own head split and q/k normalisation, the op's (H, D) radius
+                qh, kh = module.prepare_queries_keys(module._split_heads(q), module._split_heads(k))
+                r = expand_radius(radius.detach().double(), module.num_heads, module.head_dim)
+                x = r[None, :, None, None, :] * (qh.unsqueeze(3) - kh.unsqueeze(2))  # (B, H, N, M, D)
                 past = (x.abs() > torch.pi).any(-1)
                 add(f"past_zero/{site}", past.double().sum().item(), past.numel())
             return attn, None

@@ -30,28 +30,17 @@ import sys
 from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # the package of this checkout, installed or not
+
+from fourierformer_fairseq.recipes import options_given  # noqa: E402
+
 TASKS = ("iwslt14", "wikitext103")
 # A run's options are the --fourier-* arguments it gave fairseq-train (meta.json's "fourier",
-# written by examples/lib.sh's write_meta with options_given below); an option it did not give is
-# at its architecture's default. Runs that gave none are the default rows; the others get rows of
-# their own, named by what they gave. Options that do not change the model are not settings:
+# written by examples/lib.sh's write_meta with fourierformer_fairseq.recipes.options_given); an
+# option it did not give is at its architecture's default. Runs that gave none are the default
+# rows; the others get rows of their own, named by what they gave. Options that do not change the
+# model are not settings:
 NOT_SETTINGS = ("log_interval",)
-
-
-def options_given(extra_args) -> dict:
-    """Every --fourier-* option among fairseq-train arguments, named as its FourierAttentionConfig
-    field without the prefix (--fourier-radius-init 1.0 -> {"radius_init": "1.0"}; a flag
-    without a value -> 1). No option is listed here: a new one is recorded as it is."""
-    out = {}
-    for i, a in enumerate(extra_args):
-        name, eq, val = str(a).partition("=")
-        if not name.startswith("--fourier-"):
-            continue
-        if not eq:
-            nxt = str(extra_args[i + 1]) if i + 1 < len(extra_args) else "--"
-            val = 1 if nxt.startswith("--") else nxt
-        out[name[len("--fourier-"):].replace("-", "_")] = val
-    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,7 +49,6 @@ def declared_defaults() -> dict:
     the ablation tables): an unset radius init is the automatic one (auto_radius)."""
     from dataclasses import fields
 
-    sys.path.insert(0, os.path.dirname(HERE))
     from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionConfig
 
     out = {f.name[len("fourier_"):]: f.default for f in fields(FourierAttentionConfig)}

@@ -33,6 +33,8 @@ def test_fused_limits_are_the_extensions():
         assert backend.supported_dtypes == tuple(getattr(torch, n) for n in limits[name]["dtypes"])
         assert backend.max_head_dim == limits[name]["max_head_dim"]
         assert backend.min_power == limits[name]["min_power"]
+        assert backend.power_multiple == limits[name]["power_multiple"]
+        assert backend.power_rule == limits[name]["power_rule"] and backend.power_rule in backend.describe()
     assert CPU.max_head_dim is None and CUDA.max_head_dim is not None
 
 
@@ -43,7 +45,8 @@ def test_cpu_declaration_agrees_with_the_cpu_op(dtype):
     q, k, v, r, _ = inputs(dtype=dtype)
     radius = r.to(torch.float64 if dtype == torch.float64 else torch.float32).expand(2, 5).contiguous()
     for power in (2.0, 3.0, 4.0):
-        declared = dtype in CPU.supported_dtypes and power >= CPU.min_power and power % 2 == 0
+        powered = power >= CPU.min_power and power % CPU.power_multiple == 0
+        declared = dtype in CPU.supported_dtypes and powered
         run = lambda: torch.ops.fourierformer.fourier_attention_forward(q, k, v, radius, power, None, None, False, 0.0, 0)  # noqa: E731
         if declared:
             out, _ = run()
@@ -51,9 +54,11 @@ def test_cpu_declaration_agrees_with_the_cpu_op(dtype):
         else:
             with pytest.raises(RuntimeError) as e:
                 run()
-            if dtype not in CPU.supported_dtypes and power % 2 == 0:
+            if dtype not in CPU.supported_dtypes and powered:
                 for t in CPU.supported_dtypes:
                     assert str(t).replace("torch.", "") in str(e.value)
+            if not powered:  # the C++ check and the declaration say the same rule
+                assert CPU.power_rule in str(e.value)
 
 
 @needs_extension

@@ -1,10 +1,10 @@
-"""The CUDA kernels, run on the CPU by the host emulator in csrc/cuda/emulation.
+"""The CUDA kernels, run on the CPU by the host emulator of csrc/cuda/emulation.
 
 Every CUDA thread becomes an OS thread with real barriers and shuffles, so the kernels'
 indexing, masking, reductions and synchronisation are checked against the float64
-reference on machines without a GPU (see run_emulated_check.py for what it cannot model).
-It runs in a subprocess: the emulated library must not share a process with the real
-extension, both register the fourierformer ops.
+reference on machines without a GPU (see cuda_emulation/run_emulated_check.py for what it
+cannot model). It runs in a subprocess: the emulated library must not share a process with the
+real extension, both register the fourierformer ops.
 """
 import os
 import subprocess
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "csrc", "cuda", "emulation", "run_emulated_check.py")
+SCRIPT = os.path.join(ROOT, "tests", "cuda_emulation", "run_emulated_check.py")
 
 
 def _text(output):

@@ -429,14 +429,14 @@ def test_opcheck_backward_op():
 
 @needs_cpu_kernel
 @pytest.mark.slow
-def test_fake_and_autograd_registered_when_the_extension_loads():
-    # in a fresh process: load the extension, make no call, then run the op on fake tensors and
-    # with autograd
+def test_fake_and_autograd_registered_at_import():
+    # in a fresh process: import the ops package, make no call, then run the op on fake tensors
+    # and with autograd
     code = (
         "import torch\n"
         "from torch._subclasses.fake_tensor import FakeTensorMode\n"
-        "from fourierformer_fairseq.ops.extension import extension_status\n"
-        "assert extension_status().loaded\n"
+        "import fourierformer_fairseq.ops\n"
+        "assert fourierformer_fairseq.ops.extension.extension_status().loaded\n"
         "with FakeTensorMode():\n"
         "    q = torch.empty(1, 2, 3, 4); v = torch.empty(1, 2, 5, 6); r = torch.empty(2, 4)\n"
         "    out, lse = torch.ops.fourierformer.fourier_attention_forward(q, torch.empty(1, 2, 5, 4), v, r, 4.0,"
@@ -778,6 +778,73 @@ def run_python(code, **env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
 
 
+def test_the_package_has_no_import_cycle():
+    """Every import between the package's modules, lazy ones too (a module's import of the
+    package it belongs to is not counted: that package is being imported already)."""
+    import ast
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = {}
+    for folder, _, names in os.walk(os.path.join(root, "fourierformer_fairseq")):
+        for f in names:
+            if f.endswith(".py"):
+                module = os.path.relpath(os.path.join(folder, f), root)[:-3].replace(os.sep, ".")
+                files[module[: -len(".__init__")] if module.endswith(".__init__") else module] = os.path.join(folder, f)
+    imports = {}
+    for module, path in files.items():
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names)
+            elif isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+        imports[module] = {t for t in targets if t in files and t != module and not module.startswith(t + ".")}
+
+    done = set()  # modules from which no cycle can be reached
+
+    def cycle_from(module, path):
+        for target in sorted(imports[module] - done):
+            if target in path:
+                return path[path.index(target):] + [target]
+            found = cycle_from(target, path + [target])
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    for module in sorted(files):
+        cycle = cycle_from(module, [module])
+        assert cycle is None, " -> ".join(cycle)
+
+
+def test_an_extension_that_cannot_load_warns_once_at_import_and_the_reference_runs():
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['fourierformer_fairseq._C'] = None  # an extension that cannot be imported\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import torch\n"
+        "    import fourierformer_fairseq.ops as ops\n"
+        "    q = torch.ones(1, 1, 2, 2)\n"
+        "    for _ in range(2):\n"
+        "        print(ops.fourier_attention(q, q, q, torch.tensor(1.0)).shape)\n"
+        "found = [str(w.message) for w in caught if 'fused kernels unavailable' in str(w.message)]\n"
+        "print('warnings:', len(found), found[0] if found else '')\n"
+        "print('loaded:', ops.extension.extension_status().loaded)\n"
+        "print('cpu:', ops.backend_unavailable_reason('cpu'))\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("torch.Size([1, 1, 2, 2])") == 2
+    assert "warnings: 1 fourierformer_fairseq: fused kernels unavailable" in result.stdout
+    assert "the compiled extension failed to load" in result.stdout
+    assert "loaded: False" in result.stdout and "cpu: the compiled extension failed to load" in result.stdout
+
+
 def test_without_the_extension_everything_runs_on_the_reference():
     """Also: without the extension there is no fused backend to fall back from, so a call that
     the fused kernels would not take (float16 on CPU) gives no fallback warning."""
@@ -796,6 +863,8 @@ def test_without_the_extension_everything_runs_on_the_reference():
         "    warnings.simplefilter('always')\n"
         "    fourier_attention(h, h, h, torch.tensor(1.0, dtype=torch.float16))\n"
         "print('warnings:', len(caught))\n"
+        "try:\n    torch.ops.fourierformer.fourier_attention_forward\nexcept AttributeError:\n"
+        "    print('op names free')\n"
     )
     result = run_python(code, FOURIERFORMER_DISABLE_EXTENSION="1")
     assert result.returncode == 0, result.stderr
@@ -804,6 +873,7 @@ def test_without_the_extension_everything_runs_on_the_reference():
     assert "torch.Size([1, 1, 3, 2])" in result.stdout
     assert "cpu:" in result.stdout and "FOURIERFORMER_DISABLE_EXTENSION" in result.stdout
     assert "warnings: 0" in result.stdout
+    assert "op names free" in result.stdout  # another library (the CUDA host emulation) may define them
 
 
 def test_info_reports_backends(capsys):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from fourierformer_fairseq.modules import ATTENTION_REGISTRY, FourierMultiheadAttention, build_attention
+from fourierformer_fairseq.modules import FourierMultiheadAttention
 from oracle import oracle_attention, oracle_weights, plain_attention
 
 E, H = 16, 4
@@ -88,15 +88,12 @@ def plain_with_weights(q, k, v, radius, power, key_padding_mask=None):
             plain_weights(q, k, radius, power, key_padding_mask))
 
 
-def test_registered_and_a_multihead_attention():
-    assert ATTENTION_REGISTRY["fourier_multihead_attention"] is FourierMultiheadAttention
-    m = build_attention("fourier_multihead_attention", E, H, self_attention=True, power=4)
+def test_a_multihead_attention():
+    m = FourierMultiheadAttention(E, H, self_attention=True, power=4)
     assert isinstance(m, MultiheadAttention) and m.power == 4
     # same parameter names as the stock module, plus the radius
     stock = MultiheadAttention(E, H, self_attention=True)
     assert set(dict(m.named_parameters())) == set(dict(stock.named_parameters())) | {"radius"}
-    with pytest.raises(ValueError, match="unknown attention"):
-        build_attention("no_such_attention", E, H)
 
 
 @pytest.mark.parametrize("radius_shape", ["scalar", "head", "feature"])

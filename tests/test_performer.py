@@ -30,7 +30,7 @@ from fairseq_helpers import (
     unigram_perplexity,
     USER_DIR,
 )
-from fourierformer_fairseq.modules import ATTENTION_REGISTRY, PerformerMultiheadAttention, build_attention
+from fourierformer_fairseq.modules import PerformerMultiheadAttention
 from fourierformer_fairseq.ops import favor
 from fourierformer_fairseq.ops.reference import fourier_attention_reference
 
@@ -72,17 +72,16 @@ def split_heads(x):  # (T, B, E) -> (B, H, T, D)
 # ============================================================================ the module
 
 
-def test_registered_and_a_multihead_attention():
-    assert ATTENTION_REGISTRY["performer_multihead_attention"] is PerformerMultiheadAttention
-    m = build_attention("performer_multihead_attention", E, H, self_attention=True)
+def test_a_multihead_attention():
+    m = PerformerMultiheadAttention(E, H, self_attention=True)
     assert isinstance(m, MultiheadAttention)
     assert m.num_features == round(D * math.log(D)) == 44  # the default m = round(d ln d)
     stock = MultiheadAttention(E, H, self_attention=True)
     assert set(dict(m.named_parameters())) == set(dict(stock.named_parameters()))
     assert set(dict(m.named_buffers())) == {"projection", "feature_seed", "feature_draw"}
     assert m.projection.shape == (44, D) and m.projection.dtype == torch.float32
-    rf = build_attention("performer_multihead_attention", E, H, self_attention=True, kernel="fourier_rf",
-                         radius_shape="head", radius_init=1.5)
+    rf = PerformerMultiheadAttention(E, H, self_attention=True, kernel="fourier_rf", radius_shape="head",
+                                     radius_init=1.5)
     assert set(dict(rf.named_parameters())) == set(dict(stock.named_parameters())) | {"radius"}
     assert rf.radius.shape == (H, 1) and torch.all(rf.radius == 1.5)
 

@@ -129,7 +129,7 @@ def test_no_attention_kind_imports_another():
             elif isinstance(node, ast.Import):
                 imported.update(alias.name.split(".")[-1] for alias in node.names)
         assert not (imported & (kinds - {kind})), (kind, imported & kinds)
-        assert "modules" not in imported, f"{kind} imports the modules package (its registry)"
+        assert "modules" not in imported, f"{kind} imports the modules package"
 
 
 def test_full_context_alignment_makes_the_causal_kind_see_every_position():

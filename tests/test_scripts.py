@@ -1,5 +1,5 @@
-"""scripts/: make_tables, average_checkpoints, fourier_estimators, head_redundancy, benchmark_model,
-benchmark_attention.
+"""scripts/: make_tables, average_checkpoints, fourier_estimators, attention_entropy, head_redundancy,
+benchmark_model, benchmark_attention.
 
 Fast unit tests on synthetic inputs; the runs that build or train fairseq models are slow.
 """
@@ -181,6 +181,44 @@ def test_fourier_estimators_small(tmp_path):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     assert res["experiments"]["density_1d"]["mse"] < 1e-3
     assert "1.290e-05" in r.stdout and "MSE (paper)" in r.stdout
+
+
+# --------------------------------------------------------------------------- attention_entropy
+@pytest.mark.parametrize("radius_shape", ["scalar", "head", "feature"])
+def test_attention_entropy_measures_the_modules_own_q_k_and_radius(radius_shape):
+    """past_zero: the fraction of (query, key, head) with |R_hd (q_d - k_d)| > pi for some d, on the
+    module's normalised q and k and its radius, whatever its shape; the site from the module's name."""
+    from fourierformer_fairseq.modules import FourierMultiheadAttention
+    from fourierformer_fairseq.modules.fourier_multihead_attention import rms_normalise
+
+    torch.manual_seed(0)
+    E, H, T = 12, 3, 6
+    D = E // H
+    attention = FourierMultiheadAttention(E, H, self_attention=True, radius_shape=radius_shape, radius_init=2.0)
+    with torch.no_grad():
+        attention.radius.mul_(torch.rand(attention.radius.shape) + 0.5)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Module()
+            self.encoder.self_attn = attention
+
+        def forward(self, x):
+            return self.encoder.self_attn(x, x, x)
+
+    x = torch.randn(T, 1, E)
+    got = load("attention_entropy").entropies(Model(), [{"net_input": {"x": x}}])
+    with torch.no_grad():
+        q, k = (rms_normalise(proj(x[:, 0]).double().reshape(T, H, D)) for proj in (attention.q_proj, attention.k_proj))
+    r = attention.radius.detach().double()
+    R = torch.tensor([[float(r) if r.dim() == 0 else float(r[h, min(d, r.shape[1] - 1)]) for d in range(D)]
+                      for h in range(H)], dtype=torch.float64)
+    past = (R * (q[:, None] - k[None, :])).abs().gt(math.pi).any(-1)  # (T, T, H)
+    expected = past.double().mean().item()
+    assert 0 < expected < 1
+    assert set(got) == {"enc", "q_rms/enc", "past_zero/enc"}
+    assert got["past_zero/enc"] == pytest.approx(expected, abs=1e-12)
 
 
 # --------------------------------------------------------------------------- model scripts

@@ -216,15 +216,20 @@ def test_arch_defaults_and_the_paper_exact_switch(arch, power, paper_r):
 
 
 def test_attention_scale_script_separates_the_paper_settings_from_the_defaults():
+    """The script measures the package's defaults: its auto_radius and rms_normalise (the q/k
+    normalisation the module runs)."""
     import importlib.util
     import os
+
+    from fourierformer_fairseq.modules import fourier_multihead_attention as fma
 
     path = os.path.join(os.path.dirname(__file__), "..", "scripts", "attention_scale.py")
     spec = importlib.util.spec_from_file_location("attention_scale", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    assert mod.auto_radius is fma.auto_radius and mod.rms_normalise is fma.rms_normalise
     paper = mod.measure(64, 2, 1.0, 1.0, qk_norm=False, N=32, M=64)
-    default = mod.measure(64, 2, mod.auto_radius(2, 64), 1.0, qk_norm=True, N=32, M=64)
+    default = mod.measure(64, 2, fma.auto_radius(2, 64), 1.0, qk_norm=True, N=32, M=64)
     assert paper["spread"] > 5 and paper["grad_ratio"] > 5 and paper["entropy"] < 0.5
     assert 0.8 < default["spread"] < 1.4 and 0.7 < default["grad_ratio"] < 1.5
     assert default["near_zero"] == 0 and abs(default["entropy"] - default["entropy_softmax"]) < 0.05

@@ -9,6 +9,10 @@ computes, for each batch b and head h,
 with phi(x) = x^p. Backends: "cuda" and "cpu" (fused kernels, even p only, in the log
 domain with a saved log-normaliser) and "reference" (pure PyTorch, every phi); what each
 accepts is declared once, in backends.py.
+
+Importing this package loads the compiled extension (extension.py) and registers the fused
+ops' shape and autograd implementations (fused.py); without a usable extension it warns once
+and every call runs on the reference.
 """
 from __future__ import annotations
 

@@ -3,10 +3,10 @@
 Each backend is an object with its supported device, dtypes and limits, and
 ``not_supported_reasons(inp)``, which lists every reason it cannot run a call (an empty
 list: it can). The fused backends' limits live with their kernels, in C++
-(``csrc/backend_limits.h``); the extension exports them as ``_C.backend_limits`` and the
-declarations read them from there, so that the Python checks and the C++ checks cannot
-disagree. ``select_backend`` (ops/__init__.py) and ``python -m fourierformer_fairseq.info``
-both ask these declarations.
+(``csrc/backend_limits.h``); the extension exports them as ``_C.backend_limits`` (the rule on
+the power too, as a number and in words) and the declarations read them from there, so that
+the Python checks and the C++ checks cannot disagree. ``select_backend`` (ops/__init__.py)
+and ``python -m fourierformer_fairseq.info`` both ask these declarations.
 """
 from __future__ import annotations
 
@@ -33,12 +33,19 @@ class ReferenceBackend:
     supported_dtypes: Optional[Tuple[torch.dtype, ...]] = None  # any floating dtype
     max_head_dim: Optional[int] = None
     min_power: Optional[float] = None  # any positive integer p, even or odd, and every phi
+    power_multiple: Optional[float] = None
+    power_rule: Optional[str] = None
 
     def not_supported_reasons(self, inp: Optional[AttentionInputs] = None) -> List[str]:
         return []
 
     def describe(self) -> str:
         return "every phi and power, every floating dtype and device (materialises the N x M weights)"
+
+
+def _limit(key: str, doc: str) -> property:
+    """A FusedBackend property: the extension's limit ``key``, None while it is not loaded."""
+    return property(lambda self: None if self._limits is None else self._limits[key], doc=doc)
 
 
 class FusedBackend:
@@ -61,18 +68,11 @@ class FusedBackend:
         """None while the extension is not loaded (the limits are the extension's)."""
         return None if self._limits is None else tuple(getattr(torch, n) for n in self._limits["dtypes"])
 
-    @property
-    def max_head_dim(self) -> Optional[int]:
-        return None if self._limits is None else self._limits["max_head_dim"]
-
-    @property
-    def min_power(self) -> Optional[float]:
-        """phi(x) = x^p only, p even and at least this (the kernels work in the log domain)."""
-        return None if self._limits is None else self._limits["min_power"]
-
-    @property
-    def seq_len_bound(self) -> Optional[int]:
-        return None if self._limits is None else self._limits["seq_len_bound"]
+    max_head_dim = _limit("max_head_dim", "Largest D and Dv; None: no limit.")
+    min_power = _limit("min_power", "phi(x) = x^p only, p at least this (and a multiple of power_multiple).")
+    power_multiple = _limit("power_multiple", "p must be a multiple of this (2: the log domain drops sinc's sign).")
+    power_rule = _limit("power_rule", 'The rule on p in the extension\'s words: "even p >= 2".')
+    seq_len_bound = _limit("seq_len_bound", "N and M must be below this; None: no bound.")
 
     @functools.cached_property
     def _availability_reasons(self) -> Tuple[str, ...]:
@@ -98,10 +98,11 @@ class FusedBackend:
         device = inp.q.device.type
         if device != self.supported_device:
             reasons.append(f"inputs are on {device}")
+        only = f"fused kernels take only phi(x) = x^p with {self.power_rule}"
         if inp.phi != "power":
-            reasons.append(f"fused kernels take phi(x) = x^p with even p only, got phi={inp.phi!r}; the reference runs it")
-        elif inp.power % 2 != 0 or inp.power < self.min_power:
-            reasons.append(f"fused kernels take phi(x) = x^p with even p only, got power={inp.power}; the reference runs it")
+            reasons.append(f"{only}, got phi={inp.phi!r}; the reference runs it")
+        elif inp.power % self.power_multiple != 0 or inp.power < self.min_power:
+            reasons.append(f"{only}, got power={inp.power}; the reference runs it")
         if inp.q.dtype not in self._dtypes:
             allowed = ", ".join(str(t) for t in self._dtypes)
             reasons.append(f"the {self.name} kernel takes {allowed}, got {inp.q.dtype}")
@@ -120,7 +121,7 @@ class FusedBackend:
             return "limits unknown (the extension is not loaded)"
         dtypes = ", ".join(str(t).replace("torch.", "") for t in self._dtypes)
         head = f"head dims up to {self.max_head_dim}" if self.max_head_dim is not None else "any head dim"
-        return f"{self.supported_device} tensors, {dtypes}, phi(x) = x^p with even p >= {self.min_power:g}, {head}"
+        return f"{self.supported_device} tensors, {dtypes}, phi(x) = x^p with {self.power_rule}, {head}"
 
 
 # In the order "auto" tries them: fastest first.

@@ -1,7 +1,12 @@
 """Loads the compiled extension ``fourierformer_fairseq._C`` and says why when it cannot.
 
-A missing extension, or one built for another torch, must not break ``import``: the
-package then warns once and runs the pure-PyTorch reference.
+Importing this module (which ``import fourierformer_fairseq.ops`` does first) loads the
+extension, which defines the ``fourierformer::`` ops (``TORCH_LIBRARY``); ``ops/fused.py`` then
+registers their shape (fake) and autograd implementations, so that all is in place before
+any call, opcheck or trace. A missing extension, or one built for another torch, must not
+break ``import``: the package then warns once and runs the pure-PyTorch reference.
+``FOURIERFORMER_DISABLE_EXTENSION=1`` leaves the extension unloaded (and the op names free for
+another library, as the CUDA host emulation's).
 """
 from __future__ import annotations
 
@@ -26,7 +31,6 @@ class ExtensionStatus:
         return self.loaded and bool(self.build.get("cuda_version"))
 
 
-_status: Optional[ExtensionStatus] = None
 _REBUILD = "rebuild it with `pip install --no-build-isolation -e .` in the project folder"
 
 
@@ -56,23 +60,20 @@ def _try_load() -> ExtensionStatus:
     return ExtensionStatus(True, module=module, build=build)
 
 
+def _load() -> ExtensionStatus:
+    status = _try_load()
+    if not status.loaded and "FOURIERFORMER_DISABLE_EXTENSION" not in status.reason:
+        warnings.warn(
+            f"fourierformer_fairseq: fused kernels unavailable, using the PyTorch reference: {status.reason}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return status
+
+
+_STATUS = _load()
+
+
 def extension_status() -> ExtensionStatus:
-    """Loads the extension once; warns once, with the reason, if it is unusable.
-
-    Loading also registers the ops' shape (fake) and autograd implementations
-    (fused.register_ops), so that they are in place before any call, opcheck or trace.
-    """
-    global _status
-    if _status is None:
-        _status = _try_load()
-        if _status.loaded:
-            from .fused import register_ops
-
-            register_ops()
-        if not _status.loaded and "FOURIERFORMER_DISABLE_EXTENSION" not in _status.reason:
-            warnings.warn(
-                f"fourierformer_fairseq: fused kernels unavailable, using the PyTorch reference: {_status.reason}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-    return _status
+    """What loading the extension (at import) gave: loaded, or the reason it is not."""
+    return _STATUS

@@ -16,8 +16,9 @@ to 1, which a float32 lse (error ulp(|lse|) / 2) would not give. With ``normalis
 (the published code's ``sum_j w_ij + eps``) ``lse`` stays the log-sum over the real keys and
 ``out`` is scaled by their share sigmoid(lse - log eps); the backward recomputes that share.
 
-``register_ops`` adds the shape (fake) and autograd registrations; ``extension_status``
-(extension.py) calls it once, when the extension loads.
+Importing this module registers their shape (fake) and autograd implementations when the
+extension has loaded (extension.py, imported first, loads it), so that ``import
+fourierformer_fairseq.ops`` does both, as extension-cpp's package does.
 """
 from __future__ import annotations
 
@@ -26,63 +27,57 @@ import torch
 from .extension import extension_status
 from .inputs import AttentionInputs
 
-_registered = False
-
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """radius and masks are passed in this dtype."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def register_ops() -> None:
-    """Fake (shape) and autograd registrations of the two ops; idempotent."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
+def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps=0.0):
+    B, H, N, _ = q.shape
+    out = q.new_empty((B, H, N, v.shape[-1]))
+    lse = q.new_empty((B, H, N), dtype=torch.float64)
+    return out, lse
 
-    @torch.library.register_fake("fourierformer::fourier_attention_forward")
-    def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps=0.0):
-        B, H, N, _ = q.shape
-        out = q.new_empty((B, H, N, v.shape[-1]))
-        lse = q.new_empty((B, H, N), dtype=torch.float64)
-        return out, lse
 
-    @torch.library.register_fake("fourierformer::fourier_attention_backward")
-    def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-                       normaliser_eps=0.0):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(radius)
+def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
+                   normaliser_eps=0.0):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(radius)
 
-    def setup_context(ctx, inputs, output):
-        q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed = inputs[:10]
-        normaliser_eps = inputs[10] if len(inputs) > 10 else 0.0
-        out, lse = output
-        ctx.save_for_backward(q, k, v, radius, out, lse, attn_mask, key_bias)
-        ctx.args = (power, causal, dropout_p, seed, normaliser_eps)
-        ctx.mark_non_differentiable(lse)
 
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, radius, out, lse, attn_mask, key_bias = ctx.saved_tensors
-        power, causal, dropout_p, seed, normaliser_eps = ctx.args
-        dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
-            grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-            normaliser_eps,
-        )
-        return dq, dk, dv, dradius, None, None, None, None, None, None, None
+def _setup_context(ctx, inputs, output):
+    q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed = inputs[:10]
+    normaliser_eps = inputs[10] if len(inputs) > 10 else 0.0
+    out, lse = output
+    ctx.save_for_backward(q, k, v, radius, out, lse, attn_mask, key_bias)
+    ctx.args = (power, causal, dropout_p, seed, normaliser_eps)
+    ctx.mark_non_differentiable(lse)
 
-    torch.library.register_autograd(
-        "fourierformer::fourier_attention_forward", backward, setup_context=setup_context
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, radius, out, lse, attn_mask, key_bias = ctx.saved_tensors
+    power, causal, dropout_p, seed, normaliser_eps = ctx.args
+    dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
+        grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
+        normaliser_eps,
     )
+    return dq, dk, dv, dradius, None, None, None, None, None, None, None
 
 
-def fused_available() -> bool:
-    return extension_status().loaded
+# The ops exist only when the extension has loaded; without it their names stay free (the CUDA
+# host emulation defines them from a library of its own).
+if extension_status().loaded:
+    torch.library.register_fake("fourierformer::fourier_attention_forward")(_forward_fake)
+    torch.library.register_fake("fourierformer::fourier_attention_backward")(_backward_fake)
+    torch.library.register_autograd(
+        "fourierformer::fourier_attention_forward", _backward, setup_context=_setup_context
+    )
 
 
 def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None = None) -> torch.Tensor:
     """Runs the fused op on normalised inputs; returns out (B, H, N, Dv). ``values`` replaces
     inp.v (see fused_weights)."""
-    assert fused_available()
+    assert extension_status().loaded
     compute = _compute_dtype(inp.q.dtype)
     radius = inp.radius_hd.to(compute).contiguous()
     # bool masks go as they are: the kernels learn from the dtype that they only select

@@ -1,17 +1,19 @@
 """Runs the CUDA kernels of csrc/cuda on the CPU, under a host emulator, against the reference.
 
-    python csrc/cuda/emulation/run_emulated_check.py [--quick]
+    python tests/cuda_emulation/run_emulated_check.py [--quick]
 
 For machines without a GPU: compiles fourier_attention_launch.h + fourier_attention_kernels.cuh
-as plain C++ (FF_HOST_EMULATION; every CUDA thread is an OS thread, barriers and shuffles are
-real, shared memory starts as NaN) with the installed torch, in a throw-away module that
-registers those kernels as the CPU implementation of the fourierformer ops. Checks forward,
+as plain C++ (FF_HOST_EMULATION, with the emulator of csrc/cuda/emulation/; every CUDA thread is
+an OS thread, barriers and shuffles are real, shared memory starts as NaN) with the installed
+torch, in a throw-away module that registers those kernels as the CPU implementation of the
+fourierformer ops. Checks forward,
 backward, masks, causal, dropout and fully masked rows against
 fourierformer_fairseq.ops.fourier_attention_reference in float64, and the float32 sin/cos.
 
 It does not model what only a GPU does (fast-math intrinsics, the memory model, timing); the
-real check is tests/test_cuda_kernels.py on a GPU. Do not import the real extension
-(fourierformer_fairseq._C) in the same process: both define the fourierformer library.
+real check is tests/test_cuda_kernels.py on a GPU. The real extension (fourierformer_fairseq._C)
+must not load in the same process, as both define the fourierformer library: importing this
+module sets FOURIERFORMER_DISABLE_EXTENSION=1 before it imports the package.
 """
 from __future__ import annotations
 
@@ -28,9 +30,14 @@ import torch
 from torch.utils.cpp_extension import load_inline
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CSRC = os.path.dirname(os.path.dirname(HERE))
-ROOT = os.path.dirname(CSRC)
+TESTS = os.path.dirname(HERE)
+ROOT = os.path.dirname(TESTS)
+CSRC = os.path.join(ROOT, "csrc")
+EMULATION = os.path.join(CSRC, "cuda", "emulation")
 sys.path.insert(0, ROOT)
+# importing the package loads the real extension unless this is set: the emulated library
+# defines the same ops
+os.environ["FOURIERFORMER_DISABLE_EXTENSION"] = "1"
 
 from fourierformer_fairseq.ops.reference import fourier_attention_reference  # noqa: E402
 
@@ -45,7 +52,7 @@ def build():
     try:
         return load_inline(
             name="ff_cuda_emulation",
-            cpp_sources=[f'#include "{os.path.join(HERE, "emulated_ops.h")}"'],
+            cpp_sources=[f'#include "{os.path.join(EMULATION, "emulated_ops.h")}"'],
             functions=["emulated_sincosf"],
             extra_include_paths=[CSRC],
             extra_cflags=["-O1", "-DFF_HOST_EMULATION=1", "-Wall", "-Wno-unknown-pragmas"],  # -O2: 5 s more to build, no faster
@@ -245,7 +252,7 @@ def special_cases():
 
 
 def run_special():
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    sys.path.insert(0, TESTS)
     from oracle import oracle_mismatches
 
     failures = 0
@@ -270,7 +277,7 @@ def run_special():
 
 def run_fuzz(count):
     """float32 cases against tests/oracle.py, with its bound (oracle_mismatches)."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    sys.path.insert(0, TESTS)
     from oracle import oracle_mismatches
 
     failures = 0
