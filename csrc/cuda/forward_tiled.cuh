@@ -103,7 +103,7 @@ FF_DEV float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p)
 #if defined(FF_HOST_EMULATION)
 inline
 #else
-__device__ __noinline__
+static __device__ __noinline__  // (static: one copy per translation unit, see launch_<dtype>.cu)
 #endif
 float rare_pair_score(const float* trows, const float* tkeys, const float* x_per_u, int N, int M, int Dp, int i, int j,
                       float power, float fast) {
