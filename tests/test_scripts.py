@@ -1,4 +1,4 @@
-"""scripts/: make_tables, average_checkpoints, fourier_estimators, attention_entropy, head_redundancy,
+"""scripts/: make_tables, average_checkpoints, adam_steps, fourier_estimators, attention_entropy, head_redundancy,
 benchmark_model, benchmark_attention.
 
 Fast unit tests on synthetic inputs; the runs that build or train fairseq models are slow.
@@ -181,6 +181,73 @@ def test_fourier_estimators_small(tmp_path):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     assert res["experiments"]["density_1d"]["mse"] < 1e-3
     assert "1.290e-05" in r.stdout and "MSE (paper)" in r.stdout
+
+
+# --------------------------------------------------------------------------- adam_steps
+def _adam_checkpoint(tmp_path, spike):
+    """A fairseq-layout checkpoint of a small model with a buffer, a tied weight and a radius, after
+    60 Adam steps; the radius's gradient is multiplied by ``spike`` on the first step, which Adam's
+    first moment has forgotten by the end (0.9^59) and its second has not (0.98^59)."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(7, 4)
+            self.radius = torch.nn.Parameter(torch.tensor(0.5))
+            self.fc = torch.nn.Linear(4, 4)
+            self.out = torch.nn.Linear(4, 7, bias=False)
+            self.out.weight = self.embed.weight          # tied, listed twice in the state dict
+            self.register_buffer("version", torch.tensor([3.0]))
+
+        def forward(self, x):
+            return self.out(torch.tanh(self.fc(self.embed(x)) * self.radius))
+
+    net = Net()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, betas=(0.9, 0.98))
+    for step in range(60):
+        opt.zero_grad()
+        net(torch.randint(0, 7, (3, 5))).logsumexp(-1).mean().backward()
+        if step == 0:
+            net.radius.grad *= spike
+        opt.step()
+    path = tmp_path / f"checkpoint_{spike}.pt"
+    torch.save({"model": net.state_dict(), "last_optimizer_state": opt.state_dict(),
+                "optimizer_history": [{"num_updates": 60}]}, path)
+    expected = {}
+    for name, p in net.named_parameters():                # named_parameters lists a tied weight once
+        st = opt.state[p]
+        expected[name] = (st["exp_avg"].double().abs() / (st["exp_avg_sq"].double().sqrt() + 1e-8)).mean().item()
+    return path, expected
+
+
+def test_adam_steps_aligns_the_optimizer_state_with_the_parameters(tmp_path):
+    mod = load("adam_steps")
+    path, expected = _adam_checkpoint(tmp_path, spike=1.0)
+    got = mod.adam_steps(torch.load(path, weights_only=False))
+    assert set(got) == set(expected)
+    for name in expected:
+        assert got[name] == pytest.approx(expected[name], rel=1e-12), name
+    # a spike in the radius's gradient sets its second moment: its step collapses
+    spiked = mod.adam_steps(torch.load(_adam_checkpoint(tmp_path, spike=1e6)[0], weights_only=False))
+    assert spiked["radius"] < 0.05 * got["radius"]
+    assert spiked["fc.weight"] > 0.5 * got["fc.weight"]  # the other weights keep their steps
+    out = run([sys.executable, os.path.join(SCRIPTS, "adam_steps.py"), str(path)])
+    assert out.returncode == 0, out.stderr
+    assert f"radii {expected['radius']:.3f}" in out.stdout
+
+
+def test_adam_steps_refuses_a_misaligned_state(tmp_path):
+    mod = load("adam_steps")
+    path, _ = _adam_checkpoint(tmp_path, spike=1.0)
+    ck = torch.load(path, weights_only=False)
+    del ck["last_optimizer_state"]["state"][max(ck["last_optimizer_state"]["state"])]
+    with pytest.raises(ValueError, match="parameters in the model state"):
+        mod.adam_steps(ck)
+    ck = torch.load(path, weights_only=False)
+    ck["last_optimizer_state"] = {}
+    with pytest.raises(ValueError, match="no optimizer state"):
+        mod.adam_steps(ck)
 
 
 # --------------------------------------------------------------------------- attention_entropy
