@@ -51,7 +51,8 @@ def valid_key(log):
 def series(records, key):
     xs, ys = [], []
     for r in records:
-        if key in r and "num_updates" in r:
+        # a metric logged every few intervals (--fourier-log-interval) is null in the others
+        if isinstance(r.get(key), float) and "num_updates" in r:
             xs.append(r["num_updates"])
             ys.append(r[key])
     return xs, ys

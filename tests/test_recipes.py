@@ -113,8 +113,8 @@ def make_tgz(folder: str, out: str) -> str:
     return out
 
 
-def run(cmd, **kw):
-    env = dict(os.environ)
+def run(cmd, env=None, **kw):
+    env = dict(os.environ if env is None else env)
     env.setdefault("PYTHON", sys.executable)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
 
@@ -180,7 +180,7 @@ def test_prepare_text_iwslt_splits(tmp_path):
 # --------------------------------------------------------------------------- shell recipes
 @pytest.mark.parametrize("script", ["iwslt14/prepare.sh", "iwslt14/train.sh", "iwslt14/evaluate.sh",
                                     "wikitext103/prepare.sh", "wikitext103/train.sh", "wikitext103/evaluate.sh",
-                                    "cpu_scale/run.sh"])
+                                    "cpu_scale/run.sh", "full_size/compare.sh"])
 def test_help(script):
     r = run(["bash", os.path.join(REPO, "examples", script), "--help"])
     assert r.returncode == 0, r.stderr
@@ -521,3 +521,105 @@ def test_reproduce_small_tables_offline(iwslt_runs, wiki_runs, tmp_path):
         twin_hr = json.load(open(out))
         assert [x["pairs"] for x in twin_hr["per_layer"]] == [x["pairs"] for x in hr["per_layer"]]
         assert twin_hr["mean"] < 1e-5 * hr["mean"], (model, twin_hr["mean"], hr["mean"])
+
+
+# --------------------------------------------------------------------------- full-size comparison
+FULL = os.path.join(REPO, "examples", "full_size")
+
+
+def load_full_size_summarize():
+    spec = importlib.util.spec_from_file_location("full_size_summarize", os.path.join(FULL, "summarize.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def fairseq_json_line(kind, record):
+    """A line as fairseq-train --log-format json writes it: values as strings, a metric that was
+    not logged in the interval as null."""
+    values = {k: (None if v is None else str(v)) for k, v in record.items()}
+    return f"2026-01-01 00:00:00 | INFO | {kind} | {json.dumps(values)}\n"
+
+
+def test_full_size_summary_reads_logs_hypotheses_and_gaps(tmp_path, capsys):
+    """summarize.py on two hand-written runs: the update a run reached (training or validation),
+    validation by update, the radius and null key of the last interval that logged them (not the
+    null of a later one), error lines, the median rate of the later two thirds, and BLEU from the
+    hypotheses (identical to the references: 100; another sentence: below 50)."""
+    refs = ["a man rides a horse .", "two dogs play in the snow .", "a woman is reading a book ."]
+    (tmp_path / "refs.en").write_text("\n".join(refs) + "\n")
+    soft = tmp_path / "mt_softmax"
+    pub = tmp_path / "mt_published"
+    soft.mkdir()
+    pub.mkdir()
+    with open(soft / "train.log", "w") as fh:
+        for u, ups in ((10, 2.0), (20, 4.0), (30, 5.0)):
+            fh.write(fairseq_json_line("train_inner", {"num_updates": u, "loss": 9 - u / 10, "gnorm": u / 10, "ups": ups}))
+        fh.write(fairseq_json_line("valid", {"valid_nll_loss": 7.5, "valid_num_updates": 10}))
+        fh.write(fairseq_json_line("valid", {"valid_nll_loss": 6.25, "valid_num_updates": 20}))
+    with open(pub / "train.log", "w") as fh:
+        fh.write(fairseq_json_line("train_inner", {"num_updates": 10, "loss": 8.5, "gnorm": 2.0, "ups": 1.0,
+                                                   "radius_enc0": 0.99, "nullkey_enc0": 0.75}))
+        fh.write(fairseq_json_line("train_inner", {"num_updates": 20, "loss": 8.0, "gnorm": 3.0, "ups": 1.0,
+                                                   "radius_enc0": None, "nullkey_enc0": None}))
+        fh.write(fairseq_json_line("valid", {"valid_nll_loss": 7.0, "valid_num_updates": 10}))
+        fh.write(fairseq_json_line("valid", {"valid_nll_loss": 6.5, "valid_num_updates": 25}))
+        fh.write("FloatingPointError: Minimum loss scale reached (0.0001).\n")
+    (tmp_path / "mt_common_update").write_text("20\n")
+    with open(soft / "gen_20.txt", "w") as fh:
+        for i in (2, 0, 1):  # fairseq writes hypotheses in batch order
+            fh.write(f"S-{i}\tsource\nH-{i}\t-0.1\t{refs[i]}\n")
+    with open(pub / "gen_20.txt", "w") as fh:
+        for i in range(3):
+            fh.write(f"H-{i}\t-0.1\tthe cat sat on the mat .\n")
+
+    mod = load_full_size_summarize()
+    res = mod.summarize(str(tmp_path), str(tmp_path / "refs.en"))
+    rows = res["mt"]["rows"]
+    assert res["mt"]["common_update"] == 20 and list(rows) == ["softmax", "published"]
+    assert rows["softmax"]["updates"] == 30 and rows["published"]["updates"] == 25
+    assert rows["softmax"]["valid"] == {10: 7.5, 20: 6.25}
+    assert rows["softmax"]["ms_per_update"] == pytest.approx(1000 / 4.5)  # median of 4 and 5 (the first third left out)
+    assert (rows["softmax"]["gnorm_median"], rows["softmax"]["gnorm_max"]) == (2.0, 3.0)
+    assert rows["published"]["radius"] == {"enc0": 0.99}
+    assert rows["published"]["nullkey_curve"] == [(10, {"enc0": 0.75})]
+    assert rows["softmax"]["errors"] == [] and "Minimum loss scale" in rows["published"]["errors"][0]
+    assert rows["softmax"]["bleu"] == pytest.approx(100.0)
+    assert rows["published"]["bleu"] < 50
+    mod.print_tables(res)
+    out = capsys.readouterr().out
+    assert "| softmax | 30 |" in out and "| published | 25 |" in out and "@10" in out
+
+
+def test_full_size_compare_rejects_bad_settings_before_training(tmp_path):
+    env = {"DATA_MT": str(tmp_path), "DATA_LM": str(tmp_path), "RUNS": str(tmp_path / "runs")}
+    for extra, message in (({"CONFIGS": "softmax frobnicate"}, "unknown configuration 'frobnicate'"),
+                           ({"TASKS": "mt speech"}, "unknown task 'speech'"),
+                           ({"MINUTES": "0"}, "MINUTES must be a positive number"),
+                           ({"DATA_LM": str(tmp_path / "missing")}, "not found")):
+        r = run(["bash", os.path.join(FULL, "compare.sh")], env={**os.environ, **env, **extra})
+        assert r.returncode != 0 and message in r.stderr, (extra, r.stderr)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_full_size_compare_end_to_end_on_the_cpu(wiki_runs, tmp_path):
+    """compare.sh with tiny language models on the CPU: two configurations side by side, the
+    common update, the attention of both checkpoints there, and the summary table."""
+    assert wiki_runs["prepare"].returncode == 0, wiki_runs["prepare"].stderr[-2000:]
+    runs = tmp_path / "runs"
+    env = {**os.environ, "TASKS": "lm", "CONFIGS": "softmax published", "DATA_LM": str(wiki_runs["data"]),
+           "RUNS": str(runs), "MINUTES": "0.1", "EVERY_LM": "4", "DEVICE_ARGS": "--cpu", "SENTENCES": "2",
+           "SIZE_LM": "--decoder-layers 1 --decoder-embed-dim 16 --decoder-ffn-embed-dim 32 "
+                      "--decoder-attention-heads 2 --tokens-per-sample 32 --max-update 12"}
+    r = run(["bash", os.path.join(FULL, "compare.sh")], env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    common = int((runs / "lm_common_update").read_text())
+    assert common in (4, 8, 12)
+    for config in ("softmax", "published"):
+        log = (runs / f"lm_{config}" / "train.log").read_text()
+        assert '"valid_num_updates": "4"' in log
+        entropy = json.loads((runs / f"lm_{config}" / f"entropy_{common}.json").read_text())
+        assert entropy["points"][0]["num_updates"] == common
+    assert "past_zero/dec" in json.loads((runs / "lm_published" / f"entropy_{common}.json").read_text())["points"][0]["entropy"]
+    assert "## lm: valid perplexity" in r.stdout and "| published |" in r.stdout

@@ -22,10 +22,12 @@ EVERY_LM="${EVERY_LM:-200}"                     # validation and checkpoints
 EVAL_SECONDS="${EVAL_SECONDS:-120}"             # limit of each evaluation command
 SENTENCES="${SENTENCES:-20}"                    # sentences of scripts/attention_entropy.py
 DEVICE_ARGS="${DEVICE_ARGS:-}"                  # e.g. --cpu, for a dry run with SIZE_MT / SIZE_LM
-SIZE_MT="${SIZE_MT:-}"                          # extra size options (empty: the architectures' full sizes)
+SIZE_MT="${SIZE_MT:-}"                          # extra fairseq-train options, given last (empty: full size)
 SIZE_LM="${SIZE_LM:-}"
 
 usage() {
+    echo "Usage: [VAR=value ...] examples/full_size/compare.sh [-h]"
+    echo
     sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
     cat <<EOF
 
@@ -60,6 +62,7 @@ for task in $TASKS; do
     [[ -d "$data" ]] || die "$data not found (DATA_MT / DATA_LM: binarised data, see docs/training-dynamics.md section 6)"
     for c in $CONFIGS; do fourier_flags "$c" >/dev/null; arch_of "$task" "$c" >/dev/null; done
 done
+[[ "$MINUTES" =~ ^[0-9]*\.?[0-9]+$ ]] && [[ ! "$MINUTES" =~ ^0*\.?0*$ ]] || die "MINUTES must be a positive number, got '$MINUTES'"
 STOP_HOURS=$("$PYTHON" -c "print($MINUTES / 60)")
 mkdir -p "$RUNS"
 
@@ -70,21 +73,21 @@ train() {  # train TASK CONFIG
     mkdir -p "$dir"
     # shellcheck disable=SC2086
     if [[ $task == mt ]]; then
-        "$PYTHON" -m fairseq_cli.train "$DATA_MT" --user-dir "$USER_DIR" $DEVICE_ARGS --arch "$arch" $flags $SIZE_MT \
+        "$PYTHON" -m fairseq_cli.train "$DATA_MT" --user-dir "$USER_DIR" $DEVICE_ARGS --arch "$arch" $flags \
             --share-all-embeddings --dropout 0.3 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 \
             --lr-scheduler inverse_sqrt --warmup-updates 400 --criterion label_smoothed_cross_entropy \
             --label-smoothing 0.1 --weight-decay 0.0001 --max-tokens 4096 --required-batch-size-multiple 1 \
             --validate-interval-updates "$EVERY_MT" --save-interval-updates $((2 * EVERY_MT)) --no-epoch-checkpoints \
             --no-save-optimizer-state --max-update "$MAX_UPDATE" --stop-time-hours "$STOP_HOURS" --seed "$SEED" \
-            --log-format json --log-interval 10 --num-workers 0 $log_flag --save-dir "$dir/ckpt" > "$dir/train.log" 2>&1
+            --log-format json --log-interval 10 --num-workers 0 $log_flag --save-dir "$dir/ckpt" $SIZE_MT > "$dir/train.log" 2>&1
     else
         "$PYTHON" -m fairseq_cli.train "$DATA_LM" --user-dir "$USER_DIR" $DEVICE_ARGS --task language_modeling \
-            --arch "$arch" $flags $SIZE_LM --tokens-per-sample 256 --sample-break-mode none --optimizer adam \
+            --arch "$arch" $flags --tokens-per-sample 256 --sample-break-mode none --optimizer adam \
             --adam-betas '(0.9, 0.98)' --clip-norm 0.25 --weight-decay 0.01 --dropout 0.1 --lr 1e-3 \
             --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-07 --batch-size 16 \
             --validate-interval-updates "$EVERY_LM" --save-interval-updates "$EVERY_LM" --no-epoch-checkpoints \
             --no-save-optimizer-state --max-update "$MAX_UPDATE" --stop-time-hours "$STOP_HOURS" --seed "$SEED" \
-            --log-format json --log-interval 10 --num-workers 0 $log_flag --save-dir "$dir/ckpt" > "$dir/train.log" 2>&1
+            --log-format json --log-interval 10 --num-workers 0 $log_flag --save-dir "$dir/ckpt" $SIZE_LM > "$dir/train.log" 2>&1
     fi
 }
 
