@@ -49,6 +49,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # this checkout's package (its log reader, once the install has run)
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
 STEPS = ("install", "tests", "attention", "table9", "train", "evaluate")
 CUDA_TESTS = ("tests/test_cuda_kernels.py", "tests/test_cuda_fuzz.py", "tests/test_cuda_module.py")
@@ -202,22 +203,16 @@ def evaluated(args, precision: str) -> bool:
 def parse_training(lines: list[str]) -> dict:
     """Losses by update, overflow-skipped updates, validation losses and ms per update (the
     median of fairseq's updates per second over the logged intervals, the first third left out)."""
-    train, valid, overflows = [], [], 0
-    for line in lines:
-        if "gradient overflow detected" in line or "OverflowError" in line:
-            overflows += 1
-        brace = line.find("{")
-        if brace < 0:
-            continue
-        try:
-            rec = json.loads(line[brace:])
-        except json.JSONDecodeError:
-            continue
-        if "| train_inner |" in line or "train_inner" in line[:brace]:
+    from fourierformer_fairseq.recipes import fairseq_log_records
+
+    lines = list(lines)
+    overflows = sum(1 for line in lines if "gradient overflow detected" in line or "OverflowError" in line)
+    train, valid = [], []
+    for tag, rec in fairseq_log_records(lines):
+        if tag == "train_inner":
             train.append((float(rec.get("ups", "nan")), int(rec["num_updates"]), float(rec["loss"])))
-        elif "| valid on" in line or "valid_loss" in rec:
-            if "valid_loss" in rec:
-                valid.append(float(rec["valid_loss"]))
+        elif tag == "valid" and "valid_loss" in rec:
+            valid.append(float(rec["valid_loss"]))
     res = {"overflows": overflows, "train": [(u, l) for _, u, l in train], "valid": valid}
     rates = sorted(1000.0 / ups for ups, _, _ in train[len(train) // 3:] if ups > 0)
     if rates:

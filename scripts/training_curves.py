@@ -16,30 +16,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import logging
+import os
+import sys
 from collections import defaultdict
 
-LINE = re.compile(r"\|\s*(train_inner|valid)\s*\|\s*(\{.*\})\s*$")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package
+from fourierformer_fairseq.recipes import fairseq_log_records  # noqa: E402
+
+# importing the package imports fairseq, which leaves the root logger at DEBUG: without this,
+# matplotlib would print its font search
+logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 
 def read_log(path: str):
     """{'train': [dict, ...], 'valid': [dict, ...]} with numbers parsed."""
     out = {"train": [], "valid": []}
     with open(path) as fh:
-        for line in fh:
-            m = LINE.search(line)
-            if not m:
+        for tag, rec in fairseq_log_records(fh):
+            if tag == "train":
                 continue
             record = {}
-            for key, value in json.loads(m.group(2)).items():
+            for key, value in rec.items():
                 try:
                     record[key] = float(value)
                 except (TypeError, ValueError):
                     record[key] = value
-            key = "valid" if m.group(1) == "valid" else "train"
-            if key == "valid" and "valid_num_updates" in record:
+            if tag == "valid" and "valid_num_updates" in record:
                 record["num_updates"] = record["valid_num_updates"]
-            out[key].append(record)
+            out["train" if tag == "train_inner" else "valid"].append(record)
     return out
 
 

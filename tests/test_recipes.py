@@ -541,6 +541,26 @@ def fairseq_json_line(kind, record):
     return f"2026-01-01 00:00:00 | INFO | {kind} | {json.dumps(values)}\n"
 
 
+def test_fairseq_log_records_reads_the_tagged_json_lines_only():
+    """The shared reader of training logs: the tag and the JSON of train_inner, train and valid
+    lines, in order, nulls kept; other lines (progress text, a broken JSON, another logger's
+    JSON) skipped."""
+    from fourierformer_fairseq.recipes import fairseq_log_records
+
+    lines = [
+        "2026-01-01 00:00:00 | INFO | fairseq_cli.train | begin training",
+        fairseq_json_line("train_inner", {"num_updates": 10, "loss": 9.5, "radius_enc0": None}),
+        '2026-01-01 00:00:01 | INFO | train_inner | {"num_updates": "20", "loss": ',
+        fairseq_json_line("valid", {"valid_loss": 7.25, "valid_num_updates": 20}),
+        fairseq_json_line("train", {"train_loss": 9.0}),
+        '2026-01-01 00:00:02 | INFO | fairseq.checkpoint_utils | {"saved": "checkpoint_1_20.pt"}',
+    ]
+    got = list(fairseq_log_records(lines))
+    assert got == [("train_inner", {"num_updates": "10", "loss": "9.5", "radius_enc0": None}),
+                   ("valid", {"valid_loss": "7.25", "valid_num_updates": "20"}),
+                   ("train", {"train_loss": "9.0"})]
+
+
 def test_full_size_summary_reads_logs_hypotheses_and_gaps(tmp_path, capsys):
     """summarize.py on two hand-written runs: the update a run reached (training or validation),
     validation by update, the radius and null key of the last interval that logged them (not the

@@ -14,33 +14,33 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import re
 import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's package
 
 CONFIG_ORDER = ["softmax", "defaults", "gaussian", "paper_exact", "published"]
 
 
 def parse_log(path: str) -> dict:
-    train, valid, errors, stop = [], {}, [], None
+    from fourierformer_fairseq.recipes import fairseq_log_records
+
     with open(path, errors="replace") as fh:
-        for line in fh:
-            if "Stopping training due to" in line:
-                stop = line.split("Stopping training due to", 1)[1].strip()
-            if re.search(r"FloatingPointError|Traceback|RuntimeError|CUDA error|out of memory", line):
-                errors.append(line.strip()[:300])
-            brace = line.find("{")
-            if brace < 0:
-                continue
-            try:
-                rec = json.loads(line[brace:])
-            except json.JSONDecodeError:
-                continue
-            if "| train_inner |" in line:
-                train.append(rec)
-            elif "| valid |" in line and "valid_num_updates" in rec:
-                valid[int(rec["valid_num_updates"])] = rec
+        lines = fh.read().splitlines()
+    stop = None
+    for line in lines:
+        if "Stopping training due to" in line:
+            stop = line.split("Stopping training due to", 1)[1].strip()
+    errors = [l.strip()[:300] for l in lines
+              if re.search(r"FloatingPointError|Traceback|RuntimeError|CUDA error|out of memory", l)]
+    train, valid = [], {}
+    for tag, rec in fairseq_log_records(lines):
+        if tag == "train_inner":
+            train.append(rec)
+        elif tag == "valid" and "valid_num_updates" in rec:
+            valid[int(rec["valid_num_updates"])] = rec
     return {"train": train, "valid": valid, "errors": errors, "stop": stop}
 
 
