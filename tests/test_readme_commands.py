@@ -1,0 +1,263 @@
+"""The README's commands, as a user copies them.
+
+The README marks each code block a user runs with an HTML comment on the line before its fence,
+``<!-- readme-test: NAME -->`` (invisible on GitHub). From those blocks:
+
+- fast: every ``fairseq-train`` / ``fairseq-generate`` / ``fairseq-eval-lm`` command is parsed by
+  fairseq's own parser for that tool, with the plugin loaded, so a renamed or removed flag or arch
+  is an error; every arch named anywhere in the README is registered; every ``--fourier-*``,
+  ``--performer-*`` and ``--gfnet-*`` flag named anywhere in the README exists; the op snippet runs
+  and its gradients reach q, k, v and the radius.
+- slow: both tasks run end to end on tiny data the test makes itself, in a scratch folder laid out
+  as the README expects (``data-bin/iwslt14.tokenized.de-en`` with its raw test references,
+  ``data-bin/wikitext-103``, ``fourierformer_fairseq`` as the user dir): the prepare scripts'
+  ``--help`` (they download), then every command of the train and evaluate blocks as written, by
+  bash, except that each ``fairseq-train`` gets overrides appended (argparse keeps the last value):
+  a few updates (``--max-update``) of a shrunk model on the CPU, with the LM's batch made to fit
+  the tiny data. Each command must exit 0, and its output must carry what the README says it
+  prints (the BLEU lines, the perplexity).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fourierformer_fairseq
+from fairseq_helpers import create_dummy_data, create_markov_lm_data
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+USER_DIR = fourierformer_fairseq.USER_DIR
+MARK = re.compile(r"^<!-- readme-test: ([a-z0-9-]+) -->\s*$")
+TOOLS = ("fairseq-train", "fairseq-generate", "fairseq-eval-lm")
+
+# what the slow test appends to each fairseq-train line of a block (argparse keeps the last value)
+TRAIN_OVERRIDES = {
+    "iwslt-train": [
+        "--max-update", "3", "--cpu", "--num-workers", "0",
+        "--encoder-layers", "1", "--decoder-layers", "1",
+        "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+        "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    ],
+    "lm-train": [
+        "--max-update", "2", "--cpu", "--num-workers", "0", "--batch-size", "2", "--update-freq", "1",
+        "--required-batch-size-multiple", "1",
+        "--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+        "--decoder-attention-heads", "2",
+    ],
+}
+
+
+def readme_blocks(text: str) -> dict[str, tuple[str, str]]:
+    """{name: (info string, body)} of the fenced blocks marked ``<!-- readme-test: name -->``."""
+    lines = text.split("\n")
+    blocks = {}
+    for i, line in enumerate(lines):
+        m = MARK.match(line)
+        if not m:
+            continue
+        fence = lines[i + 1]
+        assert fence.startswith("```"), f"README: the line after '{line}' must open a fenced block"
+        end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
+        assert m.group(1) not in blocks, f"README: two blocks named {m.group(1)}"
+        blocks[m.group(1)] = (fence[3:].strip(), "\n".join(lines[i + 2:end]))
+    return blocks
+
+
+def shell_commands(body: str) -> list[str]:
+    """The commands of a shell block, one string each (continuation lines joined)."""
+    commands, current = [], ""
+    for line in body.split("\n"):
+        if current == "" and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+        elif line.lstrip().startswith("|") and commands and current == "":
+            commands[-1] += " " + line.strip()  # a pipeline continued on the next line
+        else:
+            commands.append((current + line).strip())
+            current = ""
+    assert current == "", "a block ends in a continuation line"
+    return commands
+
+
+def fairseq_argv(command: str) -> tuple[str, list[str]] | None:
+    """(tool, its arguments up to the first redirection or pipe) when command runs a fairseq tool."""
+    words = shlex.split(command, comments=True)
+    if not words or words[0] not in TOOLS:
+        return None
+    argv = []
+    for w in words[1:]:
+        if w in (">", "|", "2>", ">>", "&&") or w.startswith(">"):
+            break
+        argv.append(w)
+    return words[0], argv
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    b = readme_blocks(README.read_text(encoding="utf-8"))
+    expected = {"iwslt-prepare", "iwslt-train", "iwslt-evaluate", "lm-prepare", "lm-train", "lm-evaluate", "op"}
+    assert expected <= set(b), f"README: marked blocks missing: {sorted(expected - set(b))}"
+    return b
+
+
+def _parse(tool: str, argv: list[str]):
+    """fairseq's own parsing of a command line of that tool (plugin loaded from its real folder)."""
+    from fairseq import options
+
+    argv = [USER_DIR if a == "fourierformer_fairseq" else a for a in argv]
+    parser = {
+        "fairseq-train": options.get_training_parser,
+        "fairseq-generate": options.get_generation_parser,
+        "fairseq-eval-lm": options.get_eval_lm_parser,
+    }[tool]()
+    return parser, options.parse_args_and_arch(parser, argv)
+
+
+def test_readme_fairseq_commands_parse(blocks):
+    """Each fairseq command of the README parses: its flags and its arch exist today."""
+    seen = set()
+    for name, (_, body) in blocks.items():
+        for command in shell_commands(body):
+            parsed = fairseq_argv(command)
+            if parsed is None:
+                continue
+            tool, argv = parsed
+            try:
+                _, args = _parse(tool, argv)
+            except SystemExit as e:  # argparse's way of rejecting a flag or a choice
+                pytest.fail(f"README block {name}: {tool} rejects its arguments (exit {e.code}): {command}")
+            assert "--user-dir" in argv and "fourierformer_fairseq" in argv, f"{name}: {command}"
+            seen.add(tool)
+    assert seen == set(TOOLS), f"README: no marked command runs {sorted(set(TOOLS) - seen)}"
+
+
+def test_readme_archs_and_attention_flags_exist():
+    """Every arch and every attention flag the README names, in prose and tables too."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    text = README.read_text(encoding="utf-8")
+    archs = set(re.findall(r"\b((?:fourierformer|softmax|performer|gfnet)_(?:iwslt_de_en|lm_wiki103_(?:small|medium)))\b", text))
+    archs |= {f"{a}_medium" for a in re.findall(r"\b((?:performer|gfnet|softmax)_lm_wiki103)_small` / `_medium", text)}
+    assert "fourierformer_iwslt_de_en" in archs and "performer_lm_wiki103_medium" in archs
+    missing = sorted(a for a in archs if a not in ARCH_MODEL_REGISTRY)
+    assert not missing, f"README names archs that are not registered: {missing}"
+
+    option_strings = set()
+    for arch in ("fourierformer_iwslt_de_en", "performer_iwslt_de_en", "gfnet_iwslt_de_en"):
+        parser, _ = _parse("fairseq-train", ["data", "--user-dir", "fourierformer_fairseq", "--arch", arch])
+        option_strings |= set(parser._option_string_actions)
+    flags = set(re.findall(r"(--(?:fourier|performer|gfnet)-[a-z0-9-]*[a-z0-9])", text))
+    assert "--fourier-published" in flags and "--fourier-kernel" in flags
+    unknown = sorted(flags - option_strings)
+    assert not unknown, f"README names flags that no architecture takes: {unknown}"
+
+
+def test_readme_op_snippet_runs(blocks):
+    info, body = blocks["op"]
+    assert info == "python"
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    namespace: dict = {}
+    exec(compile(body, "README.md (the op)", "exec"), namespace)
+    q, k, v, radius, out = (namespace[n] for n in ("q", "k", "v", "radius", "out"))
+    assert out.shape == v.shape and torch.isfinite(out).all()
+    for t in (q, k, v, radius):
+        assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0
+
+
+# ----------------------------------------------------------------------------- end to end (slow)
+
+
+def _tiny_translation_data(root: Path) -> None:
+    """data-bin/iwslt14.tokenized.de-en: a binarised de -> en pair and text/raw/test.en, as prepare.sh lays it out."""
+    raw = root / "raw-mt"
+    raw.mkdir()
+    create_dummy_data(str(raw), num_examples=48, maxlen=8)
+    for split in ("train", "valid", "test"):
+        (raw / f"{split}.in").rename(raw / f"{split}.de")
+        (raw / f"{split}.out").rename(raw / f"{split}.en")
+    dest = root / "data-bin" / "iwslt14.tokenized.de-en"
+    _run(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
+          "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--testpref", str(raw / "test"),
+          "--destdir", str(dest), "--workers", "1"], root)
+    (dest / "text" / "raw").mkdir(parents=True)
+    (dest / "text" / "raw" / "test.en").write_text((raw / "test.en").read_text())
+
+
+def _tiny_lm_data(root: Path) -> None:
+    raw = root / "raw-lm"
+    raw.mkdir()
+    create_markov_lm_data(str(raw), num_lines=320)
+    _run(["fairseq-preprocess", "--only-source", "--trainpref", str(raw / "train.out"),
+          "--validpref", str(raw / "valid.out"), "--testpref", str(raw / "test.out"),
+          "--destdir", str(root / "data-bin" / "wikitext-103"), "--workers", "1"], root)
+
+
+def _env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _run(argv_or_command, cwd: Path, what: str = "") -> str:
+    shell = isinstance(argv_or_command, str)
+    proc = subprocess.run(["bash", "-c", "set -eo pipefail\n" + argv_or_command] if shell else argv_or_command,
+                          cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{what or argv_or_command} failed (exit {proc.returncode}):\n{out[-4000:]}"
+    return out
+
+
+def _with_overrides(command: str, block: str) -> str:
+    tool, _ = fairseq_argv(command)
+    assert tool == "fairseq-train"
+    words = shlex.split(command, comments=True)
+    return shlex.join(words + TRAIN_OVERRIDES[block])
+
+
+def _run_block(blocks, name: str, root: Path) -> str:
+    out = ""
+    for command in shell_commands(blocks[name][1]):
+        parsed = fairseq_argv(command)
+        if parsed and parsed[0] == "fairseq-train":
+            command = _with_overrides(command, name)
+        out += _run(command, root, f"README block {name}: {command}")
+    return out
+
+
+@pytest.mark.slow
+def test_readme_commands_end_to_end_on_tiny_data(blocks, tmp_path):
+    root = tmp_path
+    os.symlink(USER_DIR, root / "fourierformer_fairseq")
+    for sub in ("scripts", "examples"):
+        os.symlink(ROOT / sub, root / sub)
+
+    for name in ("iwslt-prepare", "lm-prepare"):  # they download: check that they exist and answer --help
+        for command in shell_commands(blocks[name][1]):
+            script = shlex.split(command, comments=True)[0]
+            assert "Usage:" in _run(f"{shlex.quote(script)} --help", root, f"README block {name}: {script} --help")
+
+    _tiny_translation_data(root)
+    _run_block(blocks, "iwslt-train", root)
+    out = _run_block(blocks, "iwslt-evaluate", root)
+    gen = (root / "gen.txt").read_text()
+    test_sentences = len((root / "raw-mt" / "test.en").read_text().splitlines())
+    assert len(re.findall(r"^H-\d+\t", gen, flags=re.M)) == test_sentences, "every test sentence translated"
+    assert re.search(r"BLEU4 = [0-9.]+", out), out[-2000:]  # the grep of fairseq-generate's BLEU line
+    assert re.search(r'"name": "BLEU",\s*"score": [0-9.]+', out), out[-2000:]  # sacrebleu's score
+
+    _tiny_lm_data(root)
+    _run_block(blocks, "lm-train", root)
+    assert (root / "checkpoints" / "wikitext103_fourier_small" / "checkpoint_best.pt").exists()
+    out = _run_block(blocks, "lm-evaluate", root)
+    m = re.search(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)", out)
+    assert m and float(m.group(2)) > 1.0, out[-2000:]
