@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: install and build, the CUDA tests and fuzz, the op and model benchmarks, and
-# stock fairseq-train / generate / eval-lm with --fp16 and --bf16, with one summary table at the
+# stock fairseq-train with --fp16 and --amp, generate and eval-lm with --fp16, one summary table at the
 # end; exits non-zero on any failure. Options and what each step checks: scripts/gpu_check.py.
 #
 #   bash scripts/gpu_check.sh                      # on a GPU machine (8-9 minutes on an H200, estimated)
