@@ -261,3 +261,50 @@ def test_readme_commands_end_to_end_on_tiny_data(blocks, tmp_path):
     out = _run_block(blocks, "lm-evaluate", root)
     m = re.search(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)", out)
     assert m and float(m.group(2)) > 1.0, out[-2000:]
+
+
+# what may differ between the README's training command and the recipe's: where the run's files
+# go, how it logs, the device flag the recipe adds on a CPU, and the user dir's spelling
+RUN_BOOKKEEPING = {"save_dir", "log_format", "log_interval", "cpu", "user_dir"}
+
+RECIPES = {
+    "iwslt-train": (["examples/iwslt14/train.sh", "--model", "fourier", "--seeds", "1"],
+                    "data-bin/iwslt14.tokenized.de-en", ["dict.de.txt", "dict.en.txt"]),
+    "lm-train": (["examples/wikitext103/train.sh", "--model", "fourier", "--size", "small", "--seeds", "1"],
+                 "data-bin/wikitext-103", ["dict.txt"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", sorted(RECIPES))
+def test_readme_training_command_is_the_recipes(blocks, block, tmp_path):
+    """The README's fairseq-train line and the one the recipe runs parse to the same settings.
+
+    The recipe runs with a ``fairseq-train`` first on PATH that only records its arguments (the
+    recipe's command line is what is compared; nothing is trained), in a folder where the recipe
+    finds the dictionaries it checks for."""
+    recipe, data, dicts = RECIPES[block]
+    (tmp_path / "bin").mkdir()
+    record = tmp_path / "argv.json"
+    spy = tmp_path / "bin" / "fairseq-train"
+    spy.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    spy.chmod(0o755)
+    (tmp_path / data).mkdir(parents=True)
+    for name in dicts:
+        (tmp_path / data / name).write_text("a 1\n")
+    env = _env()
+    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(["bash", str(ROOT / recipe[0]), *recipe[1:]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    recipe_argv = json.load(open(record))
+    readme_argv = [fairseq_argv(c)[1] for c in shell_commands(blocks[block][1]) if fairseq_argv(c)]
+    assert len(readme_argv) == 1, f"README block {block}: one fairseq-train command expected"
+    _, ours = _parse("fairseq-train", readme_argv[0])
+    _, theirs = _parse("fairseq-train", recipe_argv)
+    ours, theirs = vars(ours), vars(theirs)
+    differ = {k: (ours.get(k), theirs.get(k)) for k in set(ours) | set(theirs)
+              if k not in RUN_BOOKKEEPING and ours.get(k) != theirs.get(k)}
+    assert not differ, f"README block {block} and {recipe[0]} train differently (README, recipe): {differ}"
