@@ -15,7 +15,8 @@ The README marks each code block a user runs with an HTML comment on the line be
   bash, except that each ``fairseq-train`` gets overrides appended (argparse keeps the last value):
   a few updates (``--max-update``) of a shrunk model on the CPU, with the LM's batch made to fit
   the tiny data. Each command must exit 0, and its output must carry what the README says it
-  prints (the BLEU lines, the perplexity).
+  prints (the BLEU lines, the perplexity). And each README training line parses to the same
+  settings as the line its recipe (``examples/*/train.sh``) runs.
 """
 from __future__ import annotations
 
