@@ -10,13 +10,7 @@ import pkgutil
 
 from .fourier_attention_options import SITES, FourierAttentionOptions
 from .fourierformer_lm import FourierFormerLanguageModel, FourierFormerLanguageModelConfig
-from .fourierformer_transformer import (
-    FourierFormerModel,
-    FourierTransformerDecoder,
-    FourierTransformerDecoderLayer,
-    FourierTransformerEncoder,
-    FourierTransformerEncoderLayer,
-)
+from .fourierformer_transformer import FourierFormerModel
 
 # every module of this folder, as fairseq's own models/__init__.py does: an attention kind's model
 # and arch files register themselves on import, so a new kind adds files and edits none here
@@ -39,8 +33,4 @@ __all__ = [
     "FourierFormerLanguageModel",
     "FourierFormerLanguageModelConfig",
     "FourierFormerModel",
-    "FourierTransformerDecoder",
-    "FourierTransformerDecoderLayer",
-    "FourierTransformerEncoder",
-    "FourierTransformerEncoderLayer",
 ]

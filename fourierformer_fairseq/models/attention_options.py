@@ -19,16 +19,15 @@ module exists).
 """
 
 import enum
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Dict, FrozenSet, Optional, Sequence, Type
+from dataclasses import field, fields
+from typing import Any, ClassVar, Dict, FrozenSet, Sequence, Type
 
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.utils import safe_getattr
 
 from fourierformer_fairseq.modules.option_checks import OptionError
-from fourierformer_fairseq.modules.projected_attention import RADIUS_SHAPES
 
 SITES = ("encoder", "decoder", "cross")
 LM_SITES = ("decoder",)  # a language model has only decoder self-attention
@@ -88,24 +87,6 @@ def parse_sites(spec, available: Sequence[str], flag: str, supported: Sequence[s
 def kwarg_field(kwarg: str, default: Any, help: str, **metadata) -> Any:
     """A config field passed to the attention class as the keyword argument ``kwarg``."""
     return field(default=default, metadata={"help": help, "kwarg": kwarg, **metadata})
-
-
-@dataclass
-class FourierKernelConfig(FairseqDataclass):
-    """The Fourier kernel's options, shared by Fourier attention and the Performer's fourier_rf kernel.
-
-    ``None``: the architecture's default (set by its arch function), else the attention class's.
-    """
-
-    fourier_power: Optional[int] = kwarg_field(
-        "power", None, "p of phi(x) = x^p in the Fourier kernel prod_d phi(sinc(R (q_d - k_d))) (even for the "
-                       "Performer's fourier_rf); default: 2 translation, 4 language models")
-    fourier_radius_init: Optional[float] = kwarg_field(
-        "radius_init", None, "initial value of the learnable radius R; default: Fourier attention "
-                             "sqrt(3 / (p sqrt(head_dim))) (as peaked as softmax at init), or the paper's with "
-                             "--fourier-paper-exact; Performer fourier_rf the paper's (1.0 translation, 2.0 language models)")
-    fourier_radius_shape: ChoiceEnum(RADIUS_SHAPES) = kwarg_field(
-        "radius_shape", "scalar", "one learnable radius per layer (scalar), per head, or per head and feature")
 
 
 def _plain(value: Any) -> Any:
@@ -211,4 +192,4 @@ class AttentionOptions:
         """Finishes a built model; nothing by default."""
 
 
-__all__ = ["LM_SITES", "SITES", "AttentionOptions", "FourierKernelConfig", "kwarg_field", "parse_sites", "site_tag"]
+__all__ = ["LM_SITES", "SITES", "AttentionOptions", "kwarg_field", "parse_sites", "site_tag"]

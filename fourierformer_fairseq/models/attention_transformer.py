@@ -1,11 +1,13 @@
-"""fairseq's Transformer with the attention of each site made by an attention options object.
+"""fairseq's Transformer, shared by every attention kind: the attention of each site is the kind's or softmax.
 
-The options object (see ``attention_options``) decides, per site ("encoder", "decoder", "cross"),
-which attention module is built. Only the attention modules differ from the stock model: the
-layers below override ``build_self_attention`` / ``build_encoder_attention`` and nothing else, so
-parameter names match the softmax twin's and, under one seed, every shared weight initialises
-identically. ``AttentionOptionsTransformerModel`` (translation) and ``AttentionOptionsLanguageModel``
-build the models; subclasses name their options class in ``options_class``.
+The kind's options object (see ``attention_options``) decides, per site ("encoder", "decoder",
+"cross"), which attention module is built. Only the attention modules differ from the stock model:
+the layers below (``AttentionKindEncoderLayer``, ``AttentionKindDecoderLayer``) override
+``build_self_attention`` / ``build_encoder_attention`` and nothing else, so parameter names match
+the softmax twin's and, under one seed, every shared weight initialises identically.
+``AttentionKindEncoder`` / ``AttentionKindDecoder`` stack them; ``AttentionKindTransformerModel``
+(translation) and ``AttentionKindLanguageModel`` build the models, and each kind's models subclass
+them, naming their options class in ``options_class``.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
-class AttentionOptionsEncoderLayer(TransformerEncoderLayerBase):
+class AttentionKindEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer; self-attention ("encoder") from ``attention_options``."""
 
     def __init__(self, cfg, attention_options: AttentionOptions, return_fc=False):
@@ -75,7 +77,7 @@ class AttentionOptionsEncoderLayer(TransformerEncoderLayerBase):
         )
 
 
-class AttentionOptionsDecoderLayer(TransformerDecoderLayerBase):
+class AttentionKindDecoderLayer(TransformerDecoderLayerBase):
     """fairseq's decoder layer; self-attention ("decoder") and encoder attention ("cross") from the options."""
 
     def __init__(self, cfg, attention_options: AttentionOptions, no_encoder_attn=False, add_bias_kv=False,
@@ -85,7 +87,7 @@ class AttentionOptionsDecoderLayer(TransformerDecoderLayerBase):
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         # causal: this layer's self-attention is the decoder's; a kind computes causality itself and
-        # gets no future mask (AttentionOptionsDecoder.buffered_future_mask), softmax gets fairseq's
+        # gets no future mask (AttentionKindDecoder.buffered_future_mask), softmax gets fairseq's
         return self.attention_options.build_attention(
             "decoder",
             embed_dim,
@@ -116,16 +118,18 @@ class AttentionOptionsDecoderLayer(TransformerDecoderLayerBase):
         )
 
 
-class AttentionOptionsEncoder(TransformerEncoderBase):
+class AttentionKindEncoder(TransformerEncoderBase):
+    """fairseq's encoder with layers from ``attention_options``."""
+
     def __init__(self, cfg, dictionary, embed_tokens, attention_options: AttentionOptions, return_fc=False):
         self.attention_options = attention_options
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
 
     def build_encoder_layer(self, cfg):
-        return wrap_layer(AttentionOptionsEncoderLayer(cfg, self.attention_options, return_fc=self.return_fc), cfg)
+        return wrap_layer(AttentionKindEncoderLayer(cfg, self.attention_options, return_fc=self.return_fc), cfg)
 
 
-class AttentionOptionsDecoder(TransformerDecoderBase):
+class AttentionKindDecoder(TransformerDecoderBase):
     """fairseq's decoder with layers from ``attention_options``.
 
     One difference in training mode: fairseq's decoder always asks its last layer's encoder
@@ -144,7 +148,7 @@ class AttentionOptionsDecoder(TransformerDecoderBase):
                          output_projection=output_projection)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return wrap_layer(AttentionOptionsDecoderLayer(cfg, self.attention_options, no_encoder_attn), cfg)
+        return wrap_layer(AttentionKindDecoderLayer(cfg, self.attention_options, no_encoder_attn), cfg)
 
     def buffered_future_mask(self, tensor):
         """fairseq's future mask for softmax self-attention; None where the self-attention is a kind
@@ -168,10 +172,10 @@ class AttentionOptionsDecoder(TransformerDecoderBase):
         if self.training and alignment_layer is None and "cross" in self.attention_options.sites:
             alignment_layer = NO_ALIGNMENT_LAYER  # see the class docstring
         # full_context_alignment: fairseq's decoder then passes no future mask, and self-attention sees
-        # every position; a causal kind is told so for this call
-        uncausal = self._causal_self_attention() if full_context_alignment else []
-        for module in uncausal:
-            module.causal = False
+        # every position; a kind built causal is called with causal=False (an argument of its forward
+        # that fairseq's layer does not pass: a pre-hook adds it to this call's self-attention calls)
+        hooks = [module.register_forward_pre_hook(_full_context, with_kwargs=True)
+                 for module in (self._causal_self_attention() if full_context_alignment else [])]
         try:
             return super().extract_features(
                 prev_output_tokens,
@@ -182,11 +186,16 @@ class AttentionOptionsDecoder(TransformerDecoderBase):
                 alignment_heads=alignment_heads,
             )
         finally:
-            for module in uncausal:
-                module.causal = True
+            for hook in hooks:
+                hook.remove()
 
 
-class AttentionOptionsTransformerModel(TransformerModel):
+def _full_context(module, args, kwargs):
+    """Forward pre-hook: the call's ``causal`` argument is False (see ``AttentionKindDecoder.extract_features``)."""
+    return args, {**kwargs, "causal": False}
+
+
+class AttentionKindTransformerModel(TransformerModel):
     """fairseq's Transformer (legacy argparse model) with the attention of ``options_class``."""
 
     options_class: Type[AttentionOptions]
@@ -210,18 +219,18 @@ class AttentionOptionsTransformerModel(TransformerModel):
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return AttentionOptionsEncoder(cfg, src_dict, embed_tokens, cls.options_class.from_args(args, SITES))
+        return AttentionKindEncoder(cfg, src_dict, embed_tokens, cls.options_class.from_args(args, SITES))
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return AttentionOptionsDecoder(
+        return AttentionKindDecoder(
             cfg, tgt_dict, embed_tokens, cls.options_class.from_args(args, SITES),
             no_encoder_attn=cfg.no_cross_attention,
         )
 
 
-class AttentionOptionsLanguageModel(TransformerLanguageModel):
+class AttentionKindLanguageModel(TransformerLanguageModel):
     """fairseq's Transformer language model with the decoder self-attention of ``options_class``."""
 
     options_class: Type[AttentionOptions]
@@ -278,7 +287,7 @@ class AttentionOptionsLanguageModel(TransformerLanguageModel):
             if args.decoder_input_dim != args.decoder_output_dim:
                 raise ValueError("--tie-adaptive-weights needs --decoder-input-dim == --decoder-output-dim")
 
-        decoder = AttentionOptionsDecoder(
+        decoder = AttentionKindDecoder(
             TransformerConfig.from_namespace(args), task.target_dictionary, embed_tokens, attention_options,
             no_encoder_attn=True,
         )
@@ -289,12 +298,12 @@ class AttentionOptionsLanguageModel(TransformerLanguageModel):
 
 __all__ = [
     "NO_ALIGNMENT_LAYER",
-    "AttentionOptionsDecoder",
-    "AttentionOptionsDecoderLayer",
-    "AttentionOptionsEncoder",
-    "AttentionOptionsEncoderLayer",
-    "AttentionOptionsLanguageModel",
-    "AttentionOptionsTransformerModel",
+    "AttentionKindDecoder",
+    "AttentionKindDecoderLayer",
+    "AttentionKindEncoder",
+    "AttentionKindEncoderLayer",
+    "AttentionKindLanguageModel",
+    "AttentionKindTransformerModel",
     "paper_lm_sizes",
     "wrap_layer",
 ]

@@ -25,7 +25,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 from fairseq.utils import safe_getattr
 
-from .attention_transformer import AttentionOptionsLanguageModel, paper_lm_sizes
+from .attention_transformer import AttentionKindLanguageModel, paper_lm_sizes
 from .fourier_attention_options import FourierAttentionConfig, FourierAttentionOptions, set_fourier_defaults
 
 
@@ -35,7 +35,7 @@ class FourierFormerLanguageModelConfig(TransformerLanguageModelConfig, FourierAt
 
 
 @register_model("fourierformer_lm", dataclass=FourierFormerLanguageModelConfig)
-class FourierFormerLanguageModel(AttentionOptionsLanguageModel):
+class FourierFormerLanguageModel(AttentionKindLanguageModel):
     """fairseq's Transformer language model with Fourier integral self-attention."""
 
     options_class = FourierAttentionOptions

@@ -16,24 +16,12 @@ from __future__ import annotations
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import transformer_iwslt_de_en
 
-from .attention_transformer import (
-    AttentionOptionsDecoder,
-    AttentionOptionsDecoderLayer,
-    AttentionOptionsEncoder,
-    AttentionOptionsEncoderLayer,
-    AttentionOptionsTransformerModel,
-)
+from .attention_transformer import AttentionKindTransformerModel
 from .fourier_attention_options import FourierAttentionOptions, set_fourier_defaults
-
-# the layers and stacks with Fourier attention where FourierAttentionOptions selects it
-FourierTransformerEncoderLayer = AttentionOptionsEncoderLayer
-FourierTransformerDecoderLayer = AttentionOptionsDecoderLayer
-FourierTransformerEncoder = AttentionOptionsEncoder
-FourierTransformerDecoder = AttentionOptionsDecoder
 
 
 @register_model("fourierformer")
-class FourierFormerModel(AttentionOptionsTransformerModel):
+class FourierFormerModel(AttentionKindTransformerModel):
     """fairseq's Transformer (legacy argparse model) with Fourier integral attention."""
 
     options_class = FourierAttentionOptions

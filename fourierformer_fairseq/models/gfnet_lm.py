@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 
-from .attention_transformer import AttentionOptionsLanguageModel, paper_lm_sizes
+from .attention_transformer import AttentionKindLanguageModel, paper_lm_sizes
 from .gfnet_options import GlobalFilterConfig, GlobalFilterOptions
 
 
@@ -25,7 +25,7 @@ class GlobalFilterLanguageModelConfig(TransformerLanguageModelConfig, GlobalFilt
 
 
 @register_model("gfnet_lm", dataclass=GlobalFilterLanguageModelConfig)
-class GlobalFilterLanguageModel(AttentionOptionsLanguageModel):
+class GlobalFilterLanguageModel(AttentionKindLanguageModel):
     """fairseq's Transformer language model with causal global-filter token mixing."""
 
     options_class = GlobalFilterOptions

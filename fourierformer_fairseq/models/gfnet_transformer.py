@@ -17,12 +17,12 @@ from __future__ import annotations
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import transformer_iwslt_de_en
 
-from .attention_transformer import AttentionOptionsTransformerModel
+from .attention_transformer import AttentionKindTransformerModel
 from .gfnet_options import GlobalFilterOptions
 
 
 @register_model("gfnet")
-class GlobalFilterModel(AttentionOptionsTransformerModel):
+class GlobalFilterModel(AttentionKindTransformerModel):
     """fairseq's Transformer (legacy argparse model) with global-filter self-attention."""
 
     options_class = GlobalFilterOptions

@@ -16,7 +16,7 @@ from omegaconf import II
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 
-from .attention_transformer import AttentionOptionsLanguageModel, paper_lm_sizes
+from .attention_transformer import AttentionKindLanguageModel, paper_lm_sizes
 from .performer_options import PerformerAttentionOptions, PerformerConfig, set_performer_defaults
 
 
@@ -28,7 +28,7 @@ class PerformerLanguageModelConfig(TransformerLanguageModelConfig, PerformerConf
 
 
 @register_model("performer_lm", dataclass=PerformerLanguageModelConfig)
-class PerformerLanguageModel(AttentionOptionsLanguageModel):
+class PerformerLanguageModel(AttentionKindLanguageModel):
     """fairseq's Transformer language model with FAVOR+ (random-feature) causal self-attention."""
 
     options_class = PerformerAttentionOptions

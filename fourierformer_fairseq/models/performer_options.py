@@ -18,7 +18,8 @@ from fairseq.utils import safe_getattr
 from fourierformer_fairseq.modules.performer_multihead_attention import PerformerMultiheadAttention
 from fourierformer_fairseq.ops.favor import FEATURE_TYPES, KERNELS, feature_seed
 
-from .attention_options import SITES, AttentionOptions, FourierKernelConfig, kwarg_field
+from .attention_options import SITES, AttentionOptions, kwarg_field
+from .fourier_attention_options import FourierKernelConfig
 
 
 @dataclass
@@ -55,11 +56,6 @@ class PerformerAttentionOptions(AttentionOptions):
         seed_performer_features(model, safe_getattr(args, "seed", 1))
 
 
-def add_performer_args(parser) -> None:
-    """Adds the --performer-* options to a legacy (argparse) model's parser (no defaults: the arch sets them)."""
-    PerformerAttentionOptions.add_args(parser)
-
-
 def set_performer_defaults(args, **overrides) -> None:
     """For architecture functions: fill in every PerformerConfig field the command line left unset."""
     PerformerAttentionOptions.set_defaults(args, **overrides)
@@ -76,7 +72,6 @@ __all__ = [
     "PerformerAttentionOptions",
     "PerformerConfig",
     "SITES",
-    "add_performer_args",
     "seed_performer_features",
     "set_performer_defaults",
 ]

@@ -16,12 +16,12 @@ from __future__ import annotations
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import transformer_iwslt_de_en
 
-from .attention_transformer import AttentionOptionsTransformerModel
+from .attention_transformer import AttentionKindTransformerModel
 from .performer_options import PerformerAttentionOptions, set_performer_defaults
 
 
 @register_model("performer")
-class PerformerModel(AttentionOptionsTransformerModel):
+class PerformerModel(AttentionKindTransformerModel):
     """fairseq's Transformer (legacy argparse model) with FAVOR+ random-feature attention."""
 
     options_class = PerformerAttentionOptions

@@ -29,11 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from fourierformer_fairseq.modules.projected_attention import (
-    RADIUS_SHAPES,
-    ProjectedMultiheadAttention,
-    radius_parameter_shape,
-)
+from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 from fourierformer_fairseq.modules.option_checks import (
     OptionError,
     check_choice,
@@ -43,7 +39,7 @@ from fourierformer_fairseq.modules.option_checks import (
 )
 from fourierformer_fairseq.ops import fourier_attention
 from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
-from fourierformer_fairseq.ops.inputs import PHIS, prepare_inputs
+from fourierformer_fairseq.ops.inputs import PHIS, RADIUS_SHAPES, prepare_inputs, radius_parameter_shape
 from fourierformer_fairseq.ops.reference import log_weights
 
 QK_NORMS = ("rms", "none")
@@ -220,7 +216,7 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             dropout_p=self.attention_dropout_p(),
             need_weights=need_weights,
             backend=self.backend,
-            **({"normaliser_eps": self.normaliser_eps} if self.normaliser_eps else {}),
+            normaliser_eps=self.normaliser_eps,
         )
         return result if need_weights else (result, None)
 

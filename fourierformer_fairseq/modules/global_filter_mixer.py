@@ -33,9 +33,9 @@ from fourierformer_fairseq.ops.global_filter import global_filter, global_filter
 
 
 class GlobalFilterMixer(ProjectedMultiheadAttention):
-    """Global-filter token mixing at a self-attention site (see the module docstring).
+    """Global-filter token mixing at a self-attention site (GFNet, Rao et al. 2021).
 
-    Args beyond fairseq's ``MultiheadAttention`` (and ``causal`` / ``max_positions``, which the
+    See the module docstring. Args beyond fairseq's ``MultiheadAttention`` (and ``causal`` / ``max_positions``, which the
     layer sets; max_positions is required):
         init_std: standard deviation of the filter's initial taps.
     """

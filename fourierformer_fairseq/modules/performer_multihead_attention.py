@@ -47,11 +47,7 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from fourierformer_fairseq.modules.projected_attention import (
-    RADIUS_SHAPES,
-    ProjectedMultiheadAttention,
-    radius_parameter_shape,
-)
+from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 from fourierformer_fairseq.modules.option_checks import OptionError, check_choice, check_int, check_positive
 from fourierformer_fairseq.ops.favor import (
     DEFAULT_CHUNK,
@@ -69,6 +65,7 @@ from fourierformer_fairseq.ops.favor import (
     query_features,
     with_ones,
 )
+from fourierformer_fairseq.ops.inputs import RADIUS_SHAPES, radius_parameter_shape
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ The base holds the whole ``forward`` of fairseq's contract (the template); an at
 method, ``attend``, declares what it supports, and adds its options to the constructor:
 
     forward(query, key, value, key_padding_mask, incremental_state, need_weights, static_kv,
-            attn_mask, before_softmax, need_head_weights)
+            attn_mask, before_softmax, need_head_weights, *, causal=None)
       -> projections (the inherited ``q_proj``, ``k_proj``, ``v_proj``; beamable encoder-decoder
          attention keeps one copy of the keys), ``bias_k`` / ``bias_v``, heads split to
          (batch, heads, time, head_dim), ``prepare_queries_keys`` (a kind's per-position step,
@@ -17,7 +17,8 @@ method, ``attend``, declares what it supports, and adds its options to the const
 Causality is said, not guessed: the decoder layer builds its self-attention with ``causal=True``
 and its decoder passes no future mask (models/attention_transformer.py). ``attend`` then gets
 ``causal=True`` (queries aligned to the last keys) and any ``attn_mask`` given is a mask like any
-other, applied as given.
+other, applied as given. One call can say otherwise with forward's ``causal`` argument (the decoder
+passes False for fairseq's ``full_context_alignment``).
 
 The incremental cache is the stock one (``prev_key`` / ``prev_value`` of shape (batch, heads, seq,
 head_dim), through the inherited ``_get_input_buffer`` / ``_set_input_buffer`` /
@@ -41,19 +42,6 @@ from torch import Tensor
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fourierformer_fairseq.ops.inputs import causal_bias
-
-RADIUS_SHAPES = ("scalar", "head", "feature")
-
-
-def radius_parameter_shape(radius_shape: str, num_heads: int, head_dim: int) -> Tuple[int, ...]:
-    """Shape of a learnable radius: () scalar, (H, 1) per head, (H, D) per head and feature."""
-    if radius_shape == "scalar":
-        return ()
-    if radius_shape == "head":
-        return (num_heads, 1)
-    if radius_shape == "feature":
-        return (num_heads, head_dim)
-    raise ValueError(f"radius_shape must be one of {RADIUS_SHAPES}, got {radius_shape!r}")
 
 
 class ProjectedMultiheadAttention(MultiheadAttention):
@@ -180,8 +168,13 @@ class ProjectedMultiheadAttention(MultiheadAttention):
         attn_mask: Optional[Tensor] = None,
         before_softmax: bool = False,
         need_head_weights: bool = False,
+        *,
+        causal: Optional[bool] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Input shape: Time x Batch x Channel; the contract of ``MultiheadAttention.forward``.
+
+        causal: whether this call is causal; None (fairseq's layers pass nothing): as the module was
+        built (``self.causal``). The decoder passes False for fairseq's ``full_context_alignment``.
 
         Returns ``(attn, attn_weights)``: attn (tgt_len, batch, embed_dim); attn_weights None
         unless need_weights: (batch, tgt_len, src_len) averaged over heads, or
@@ -219,7 +212,7 @@ class ProjectedMultiheadAttention(MultiheadAttention):
                 key = value = None
 
         q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask, bsz)
-        causal = self.causal
+        causal = self.causal if causal is None else bool(causal)
         if causal and (self.bias_k is not None or self.add_zero_attn):
             # the bias and zero keys go after the last key and every query sees them: causality becomes
             # a mask before they are added (incremental steps see every key, as stock decoders ask)
@@ -394,4 +387,4 @@ def _as_bool(mask: Optional[Tensor]) -> Optional[Tensor]:
     return mask if mask is None or mask.dtype == torch.bool else mask != 0
 
 
-__all__ = ["RADIUS_SHAPES", "ProjectedMultiheadAttention", "radius_parameter_shape"]
+__all__ = ["ProjectedMultiheadAttention"]

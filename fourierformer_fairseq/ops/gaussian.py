@@ -8,7 +8,9 @@ well inside sinc's main lobe and part where it reaches sinc's zeros at x = m pi.
 log-weights are -(p/6) (|q'|^2 - 2 q'.k' + |k'|^2) with q' = R q, k' = R k; the |q'|^2 term
 is the same for every key of a row and drops out of the normalisation, so the op is one
 scaled dot product with a per-key bias. It materialises the (B, H, N, M) scores (an
-ablation, not a fast path) and takes the same arguments and masks as ``fourier_attention``.
+ablation, not a fast path) and takes the same arguments and masks as ``fourier_attention``;
+``normaliser_eps`` must be 0 (the dropped per-row constant leaves a null key of weight eps no
+fixed meaning).
 """
 from __future__ import annotations
 
@@ -29,12 +31,20 @@ def gaussian_log_weights(inp: AttentionInputs) -> torch.Tensor:
 
 
 def gaussian_attention(q, k, v, radius, *, power=4, phi="power", attn_mask=None, key_padding_mask=None,
-                       causal=False, dropout_p=0.0, need_weights=False, backend="auto"):
-    """Same contract as ``fourier_attention`` (``backend`` is accepted and ignored: one implementation)."""
+                       causal=False, dropout_p=0.0, need_weights=False, backend="auto", normaliser_eps=0.0):
+    """Same contract as ``fourier_attention`` (``backend`` is accepted and ignored: one implementation;
+    ``normaliser_eps`` is accepted as 0 only)."""
     if phi != "power":
         raise ValueError(f"gaussian_attention takes phi='power', got {phi!r}")
     inp = prepare_inputs(q, k, v, radius, power=power, phi=phi, attn_mask=attn_mask,
-                         key_padding_mask=key_padding_mask, causal=causal, dropout_p=dropout_p)
+                         key_padding_mask=key_padding_mask, causal=causal, dropout_p=dropout_p,
+                         normaliser_eps=normaliser_eps)
+    if inp.normaliser_eps > 0:
+        raise ValueError(
+            f"gaussian_attention takes normaliser_eps=0, got {normaliser_eps!r}: its scores drop a per-row "
+            "constant, so a null key of weight eps has no fixed meaning there (the published normaliser "
+            "is for the sinc kernel)"
+        )
     S = gaussian_log_weights(inp)
     seen = torch.isfinite(S).any(-1, keepdim=True)
     P = torch.softmax(torch.where(seen, S, torch.zeros_like(S)), dim=-1) * seen  # rows with no key: 0

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
 PHIS = ("power", "abs", "relu", "sigmoid")
+#: the shapes of a learnable radius, by name (what ``radius_parameter_shape`` makes; ``expand_radius`` takes each)
+RADIUS_SHAPES = ("scalar", "head", "feature")
 
 
 @dataclass
@@ -56,6 +58,17 @@ def expand_radius(radius: torch.Tensor, num_heads: int, head_dim: int) -> torch.
     else:
         table = radius.reshape(1, 1)
     return table.expand(num_heads, head_dim)
+
+
+def radius_parameter_shape(radius_shape: str, num_heads: int, head_dim: int) -> Tuple[int, ...]:
+    """Shape of a learnable radius: () scalar, (H, 1) per head, (H, D) per head and feature."""
+    if radius_shape == "scalar":
+        return ()
+    if radius_shape == "head":
+        return (num_heads, 1)
+    if radius_shape == "feature":
+        return (num_heads, head_dim)
+    raise ValueError(f"radius_shape must be one of {RADIUS_SHAPES}, got {radius_shape!r}")
 
 
 def _normalise_attn_mask(mask: torch.Tensor, B: int, H: int, N: int, M: int, like: torch.Tensor) -> torch.Tensor:
