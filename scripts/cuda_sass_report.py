@@ -43,8 +43,25 @@ Per kernel instance it prints:
     float64 sincos) are not counted. Totals: forward = table kernel + forward kernel, backward =
     table kernel + dq kernel + dk/dv kernel (the backward builds its own tables).
 
-This is a static model: it does not know about stalls, bank conflicts or predicated-off lanes;
-an instruction issued under a false predicate still counts (it still takes an issue slot).
+Each loop row also gives its share of the whole-kernel count (the instructions of that loop not
+inside a nested loop, weighted as above, per element), and "outside every loop" the rest, so that
+the shares add up to the whole. A loop that the model (LOOP_SPECS) does not know is counted once
+and named in the warnings at the end: after a kernel change, extend LOOP_SPECS rather than trust
+those totals.
+
+This is a static model: it does not know about stalls, bank conflicts or latency; an instruction
+issued under a false predicate still counts (it takes an issue slot), and a loop exit or `continue`
+that the plain case does not take (P = 0) is assumed not taken.
+
+How this compares with the earlier hand count of the same kernels (scores loop 9.4 per element,
+dq g pass 28, dk/dv g pass 24; whole forward about 18 at D = 16 and 14.5 at D = 128, whole
+backward about 103 and 83): the inner loops agree (9.3-9.4, 28.2, 24.2-24.3 here), and so does the
+forward at D = 128 (14.8). At D = 16 the whole-kernel counts come out higher (forward ~21, dq + dk/dv
+~111) because here every per-pair and per-tile step is weighted by its trip count and amortised
+over only 16 features: in the forward the code of the key-tile loop outside its nested loops (the
+score of each pair from num / den, the online softmax, the score tile) comes to ~7.9 per element,
+and in the dk/dv kernel the dv loop, which at Dv = 16 runs the 16-column variant (35 instructions
+per query and thread for 4 live columns, three quarters of its FMAs predicated off), to ~8.75.
 
 Requirements: nvcc (the CUDA toolkit, 12.x or 13.x) and nvdisasm; cuobjdump (optional) cross-checks
 the register counts. The two disassemblers come as PyPI wheels (not needed by the project itself):
@@ -52,7 +69,8 @@ the register counts. The two disassemblers come as PyPI wheels (not needed by th
     python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
 
 They are found on PATH, next to nvcc, under $CUDA_HOME/bin, or in those wheels (nvidia/cu*/bin).
-On 2 cores a cold run takes about half a minute (compilation), a cached one a few seconds.
+On 2 cores a cold run (compiling 7 instances) takes about a minute, a cached one about 20 s
+(parsing the SASS).
 """
 import argparse
 import glob
@@ -330,7 +348,7 @@ LOOP_SPECS = [
     dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < D; d \+= kFwdThreads\)",
          name="dradius sums", step="kFwdThreads", trips="D / kFwdThreads"),
     # atomicAdd's compare-and-swap retry loop (shared memory float): once without contention
-    dict(file="sm_20_atomic_functions.hpp", text=r".", name="atomicAdd CAS loop", step="1", trips="1"),
+    dict(file="sm_20_atomic_functions.hpp", text=None, name="atomicAdd CAS loop", step="1", trips="1"),
     # table_kernel
     dict(file="tables.cuh", text=r"for \(int d = 0; d < Dp; \+\+d\)", name="features", step="1", trips="Dp",
          elems="1", unit="rd"),
@@ -363,9 +381,14 @@ TABLE_BRANCHES = [
 ]
 
 
+EXTRA_SOURCES = {}  # basename -> path of sources outside csrc/ that loops may be named from (tests)
+
+
 def read_source(path_cache, name):
     if name not in path_cache:
         hits = [f for f in header_files() if os.path.basename(f) == name]
+        if not hits and name in EXTRA_SOURCES:
+            hits = [EXTRA_SOURCES[name]]
         path_cache[name] = open(hits[0]).read().splitlines() if hits else []
     return path_cache[name]
 
@@ -493,6 +516,12 @@ def find_loops(fn):
         target = fn.labels[m.group(1)]
         if target >= ins.addr:
             continue  # forward branch, or the trailing self-loop
+        same = [lp for lp in loops if lp.head == target]
+        if same:  # a second branch back to the same head (a `continue`): one loop, to the last latch
+            if ins.addr > same[0].latch:
+                same[0].latch, same[0].chain = ins.addr, ins.chain
+                same[0].insts = [x for x in fn.insts if target <= x.addr <= ins.addr]
+            continue
         body = [x for x in fn.insts if target <= x.addr <= ins.addr]
         loops.append(Loop(target, ins.addr, body, ins.chain))
     # nesting: the smallest loop that contains another one is its parent
@@ -677,7 +706,7 @@ def match_spec(lp, sources, kind):
     lines = read_source(sources, f)
     text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
     for spec in LOOP_SPECS:
-        if spec["file"] == f and re.search(spec["text"], text):
+        if spec["file"] == f and (spec["text"] is None or re.search(spec["text"], text)):
             return dict(spec), text
     return None, text
 
@@ -746,9 +775,16 @@ def analyse(inst, fn, ptx, names, sources, shapes, element_d):
 
     per_thread = 0.0
     by_line = {}
+    by_loop = {id(lp): 0.0 for lp in loops}
+    outside = 0.0
     for ins in fn.insts:
         w = weight(ins)
         per_thread += w
+        around = [lp for lp in loops if lp.head <= ins.addr <= lp.latch]
+        if around:
+            by_loop[id(min(around, key=lambda lp: lp.latch - lp.head))] += w
+        else:
+            outside += w
         own = [(f, line) for f, line in ins.chain if read_source(sources, f)]
         f, line = own[0] if own else (ins.chain[0] if ins.chain else ("?", 0))
         by_line[f"{f}:{line}"] = by_line.get(f"{f}:{line}", 0.0) + w
@@ -757,14 +793,14 @@ def analyse(inst, fn, ptx, names, sources, shapes, element_d):
     for lp in loops:
         row = dict(source=lp.source, statement=lp.text, name=lp.spec["name"] if lp.spec else "(no model: counted once)",
                    depth=lp.depth, static=len(lp.insts), unroll=lp.unroll, unroll_how=lp.unroll_how,
-                   trips_per_entry=round(lp.trips, 3), inner=not lp.children)
+                   trips_per_entry=round(lp.trips, 3), inner=not lp.children, own_per_thread=by_loop[id(lp)])
         if lp.spec and lp.spec.get("elems"):
             el = evaluate(lp.spec["elems"], names) * lp.unroll
             row.update(elements_per_iteration=el, unit=lp.spec["unit"],
                        per_element=round(len(lp.insts) / el, 2) if el else None)
         loop_rows.append(row)
     top = sorted(by_line.items(), key=lambda kv: -kv[1])[:12]
-    return per_thread, loop_rows, top
+    return per_thread, loop_rows, top, outside
 
 
 def whole_per_element(inst, per_thread, names, c):
@@ -829,7 +865,8 @@ def main(argv=None):
 
 def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir, work, keep):
     b = Builder(cache_dir, work, nvcc, flags)
-    progress(f"nvcc {b.nvcc_version} ({nvcc}), nvdisasm {tool_version(nvdisasm)}, flags {' '.join(flags)}, "
+    nvdisasm_version = tool_version(nvdisasm)
+    progress(f"nvcc {b.nvcc_version} ({nvcc}), nvdisasm {nvdisasm_version}, flags {' '.join(flags)}, "
              f"headers {b.hash[:12]}, cache {cache_dir}")
     info, cached = b.host_info(head_dims)
     progress("header constants and sizes " + ("(cached)" if cached else "compiled"))
@@ -844,7 +881,8 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
         if not region_lines(sources, reg):
             warnings.append(f"source region not found ({reg.get('why', 'table branch')}: {reg['start']}): "
                             f"counted as run")
-    report = dict(date=time.strftime("%Y-%m-%d"), arch=ARCH, nvcc=b.nvcc_version, nvcc_flags=flags,
+    report = dict(date=time.strftime("%Y-%m-%d"), arch=ARCH, nvcc=b.nvcc_version, nvdisasm=nvdisasm_version,
+                  nvcc_flags=flags,
                   headers_sha256=b.hash, constants=c, head_dims={}, warnings=warnings)
     done = {}
     for hd in head_dims:
@@ -856,7 +894,14 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                 progress(f"D = Dv = {hd}: {inst.template}: compiling for {ARCH}")
                 cub, log, was_cached = b.cubin(inst.template)
                 progress(f"  {'cached' if was_cached else 'compiled'}; disassembling")
-                sass = run([nvdisasm, "-g", "-gi", "-c", cub])
+                sass_path = cub[:-len(".cubin")] + f".nvdisasm-{nvdisasm_version}.sass.txt"
+                if os.path.exists(sass_path):
+                    sass = open(sass_path).read()
+                else:
+                    sass = run([nvdisasm, "-g", "-gi", "-c", cub])
+                    with open(sass_path + f".tmp{os.getpid()}", "w") as fh:
+                        fh.write(sass)
+                    os.replace(sass_path + f".tmp{os.getpid()}", sass_path)
                 if keep:
                     safe = re.sub(r"[^\w]+", "_", inst.template).strip("_")
                     open(os.path.join(work, safe + ".sass"), "w").write(sass)
@@ -891,24 +936,29 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                              chunk_dc=Dp / math.ceil(Dp / c["kChunk"]),
                              fwd_cols=4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < sizes["Dvs"]),
                              dkv_cols=4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < hd))
-                per_thread, loop_rows, top = analyse(inst, fn, ptx, names, sources, shapes, hd)
+                per_thread, loop_rows, top, outside = analyse(inst, fn, ptx, names, sources, shapes, hd)
                 scale = whole_per_element(inst, 1.0, names, c)
                 row["shapes"][str(n)] = dict(per_thread=round(per_thread), per_element=round(per_thread * scale, 2),
+                                             outside_loops_per_element=round(outside * scale, 3),
                                              top_lines=[(k, round(v * scale, 3)) for k, v in top])
+                for lr in loop_rows:
+                    lr["share_per_element"] = round(lr.pop("own_per_thread") * scale, 3)
                 row["loops"] = loop_rows  # (the same for every shape but the trip counts)
                 row.setdefault("loops_by_shape", {})[str(n)] = [lr["trips_per_entry"] for lr in loop_rows]
+                row.setdefault("loop_shares_by_shape", {})[str(n)] = [lr["share_per_element"] for lr in loop_rows]
                 for lr in loop_rows:
                     if lr["name"].startswith("(no model"):
                         msg = f"{inst.template}: loop at {lr['source']} ({lr['statement'][:60]}) has no model: counted once"
-                        if msg not in warnings and not lr["source"].endswith(".hpp") and ".hpp:" not in lr["source"]:
+                        if msg not in warnings:
                             warnings.append(msg)
             rows.append(row)
         totals = {}
         for n in shapes:
             by = {r["kind"]: r["shapes"][str(n)]["per_element"] for r in rows}
-            totals[str(n)] = dict(forward=round(by["tables"] + by["forward"], 2),
-                                  backward=round(by["tables"] + by.get("dq", 0) + by.get("dkv", 0), 2)
-                                  if "dq" in by else None)
+            bwd = by["dq"] + by["dkv"] if "dq" in by else None
+            totals[str(n)] = dict(forward=by["forward"], forward_with_tables=round(by["tables"] + by["forward"], 2),
+                                  backward=None if bwd is None else round(bwd, 2),
+                                  backward_with_tables=None if bwd is None else round(by["tables"] + bwd, 2))
         report["head_dims"][str(hd)] = dict(sizes=sizes, kernels=rows, totals=totals)
     return report
 
@@ -917,8 +967,8 @@ UNIT_TEXT = {"qkd": "per (query, key, feature)", "qkc": "per (query, key, value 
 
 
 def short_name(mangled):
-    m = re.search(r"(rare_pair_score|[A-Za-z_]*slowpath\w*|\d+([A-Za-z_]\w*?)E)", mangled)
-    return m.group(1) if m else mangled
+    m = re.search(r"rare_pair_score|__internal_\w*slowpath\w*", mangled)
+    return m.group(0) if m else mangled
 
 
 def print_report(r):
@@ -943,43 +993,55 @@ def print_report(r):
                        f"(dynamic {k['smem_dynamic']}), {k['blocks_per_sm']} blocks = {k['warps_per_sm']} warps/SM "
                        f"(limited by {k['occupancy_limit']}); {k['static_instructions']} instructions in the kernel body")
             out.append(f"  {'loop (source)':<30} {'name':<22} {'depth':>5} {'static':>6} {'unroll':>6} "
-                       f"{'trips/entry @N=' + '/'.join(shapes):>18} {'instr/element':>14}")
+                       f"{'trips/entry @N=' + '/'.join(shapes):>18} {'share of whole':>16} {'instr/element':>14}")
             prev, repeat = None, 0
             rows = []
             for i, lp in enumerate(k["loops"]):
                 trips = "/".join(f"{k['loops_by_shape'][s][i]:g}" for s in shapes)
                 pe = f"{lp['per_element']:.2f}" if lp.get("per_element") is not None else ""
                 unit = f"  {UNIT_TEXT[lp['unit']]}" if lp.get("unit") else ""
+                share = [k["loop_shares_by_shape"][s][i] for s in shapes]
                 text = (f"  {'  ' * lp['depth'] + lp['source']:<30} {lp['name'][:22]:<22} {lp['depth']:>5} "
-                        f"{lp['static']:>6} {lp['unroll']:>6} {trips:>18} {pe:>14}{unit}")
-                if rows and text == rows[-1][0]:
-                    rows[-1][1] += 1  # identical copies (the atomicAdd retry loops): one row
+                        f"{lp['static']:>6} {lp['unroll']:>6} {trips:>18} ")
+                rest = f" {pe:>14}{unit}"
+                if rows and (text, rest) == rows[-1][0]:
+                    rows[-1][1] += 1  # identical copies (chunks, atomicAdd retry loops): one row, shares summed
+                    rows[-1][2] = [a + b for a, b in zip(rows[-1][2], share)]
                 else:
-                    rows.append([text, 1])
-            out += [t + (f"  (x{n})" if n > 1 else "") for t, n in rows]
+                    rows.append([(text, rest), 1, share])
+            for (text, rest), n, share in rows:
+                sh = "/".join(f"{v:.2f}" for v in share)
+                out.append(f"{text}{sh:>16}{rest}" + (f"  (x{n}, shares summed)" if n > 1 else ""))
+            sh = "/".join(f"{k['shapes'][s]['outside_loops_per_element']:.2f}" for s in shapes)
+            out.append(f"  {'(outside every loop)':<30} {'':<22} {'':>5} {'':>6} {'':>6} {'':>18} {sh:>16}")
             whole = ", ".join(f"N = M = {s}: {v['per_element']:.2f} ({v['per_thread']} per thread)"
                               for s, v in k["shapes"].items())
             out.append(f"  whole kernel per (query, key, feature) element: {whole}")
-        tot = "; ".join(f"N = M = {s}: forward {t['forward']:.2f}, backward "
-                        f"{t['backward'] if t['backward'] is None else format(t['backward'], '.2f')}"
-                        for s, t in h["totals"].items())
         out.append("")
-        out.append(f"  totals at D = {hd} (forward = tables + forward; backward = tables + dq + dk/dv): {tot}")
+        for s, t in h["totals"].items():
+            b = "n/a" if t["backward"] is None else f"{t['backward']:.2f} (with the tables {t['backward_with_tables']:.2f})"
+            out.append(f"  D = {hd}, N = M = {s}: forward {t['forward']:.2f} (with the tables "
+                       f"{t['forward_with_tables']:.2f}), backward dq + dk/dv {b}")
     out.append("")
     out.append("Summary (instructions per (query, key, feature) element; inner = the element loop of the kernel)")
-    out.append(f"  {'D':>4} {'kernel':<44} {'regs':>4} {'spill st/ld B':>13} {'warps/SM':>8} {'inner':>7} "
+    out.append(f"  {'D':>4} {'kernel':<44} {'regs':>4} {'spill st/ld B':>13} {'warps/SM':>8} {'inner loops':>18} "
                + " ".join(f"{'whole@' + s:>10}" for s in shapes or []))
     for hd, h in r["head_dims"].items():
         for k in h["kernels"]:
-            inner = [lp for lp in k["loops"] if lp.get("unit") in ("qkd", "rd") and lp["inner"]]
-            ie = "/".join(f"{lp['per_element']:.1f}" for lp in inner) if inner else ""
+            inner = {}
+            for lp in k["loops"]:
+                if lp.get("unit") == "qkd" and lp["inner"]:
+                    inner.setdefault(lp["name"], []).append(lp["per_element"])
+            ie = " + ".join(f"{min(v):.1f}" if max(v) - min(v) < 0.05 else f"{min(v):.1f}-{max(v):.1f}"
+                            for v in inner.values())
             out.append(f"  {hd:>4} {k['kernel']:<44} {k['registers']:>4} "
-                       f"{str(k['spill_stores']) + '/' + str(k['spill_loads']):>13} {k['warps_per_sm']:>8} {ie:>7} "
+                       f"{str(k['spill_stores']) + '/' + str(k['spill_loads']):>13} {k['warps_per_sm']:>8} {ie:>18} "
                        + " ".join(f"{k['shapes'][s]['per_element']:>10.2f}" for s in shapes))
-        for name in ("forward", "backward"):
+        for name, label in (("backward", "backward (dq + dk/dv)"), ("forward_with_tables", "forward + tables"),
+                            ("backward_with_tables", "backward + tables")):
             vals = [h["totals"][s][name] for s in shapes]
             if all(v is not None for v in vals):
-                out.append(f"  {hd:>4} {'total ' + name:<44} {'':>4} {'':>13} {'':>8} {'':>7} "
+                out.append(f"  {hd:>4} {label:<44} {'':>4} {'':>13} {'':>8} {'':>18} "
                            + " ".join(f"{v:>10.2f}" for v in vals))
     if r["warnings"]:
         out.append("")

@@ -153,6 +153,7 @@ ptxas info    : Function properties for helper
     (180, 256, 0, 8, "registers"),           # 5760 per warp: 2 per quarter of the register file
     (128, 256, 46080, 16, "registers"),      # 4096 per warp: 4 per quarter
     (48, 128, 0, 40, "registers"),           # 1536 per warp: 10 per quarter
+    (40, 64, 0, 48, "registers"),            # 1280 per warp: 12 per quarter (not 65536 / 1280 = 51)
     (32, 256, 100 * 1024, 16, "shared memory"),  # 2 blocks of 101 KiB in 228 KiB
     (16, 64, 0, 64, "warps"),
     (16, 32, 0, 32, "blocks"),
@@ -169,3 +170,30 @@ def test_missing_disassembler_says_how_to_install(monkeypatch):
     monkeypatch.setattr(sr.os.path, "isfile", lambda p: False)
     with pytest.raises(sr.ToolMissing, match="pip install nvidia-cuda-nvdisasm"):
         sr.find_tool("nvdisasm")
+
+
+@pytest.mark.parametrize("name,trips", [("single", 10), ("unrolled", 10), ("unrolled", 3)])
+def test_whole_kernel_count_weights_loops_by_trips(compiled, monkeypatch, name, trips):
+    """Whole-kernel count = instructions outside the loop + each loop copy's body x its trips; the
+    trips of a source loop go to the unrolled main copy (whole SASS iterations) and the rest to
+    the remainder copy."""
+    monkeypatch.setitem(sr.EXTRA_SOURCES, "tiny.cu", compiled["src"])
+    monkeypatch.setattr(sr, "LOOP_SPECS", [dict(file="tiny.cu", text=r"for \(int i = 0; i < n; \+\+i\)",
+                                                name="loop", step="1", trips="T", elems="1", unit="qkd")])
+    monkeypatch.setattr(sr, "COLD_REGIONS", [])
+    fn = compiled["funcs"][name]
+    loops = sr.find_loops(fn)
+    inst = sr.Instance("test", name, {}, "kFwdThreads", None)
+    per_thread, rows, _, outside = sr.analyse(inst, fn, None, {"T": trips}, {}, None, None)
+    in_loops = {i.addr for lp in loops for i in lp.insts}
+    assert outside == sum(1 for i in fn.insts if i.addr not in in_loops)
+    by_unroll = {sr.unroll_factor(lp, 1)[0]: len(lp.insts) for lp in loops}
+    if name == "single":
+        assert set(by_unroll) == {1}
+        expected = outside + trips * by_unroll[1]
+    else:
+        assert set(by_unroll) == {1, 4}, by_unroll  # main loop of 4 and remainder loop
+        expected = outside + (trips // 4) * by_unroll[4] + (trips % 4) * by_unroll[1]
+    assert per_thread == expected
+    for row in rows:  # instructions per element: the body over the elements of one SASS iteration
+        assert row["per_element"] == round(row["static"] / row["unroll"], 2)
