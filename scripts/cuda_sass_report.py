@@ -53,7 +53,8 @@ This is a static model: it does not know about stalls, bank conflicts or latency
 issued under a false predicate still counts (it takes an issue slot), and a loop exit or `continue`
 that the plain case does not take (P = 0) is assumed not taken.
 
-How this compares with the earlier hand count of the same kernels (scores loop 9.4 per element,
+How this compares, for the kernels of 2026-11-27 (nvcc 13.0.88, this script at its defaults, on a
+2-core CPU machine without a GPU), with the earlier hand count (scores loop 9.4 per element,
 dq g pass 28, dk/dv g pass 24; whole forward about 18 at D = 16 and 14.5 at D = 128, whole
 backward about 103 and 83): the inner loops agree (9.3-9.4, 28.2, 24.2-24.3 here), and so does the
 forward at D = 128 (14.8). At D = 16 the whole-kernel counts come out higher (forward ~21, dq + dk/dv
@@ -69,8 +70,8 @@ the register counts. The two disassemblers come as PyPI wheels (not needed by th
     python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
 
 They are found on PATH, next to nvcc, under $CUDA_HOME/bin, or in those wheels (nvidia/cu*/bin).
-On 2 cores a cold run (compiling 7 instances) takes about a minute, a cached one about 20 s
-(parsing the SASS).
+On 2 shared cores a cold run at the default head dims (7 instances) took 80-102 s, a cached one 4-6 s
+(2026-11-27).
 """
 import argparse
 import glob
@@ -820,7 +821,7 @@ def whole_per_element(inst, per_thread, names, c):
 # ---------------------------------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head-dims", default="16,128", help="comma-separated D = Dv values (default 16,128)")
     ap.add_argument("--shapes", default="256,1024", help="N = M values of the whole-kernel counts (default 256,1024)")
@@ -990,7 +991,7 @@ def print_report(r):
             out.append(f"  registers {k['registers']}, spill stores {k['spill_stores']} B, spill loads "
                        f"{k['spill_loads']} B, stack {k['stack_frame']} B{cs}")
             out.append(f"  shared memory {k['smem_static'] + k['smem_dynamic']} B/block "
-                       f"(dynamic {k['smem_dynamic']}), {k['blocks_per_sm']} blocks = {k['warps_per_sm']} warps/SM "
+                       f"(dynamic {k['smem_dynamic']}), {k['blocks_per_sm']} block(s) = {k['warps_per_sm']} warps/SM "
                        f"(limited by {k['occupancy_limit']}); {k['static_instructions']} instructions in the kernel body")
             out.append(f"  {'loop (source)':<30} {'name':<22} {'depth':>5} {'static':>6} {'unroll':>6} "
                        f"{'trips/entry @N=' + '/'.join(shapes):>18} {'share of whole':>16} {'instr/element':>14}")
