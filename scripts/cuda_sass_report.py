@@ -702,7 +702,7 @@ class Builder:
 # Analysis of one instance
 # ---------------------------------------------------------------------------------------------
 
-def match_spec(lp, sources, kind):
+def match_spec(lp, sources):
     f, line = lp.chain[0] if lp.chain else ("?", 0)
     lines = read_source(sources, f)
     text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
@@ -712,13 +712,13 @@ def match_spec(lp, sources, kind):
     return None, text
 
 
-def analyse(inst, fn, ptx, names, sources, shapes, element_d):
+def analyse(inst, fn, names, sources):
     """Everything the report prints about one kernel instance."""
     loops = find_loops(fn)
     # specs, unroll factors
     dkv_ii_seen = 0
     for lp in loops:
-        spec, text = match_spec(lp, sources, inst.kind)
+        spec, text = match_spec(lp, sources)
         lp.source = f"{lp.chain[0][0]}:{lp.chain[0][1]}" if lp.chain else "?"
         lp.text = text
         if spec and spec["name"] == "<dv or g pass>":
@@ -728,7 +728,9 @@ def analyse(inst, fn, ptx, names, sources, shapes, element_d):
         lp.spec = spec
         step = evaluate(spec["step"], names) if spec else None
         lp.unroll, lp.unroll_how = unroll_factor(lp, step)
-    # copies of one source loop under the same parent: main (largest unroll) + remainder, or chunks
+    # copies of one source loop under the same parent: main (largest unroll) + remainder loops; or
+    # copies of equal unroll, one per iteration of an unrolled enclosing loop (each runs its trips);
+    # or one copy per feature chunk, of which the first `chunks` run
     groups = {}
     for lp in loops:
         groups.setdefault((lp.source, id(lp.parent)), []).append(lp)
@@ -743,6 +745,10 @@ def analyse(inst, fn, ptx, names, sources, shapes, element_d):
             active = evaluate(spec["chunks"], names)
             for k, lp in enumerate(grp):
                 lp.trips = trips / lp.unroll if k < active else 0.0
+            continue
+        if len({lp.unroll for lp in grp}) == 1:  # copies made by an unrolled enclosing loop: each runs
+            for lp in grp:
+                lp.trips = trips / lp.unroll
             continue
         left = trips
         ordered = sorted(grp, key=lambda lp: -lp.unroll)
@@ -937,7 +943,7 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                              chunk_dc=Dp / math.ceil(Dp / c["kChunk"]),
                              fwd_cols=4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < sizes["Dvs"]),
                              dkv_cols=4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < hd))
-                per_thread, loop_rows, top, outside = analyse(inst, fn, ptx, names, sources, shapes, hd)
+                per_thread, loop_rows, top, outside = analyse(inst, fn, names, sources)
                 scale = whole_per_element(inst, 1.0, names, c)
                 row["shapes"][str(n)] = dict(per_thread=round(per_thread), per_element=round(per_thread * scale, 2),
                                              outside_loops_per_element=round(outside * scale, 3),

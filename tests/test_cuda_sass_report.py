@@ -184,7 +184,7 @@ def test_whole_kernel_count_weights_loops_by_trips(compiled, monkeypatch, name, 
     fn = compiled["funcs"][name]
     loops = sr.find_loops(fn)
     inst = sr.Instance("test", name, {}, "kFwdThreads", None)
-    per_thread, rows, _, outside = sr.analyse(inst, fn, None, {"T": trips}, {}, None, None)
+    per_thread, rows, _, outside = sr.analyse(inst, fn, {"T": trips}, {})
     in_loops = {i.addr for lp in loops for i in lp.insts}
     assert outside == sum(1 for i in fn.insts if i.addr not in in_loops)
     by_unroll = {sr.unroll_factor(lp, 1)[0]: len(lp.insts) for lp in loops}
