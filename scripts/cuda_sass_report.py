@@ -20,9 +20,10 @@ host program compiled from the same headers.
 Per kernel instance it prints:
   * registers, spill stores / loads (bytes), stack frame, shared memory (static + dynamic at the
     head dim, as the launcher asks for it);
-  * warps per SM on sm_90 (65536 registers per SM in 4 quarters, allocated per warp in units of
-    256; 228 KiB shared memory per SM with 1 KiB reserved per block; 64 warps and 32 blocks at
-    most), and what limits it;
+  * the launch bounds of the kernel (read from its FF_LAUNCH_BOUNDS in the headers; ptxas caps
+    the registers by them) and the warps per SM on sm_90 (65536 registers per SM in 4 quarters,
+    allocated per warp in units of 256; 228 KiB shared memory per SM with 1 KiB reserved per
+    block; 64 warps and 32 blocks at most), and what limits it;
   * every loop of the kernel, found from the backward branches of the SASS (a loop is the address
     range from a branch target up to a branch that jumps back to it), named by the source ``for``
     statement of that branch (the line information of -lineinfo), with its static instruction
@@ -410,6 +411,28 @@ def region_lines(sources, reg):
                         out.setdefault(f, set()).update(range(i + 1, k + 2 if "weight" in reg else k + 1))
                         break
     return out
+
+
+def launch_bounds(kernel_template, names):
+    """(max threads, min blocks per SM or None) of a kernel's FF_LAUNCH_BOUNDS[_MIN](...) in the
+    headers, evaluated with the constants and template parameters; None when not found."""
+    base = kernel_template.split("<")[0]
+    for f in header_files():
+        text = re.sub(r"\s+", " ", open(f).read())
+        m = re.search(r"FF_LAUNCH_BOUNDS(_MIN)?\(([^()]*)\) " + re.escape(base) + r"\(", text)
+        if not m:
+            continue
+        args = [a.strip() for a in m.group(2).split(",")]
+
+        def c_expr(e):
+            t = re.match(r"(.+?)\s*\?\s*(.+?)\s*:\s*(.+)$", e)  # a ? b : c
+            return f"({t.group(2)}) if ({t.group(1)}) else ({t.group(3)})" if t else e
+        try:
+            vals = [int(evaluate(c_expr(a), names)) for a in args]
+        except Exception:  # an expression this reader does not know
+            return None
+        return vals[0], (vals[1] if len(vals) > 1 else None)
+    return None
 
 
 def evaluate(expr, names):
@@ -926,9 +949,11 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
             callee = {k: dict(spill_stores=v.get("spill_stores", 0), spill_loads=v.get("spill_loads", 0))
                       for k, v in ptx.items() if not v.get("entry") and (v.get("spill_stores") or v.get("spill_loads"))}
             threads = c[inst.threads]
+            lb = launch_bounds(inst.template, {**c, **inst.params})
             dyn = 4 * sizes[inst.smem] if inst.smem else 0
             warps, blocks, limiter = occupancy(props["regs"], threads, props.get("smem", 0) + dyn)
             row = dict(kernel=inst.template, kind=inst.kind, function=fn.name, threads=threads,
+                       launch_bounds=lb,
                        registers=props["regs"], registers_cuobjdump=res.get(fn.name),
                        spill_stores=props.get("spill_stores", 0), spill_loads=props.get("spill_loads", 0),
                        stack_frame=props.get("stack", 0), callee_spills=callee,
@@ -991,7 +1016,11 @@ def print_report(r):
         for k in h["kernels"]:
             shapes = list(k["shapes"])
             out.append("")
-            out.append(f"{k['kernel']}  [{k['kind']}]  {k['threads']} threads/block")
+            lb = k.get("launch_bounds")
+            lbs = ("" if not lb else f", __launch_bounds__({lb[0]}" + (f", {lb[1]})" if lb[1] else ")")
+                   + (f": at most {min(SM90['max_regs_per_thread'], SM90['regs_per_sm'] // (lb[0] * lb[1]) // 8 * 8)} "
+                      "registers" if lb[1] else ""))
+            out.append(f"{k['kernel']}  [{k['kind']}]  {k['threads']} threads/block{lbs}")
             cs = "".join(f"; callee {short_name(n)}: {v['spill_stores']}/{v['spill_loads']} B spill st/ld"
                          for n, v in k["callee_spills"].items())
             out.append(f"  registers {k['registers']}, spill stores {k['spill_stores']} B, spill loads "
