@@ -879,6 +879,10 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="fourierformer-sass-")
     try:
         report = build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, args.cache_dir, work, args.keep)
+    except RuntimeError as e:  # a failed compile: the headers no longer have what the report instantiates
+        print(f"cuda_sass_report: {e}\n(if a kernel, a constant or a size function was renamed, update "
+              f"launcher_instances, CONSTANTS or SIZES in {os.path.relpath(__file__, ROOT)})", file=sys.stderr)
+        return 1
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
