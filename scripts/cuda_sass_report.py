@@ -71,7 +71,7 @@ the register counts. The two disassemblers come as PyPI wheels (not needed by th
     python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
 
 They are found on PATH, next to nvcc, under $CUDA_HOME/bin, or in those wheels (nvidia/cu*/bin).
-On 2 shared cores a cold run at the default head dims (7 instances) took 80-102 s, a cached one 4-6 s
+On 2 shared cores a cold run at the default head dims (7 instances) took 80-134 s, a cached one 4-6 s
 (2026-11-27).
 """
 import argparse
