@@ -1,0 +1,1097 @@
+#!/usr/bin/env python
+"""Static reading of the sm_90 SASS of the float32 CUDA kernels, without a GPU and without torch.
+
+    python scripts/cuda_sass_report.py                      # head dims 16 and 128
+    python scripts/cuda_sass_report.py --head-dims 16,64,128
+    python scripts/cuda_sass_report.py --json > sass.json   # machine-readable
+    python scripts/cuda_sass_report.py --keep               # keep the generated .cu, logs and SASS
+
+For each head dim (D = Dv) it compiles, from the kernel headers alone (csrc/cuda/*.cuh, no torch
+or ATen header), the float32 kernel instances that the launcher (csrc/cuda/fourier_attention_launch.h)
+runs at that shape: the table kernel, the tiled forward, the tiled backward's dq and dk/dv kernels.
+A generated translation unit includes fourier_attention_kernels.cuh and explicitly instantiates one
+kernel template; it is compiled with ``nvcc -cubin -arch=sm_90 -Xptxas -v`` and the nvcc flags of
+setup.py (-O3 -lineinfo), and disassembled with nvdisasm (line information included). The cubins
+and ptxas logs are cached under ``${TMPDIR:-/tmp}/fourierformer-sass-cache`` (--cache-dir), keyed
+on a hash of the headers, the instance and the compiler, so a second run only disassembles.
+Head-dim dependent sizes (shared memory, padded features) and the tile constants come from a small
+host program compiled from the same headers.
+
+Per kernel instance it prints:
+  * registers, spill stores / loads (bytes), stack frame, shared memory (static + dynamic at the
+    head dim, as the launcher asks for it);
+  * the launch bounds of the kernel (read from its FF_LAUNCH_BOUNDS in the headers; ptxas caps
+    the registers by them) and the warps per SM on sm_90 (65536 registers per SM in 4 quarters,
+    allocated per warp in units of 256; 228 KiB shared memory per SM with 1 KiB reserved per
+    block; 64 warps and 32 blocks at most), and what limits it;
+  * every loop of the kernel, found from the backward branches of the SASS (a loop is the address
+    range from a branch target up to a branch that jumps back to it), named by the source ``for``
+    statement of that branch (the line information of -lineinfo), with its static instruction
+    count, the unroll factor the compiler chose (source iterations per SASS iteration, read from
+    the increment of the induction variable that the exit test compares) and the trip count used
+    for the weighting;
+  * instructions per element of each inner loop: the static instructions of the loop body divided
+    by the elements one SASS iteration of one thread handles (unroll factor times the elements of
+    one source iteration, from the tile constants: e.g. the score loop does kMicro x kMicro pairs
+    times kRenormEvery features). Elements are (query, key, feature) triples, or (query, key,
+    value column) triples for the P V / dO V^T / P^T dO loops;
+  * the whole kernel per (query, key, feature) element at N = M = 256 and 1024: every instruction
+    of the kernel weighted by the trip counts of the loops around it (per entry, for the shape),
+    summed over the threads of all blocks of one (batch, head) slice, divided by N M D. The count
+    is for the plain case: no mask, no key bias, no dropout, not causal, no pair on the rare path
+    (|x| < 2^-14), no flat feature: the source lines of those branches (COLD_REGIONS) weigh 0,
+    and out-of-line subroutines (the rare path's function, slow paths of divisions and of
+    float64 sincos) are not counted. Totals: forward = table kernel + forward kernel, backward =
+    table kernel + dq kernel + dk/dv kernel (the backward builds its own tables).
+
+Each loop row also gives its share of the whole-kernel count (the instructions of that loop not
+inside a nested loop, weighted as above, per element), and "outside every loop" the rest, so that
+the shares add up to the whole. A loop that the model (LOOP_SPECS) does not know is counted once
+and named in the warnings at the end: after a kernel change, extend LOOP_SPECS rather than trust
+those totals.
+
+This is a static model: it does not know about stalls, bank conflicts or latency; an instruction
+issued under a false predicate still counts (it takes an issue slot), and a loop exit or `continue`
+that the plain case does not take (P = 0) is assumed not taken.
+
+How this compares, for the kernels of 2026-11-27 (nvcc 13.0.88, this script at its defaults, on a
+2-core CPU machine without a GPU), with the earlier hand count (scores loop 9.4 per element,
+dq g pass 28, dk/dv g pass 24; whole forward about 18 at D = 16 and 14.5 at D = 128, whole
+backward about 103 and 83): the inner loops agree (9.3-9.4, 28.2, 24.2-24.3 here), and so does the
+forward at D = 128 (14.8). At D = 16 the whole-kernel counts come out higher (forward ~21, dq + dk/dv
+~111) because here every per-pair and per-tile step is weighted by its trip count and amortised
+over only 16 features: in the forward the code of the key-tile loop outside its nested loops (the
+score of each pair from num / den, the online softmax, the score tile) comes to ~7.9 per element,
+and in the dk/dv kernel the dv loop, which at Dv = 16 runs the 16-column variant (35 instructions
+per query and thread for 4 live columns, three quarters of its FMAs predicated off), to ~8.75.
+
+Requirements: nvcc (the CUDA toolkit, 12.x or 13.x) and nvdisasm; cuobjdump (optional) cross-checks
+the register counts. The two disassemblers come as PyPI wheels (not needed by the project itself):
+
+    python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
+
+They are found on PATH, next to nvcc, under $CUDA_HOME/bin, or in those wheels (nvidia/cu*/bin).
+On 2 shared cores a cold run at the default head dims (7 instances) took 80-134 s, a cached one 4-6 s
+(2026-11-27).
+"""
+import argparse
+import glob
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "csrc")
+CUDA_DIR = os.path.join(CSRC, "cuda")
+KERNELS_HEADER = os.path.join(CUDA_DIR, "fourier_attention_kernels.cuh")
+LAUNCH_HEADER = os.path.join(CUDA_DIR, "fourier_attention_launch.h")
+ARCH = "sm_90"
+DEFAULT_NVCC_FLAGS = ["-O3", "-lineinfo"]
+INSTALL_HINT = "python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump"
+
+# sm_90 resources (CUDA C Programming Guide, compute capability 9.0)
+SM90 = dict(regs_per_sm=65536, reg_quarters=4, reg_alloc_unit=256, max_regs_per_thread=255,
+            smem_per_sm=228 * 1024, smem_reserved_per_block=1024, max_smem_per_block=227 * 1024,
+            max_warps=64, max_blocks=32)
+
+T0 = time.monotonic()
+
+
+def progress(msg):
+    print(f"[cuda_sass_report {time.monotonic() - T0:5.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class ToolMissing(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Tools
+# ---------------------------------------------------------------------------------------------
+
+def _wheel_bin_dirs():
+    """bin/ folders of the nvidia-* wheels (nvidia/cu13/bin, nvidia/cuda_nvcc/bin, ...)."""
+    dirs = []
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
+    for root in roots:
+        dirs += sorted(glob.glob(os.path.join(root, "*", "bin")), reverse=True)
+    return dirs
+
+
+def find_tool(name, required=True):
+    """Path of a CUDA tool: PATH, $CUDA_HOME/bin, beside nvcc, then the nvidia-* wheels."""
+    cands = []
+    found = shutil.which(name)
+    if found:
+        cands.append(found)
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            cands.append(os.path.join(home, "bin", name))
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cands.append(os.path.join(os.path.dirname(os.path.realpath(nvcc)), name))
+    cands += [os.path.join(d, name) for d in _wheel_bin_dirs()]
+    for c in cands:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    if not required:
+        return None
+    if name == "nvcc":
+        raise ToolMissing("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): install the CUDA toolkit "
+                          "(12.x or 13.x; no GPU needed) or set CUDA_HOME")
+    raise ToolMissing(f"{name} not found (PATH, $CUDA_HOME/bin, beside nvcc, the nvidia-* wheels); install it "
+                      f"with:  {INSTALL_HINT}")
+
+
+def run(cmd, cwd=None):
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"command failed ({res.returncode}): {' '.join(cmd)}\n{res.stdout}{res.stderr}")
+    return res.stdout + res.stderr
+
+
+def tool_version(path):
+    out = run([path, "--version"])
+    m = re.search(r"release ([\d.]+), V([\d.]+)", out) or re.search(r"V([\d.]+)", out)
+    return m.group(m.lastindex) if m else out.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources: hash, nvcc flags of setup.py, constants and sizes from the headers
+# ---------------------------------------------------------------------------------------------
+
+def header_files():
+    files = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cuh")) + glob.glob(os.path.join(CSRC, "*.h")))
+    return [f for f in files if os.path.isfile(f)]
+
+
+def headers_hash():
+    h = hashlib.sha256()
+    for f in header_files():
+        h.update(os.path.relpath(f, ROOT).encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()
+
+
+def setup_nvcc_flags():
+    """The nvcc flags of setup.py (extra["nvcc"] = [...]), else -O3 -lineinfo."""
+    try:
+        text = open(os.path.join(ROOT, "setup.py")).read()
+    except OSError:
+        return list(DEFAULT_NVCC_FLAGS)
+    m = re.search(r'extra\["nvcc"\]\s*=\s*\[([^\]]*)\]', text)
+    if not m:
+        return list(DEFAULT_NVCC_FLAGS)
+    flags = re.findall(r'"([^"]+)"', m.group(1))
+    if "-lineinfo" not in flags:  # needed to name the loops
+        flags.append("-lineinfo")
+    return flags
+
+
+# Constants of the headers that the loop model uses; the host program below prints them.
+CONSTANTS = ["kMicro", "kRenormEvery", "kChunk", "kFwdRows", "kFwdKeys", "kFwdThreads", "kStageStep",
+             "kRowFields", "kKeyFields", "kTableThreads", "kBwdMaxFeatures", "kBwdMaxValueColumns",
+             "kCoefStride"]
+# Head-dim dependent sizes (functions of the headers), per D = Dv.
+SIZES = {
+    "Dp": "padded_features(D)",
+    "Dvs": "padded_value_columns(Dv)",
+    "ostride": "dkv_out_stride(Dv)",
+    "fwd_smem_floats": "tiled_forward_smem_floats(Dv)",
+    "dq_smem_floats": "tiled_dq_smem_floats(Dv)",
+    "dkv_smem_floats": "tiled_dkv_smem_floats(Dv)",
+}
+
+
+def host_program(head_dims):
+    lines = ['#include <cstdio>', f'#include "{KERNELS_HEADER}"', 'using namespace fourierformer::cuda;',
+             'int main() {', '  printf("{\\"constants\\": {");']
+    for i, c in enumerate(CONSTANTS):
+        sep = "," if i else ""
+        lines.append(f'  printf("{sep}\\"{c}\\": %lld", (long long)({c}));')
+    lines.append('  printf("}, \\"sizes\\": {");')
+    for n, hd in enumerate(head_dims):
+        sep = "," if n else ""
+        lines.append(f'  {{ const int D = {hd}, Dv = {hd}; (void)D; (void)Dv;')
+        lines.append(f'    printf("{sep}\\"{hd}\\": {{");')
+        for i, (k, expr) in enumerate(SIZES.items()):
+            sep2 = "," if i else ""
+            lines.append(f'    printf("{sep2}\\"{k}\\": %lld", (long long)({expr}));')
+        lines.append('    printf("}"); }')
+    lines += ['  printf("}}\\n");', '  return 0;', '}']
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel instances, as the launcher picks them (fourier_attention_launch.h)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Instance:
+    kind: str            # tables, forward, dq, dkv
+    template: str        # e.g. forward_tiled_kernel<float, 4>
+    params: dict         # template parameters by name (kO, kF)
+    threads: str         # constant name of the block size
+    smem: str            # SIZES key of the dynamic shared memory (floats), or None
+    grid_rows: str = ""  # rows per block of the grid: rows of the slice / this
+
+
+def launcher_instances(D, Dv, c):
+    """The float32 kernels launch_forward and launch_backward run at (D, Dv): mirrors
+    fourier_attention_launch.h (checked against its text by check_launcher)."""
+    Dp = (D + c["kRenormEvery"] - 1) // c["kRenormEvery"] * c["kRenormEvery"]
+    out = [Instance("tables", "table_kernel<float>", {}, "kTableThreads", None)]
+    kO = 4 if Dv <= 16 else (16 if Dv <= 64 else 64)
+    out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}>", {"kO": kO}, "kFwdThreads",
+                        "fwd_smem_floats", "kFwdRows"))
+    if Dp <= c["kBwdMaxFeatures"] and Dv <= c["kBwdMaxValueColumns"]:
+        kF = 4 if Dp <= 16 else (16 if Dp <= 64 else 32)
+        out.append(Instance("dq", f"backward_dq_tiled_kernel<float, {kF}>", {"kF": kF}, "kFwdThreads",
+                            "dq_smem_floats", "kFwdRows"))
+        kOk = 16 if Dv <= 64 else 32
+        out.append(Instance("dkv", f"backward_dkv_tiled_kernel<float, {kF}, {kOk}>", {"kF": kF, "kO": kOk},
+                            "kFwdThreads", "dkv_smem_floats", "kFwdKeys"))
+    return out
+
+
+# The launcher's lines that launcher_instances mirrors: if one is gone, the mirror is stale.
+LAUNCHER_LINES = [
+    r"if \(p\.Dv <= 16\)\s*launch\(forward_tiled_kernel<scalar_t, 4>",
+    r"else if \(p\.Dv <= 64\)\s*launch\(forward_tiled_kernel<scalar_t, 16>",
+    r"else\s*launch\(forward_tiled_kernel<scalar_t, 64>",
+    r"if \(p\.Dp <= 16\)\s*launch\(backward_dq_tiled_kernel<scalar_t, 4>",
+    r"else if \(p\.Dp <= 64\)\s*launch\(backward_dq_tiled_kernel<scalar_t, 16>",
+    r"else\s*launch\(backward_dq_tiled_kernel<scalar_t, 32>",
+    r"if \(p\.Dp <= 16\)\s*launch\(backward_dkv_tiled_kernel<scalar_t, 4, kO>",
+    r"else if \(p\.Dp <= 64\)\s*launch\(backward_dkv_tiled_kernel<scalar_t, 16, kO>",
+    r"else\s*launch\(backward_dkv_tiled_kernel<scalar_t, 32, kO>",
+    r"if \(p\.Dv <= 64\)\s*launch_dkv_tiled_with<scalar_t, 16>",
+    r"else\s*launch_dkv_tiled_with<scalar_t, 32>",
+    r"padded_features\(p\.D\) <= kBwdMaxFeatures && p\.Dv <= kBwdMaxValueColumns",
+    r"launch\(table_kernel<scalar_t>",
+]
+
+
+def check_launcher():
+    text = re.sub(r"\s+", " ", open(LAUNCH_HEADER).read())
+    missing = [pat for pat in LAUNCHER_LINES if not re.search(pat.replace(r"\s*", r"\s*"), text)]
+    return missing
+
+
+# ---------------------------------------------------------------------------------------------
+# Loop model: trip counts and elements of the loops of the kernels, by their source `for`
+# ---------------------------------------------------------------------------------------------
+# file: header of the `for`; text: regex on its line; step: the source increment of the induction
+# variable (for the unroll factor); trips: source iterations per entry of the enclosing code;
+# elems / unit: elements of one source iteration of one thread (inner loops only);
+# chunks: the loop is repeated once per feature chunk by an unrolled enclosing loop, and copy k
+# (in address order) runs iff k < chunks.
+# Names usable in the formulas: N, M, D, Dv, the SIZES, the CONSTANTS, the template parameters,
+# chunk_dc (features of a chunk, on average), fwd_cols / dkv_cols (value columns per thread).
+LOOP_SPECS = [
+    # tile_scores (forward_tiled.cuh), in the forward, dq and dk/dv kernels
+    dict(file="forward_tiled.cuh", text=r"for \(int d0 = 0; d0 < Dp; d0 \+= kChunk\)",
+         name="feature chunks", step="kChunk", trips="ceil(Dp / kChunk)"),
+    dict(file="forward_tiled.cuh", text=r"for \(int dd = dd0; dd < dc; dd \+= kStageStep",
+         name="score staging", step="kStageStep", trips="chunk_dc / kStageStep"),
+    dict(file="forward_tiled.cuh", text=r"for \(int dd = 0; dd < dc; dd \+= kRenormEvery\)",
+         name="scores", step="kRenormEvery", trips="chunk_dc / kRenormEvery",
+         elems="kMicro * kMicro * kRenormEvery", unit="qkd"),
+    # forward_tiled_kernel
+    dict(file="forward_tiled.cuh", text=r"for \(int j0 = 0; j0 < block_end; j0 \+= kFwdKeys\)",
+         name="key tiles", step="kFwdKeys", trips="ceil(M / kFwdKeys)"),
+    dict(file="forward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* Dvs; idx \+= kFwdThreads\)",
+         name="V staging", step="kFwdThreads", trips="kFwdKeys * Dvs / kFwdThreads"),
+    dict(file="forward_tiled.cuh", text=r"for \(int jj = 0; jj < nk; jj \+= 4\)",
+         name="P V", step="4", trips="kFwdKeys / 4", elems="4 * fwd_cols", unit="qkc"),
+    # backward_dq_tiled_kernel
+    dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < kBwdMaxFeatures; d \+= kFwdThreads\)",
+         name="dradius zeroing", step="kFwdThreads", trips="kBwdMaxFeatures / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < Dv \* kFwdRows; idx \+= kFwdThreads\)",
+         name="dO staging", step="kFwdThreads", trips="Dv * kFwdRows / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int j0 = 0; j0 < block_end; j0 \+= kFwdKeys\)",
+         name="key tiles", step="kFwdKeys", trips="ceil(M / kFwdKeys)"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < Dv \* kFwdKeys; idx \+= kFwdThreads\)",
+         name="V staging", step="kFwdThreads", trips="Dv * kFwdKeys / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int c = 0; c < Dv; \+\+c\)",
+         name="dP = dO V^T", step="1", trips="Dv", elems="kMicro * kMicro", unit="qkc"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < dc \* kFwdKeys; idx \+= kFwdThreads\)",
+         name="g-pass key staging", step="kFwdThreads", trips="chunk_dc * kFwdKeys / kFwdThreads",
+         chunks="ceil(Dp / kChunk)"),
+    dict(file="backward_tiled.cuh", text=r"for \(int jj = 0; jj < nk; \+\+jj\)",
+         name="g pass (dq)", step="1", trips="kFwdKeys", elems="4", unit="qkd", chunks="ceil(Dp / kChunk)"),
+    # backward_dkv_tiled_kernel
+    dict(file="backward_tiled.cuh", text=r"for \(int i0 = i_begin; i0 < N; i0 \+= kFwdRows\)",
+         name="query tiles", step="kFwdRows", trips="ceil(N / kFwdRows)"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdRows \* Dv; idx \+= kFwdThreads\)",
+         name="dO staging", step="kFwdThreads", trips="kFwdRows * Dv / kFwdThreads"),
+    dict(file="backward_tiled.cuh",
+         text=r"for \(int idx = tid; idx < kFwdRows \* \(ostride - Dv\); idx \+= kFwdThreads\)",
+         name="dO padding", step="kFwdThreads", trips="kFwdRows * (ostride - Dv) / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int ii = 0; ii < nq; \+\+ii\) \{$",
+         name="<dv or g pass>", step="1", trips="kFwdRows"),  # resolved by DKV_II_LOOPS below
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < dc \* kFwdRows; idx \+= kFwdThreads\)",
+         name="g-pass query staging", step="kFwdThreads", trips="chunk_dc * kFwdRows / kFwdThreads",
+         chunks="ceil(Dp / kChunk)"),
+    dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < D; d \+= kFwdThreads\)",
+         name="dradius sums", step="kFwdThreads", trips="D / kFwdThreads"),
+    # atomicAdd's compare-and-swap retry loop (shared memory float): once without contention
+    dict(file="sm_20_atomic_functions.hpp", text=None, name="atomicAdd CAS loop", step="1", trips="1"),
+    # table_kernel
+    dict(file="tables.cuh", text=r"for \(int d = 0; d < Dp; \+\+d\)", name="features", step="1", trips="Dp",
+         elems="1", unit="rd"),
+]
+# The dk/dv kernel has two `for (int ii = 0; ii < nq; ++ii)` loops, told apart by their line:
+# the first is dv += P^T dO, the ones after it the g pass.
+DKV_II_LOOPS = [
+    dict(name="dv = P^T dO", elems="dkv_cols", unit="qkc"),
+    dict(name="g pass (dk)", elems="4", unit="qkd", chunks="ceil(Dp / kChunk)"),
+]
+
+# Source regions that the plain case does not run (weight 0 in the whole-kernel count), and the
+# two branches of the table kernel (a thread takes one: N / (N + M) of them the query branch).
+# file, first line (regex), last line (regex, searched from the first; None: the first line only).
+COLD_REGIONS = [
+    dict(file="forward_tiled.cuh", start=r"// ---- 2\. the rare path ----", end=r"// ---- 3\. masks ----",
+         why="rare path (|x| < 2^-14)"),
+    dict(file="forward_tiled.cuh", start=r"if \(mask_row\[ii\]\) S\[ii\]\[jj\] \+= mask_row\[ii\]\[j\];",
+         end=None, why="attention mask"),
+    dict(file="forward_tiled.cuh", start=r"if \(kbias\) S\[ii\]\[jj\] \+= kbias\[j\];", end=None, why="key bias"),
+    dict(file="*", start=r"dropout_factor\(p, ", end=None, why="dropout"),
+    dict(file="tables.cuh", start=r"if \(r >= 0\.0 && r < kFlatRadius\) \{\s*// flat", end=r"\} else if \(r > 0\.0\) \{",
+         why="flat features"),
+]
+TABLE_BRANCHES = [
+    dict(file="tables.cuh", start=r"if \(row < N\) \{\s*// query row", end=r"\} else \{\s*// key row",
+         weight="N / (N + M)"),
+    dict(file="tables.cuh", start=r"\} else \{\s*// key row", end=r"p\.key_log\[bh \* M \+ j\] = ",
+         weight="M / (N + M)"),
+]
+
+
+EXTRA_SOURCES = {}  # basename -> path of sources outside csrc/ that loops may be named from (tests)
+
+
+def read_source(path_cache, name):
+    if name not in path_cache:
+        hits = [f for f in header_files() if os.path.basename(f) == name]
+        if not hits and name in EXTRA_SOURCES:
+            hits = [EXTRA_SOURCES[name]]
+        path_cache[name] = open(hits[0]).read().splitlines() if hits else []
+    return path_cache[name]
+
+
+def region_lines(sources, reg):
+    """{file: set(lines)} of a region (1-based); raises if its start is not found."""
+    files = [os.path.basename(f) for f in header_files()] if reg["file"] == "*" else [reg["file"]]
+    out = {}
+    for f in files:
+        lines = read_source(sources, f)
+        for i, text in enumerate(lines):
+            if re.search(reg["start"], text):
+                if reg.get("end") is None:
+                    out.setdefault(f, set()).add(i + 1)
+                    continue
+                for k in range(i + 1, len(lines)):
+                    if re.search(reg["end"], lines[k]):
+                        out.setdefault(f, set()).update(range(i + 1, k + 2 if "weight" in reg else k + 1))
+                        break
+    return out
+
+
+def launch_bounds(kernel_template, names):
+    """(max threads, min blocks per SM or None) of a kernel's FF_LAUNCH_BOUNDS[_MIN](...) in the
+    headers, evaluated with the constants and template parameters; None when not found."""
+    base = kernel_template.split("<")[0]
+    for f in header_files():
+        text = re.sub(r"\s+", " ", open(f).read())
+        m = re.search(r"FF_LAUNCH_BOUNDS(_MIN)?\(([^()]*)\) " + re.escape(base) + r"\(", text)
+        if not m:
+            continue
+        args = [a.strip() for a in m.group(2).split(",")]
+
+        def c_expr(e):
+            t = re.match(r"(.+?)\s*\?\s*(.+?)\s*:\s*(.+)$", e)  # a ? b : c
+            return f"({t.group(2)}) if ({t.group(1)}) else ({t.group(3)})" if t else e
+        try:
+            vals = [int(evaluate(c_expr(a), names)) for a in args]
+        except Exception:  # an expression this reader does not know
+            return None
+        return vals[0], (vals[1] if len(vals) > 1 else None)
+    return None
+
+
+def evaluate(expr, names):
+    env = {"ceil": lambda x: math.ceil(x - 1e-9), "min": min, "max": max, "__builtins__": {}}
+    env.update(names)
+    return eval(expr, env)  # expressions of this file only
+
+
+# ---------------------------------------------------------------------------------------------
+# SASS parsing
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Inst:
+    addr: int
+    text: str
+    opcode: str
+    guard: str
+    chain: list  # [(file, line), ...] innermost first (inlined-at chain)
+
+
+@dataclass
+class Function:
+    name: str
+    insts: list = field(default_factory=list)
+    labels: dict = field(default_factory=dict)  # label -> address
+
+
+INST_RE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
+LOC_RE = re.compile(r'^\s*//## File "([^"]+)", line (\d+)(.*)$')
+
+
+def parse_nvdisasm(text):
+    """Functions of `nvdisasm -g -gi -c` output: the kernel's own code (up to its first
+    subroutine label), every instruction with its source chain."""
+    funcs = {}
+    cur = None
+    chain = []
+    in_comment = False
+    pending = []
+    in_sub = False
+    for line in text.splitlines():
+        m = re.match(r"^\.text\.(\S+):", line)
+        if m:
+            cur = Function(m.group(1))
+            funcs[cur.name] = cur
+            chain, pending, in_sub = [], [], False
+            continue
+        if cur is None:
+            continue
+        m = LOC_RE.match(line)
+        if m:
+            c = [(os.path.basename(m.group(1)), int(m.group(2)))]
+            c += [(os.path.basename(a), int(b)) for a, b in re.findall(r'inlined at "([^"]+)", line (\d+)', m.group(3))]
+            if not (in_comment and len(chain) >= len(c)):  # keep the longest chain of a comment block
+                chain = c
+            in_comment = True
+            continue
+        m = re.match(r"^(\.L_x_\d+|\$\S+):", line)
+        if m:
+            if m.group(1).startswith("$"):
+                in_sub = True
+            pending.append(m.group(1))
+            continue
+        m = INST_RE.match(line)
+        if not m:
+            continue
+        in_comment = False
+        addr, body = int(m.group(1), 16), m.group(2)
+        for lab in pending:
+            cur.labels[lab] = addr
+        pending = []
+        if in_sub:
+            continue
+        gm = re.match(r"^(@!?U?P\w+)\s+(.*)$", body)
+        guard, body2 = (gm.group(1), gm.group(2)) if gm else ("", body)
+        opcode = body2.split()[0] if body2.split() else ""
+        if opcode == "NOP":
+            continue
+        cur.insts.append(Inst(addr, body, opcode, guard, list(chain)))
+    return funcs
+
+
+@dataclass
+class Loop:
+    head: int
+    latch: int
+    insts: list
+    chain: list        # source chain of the latch branch
+    depth: int = 0
+    parent: "Loop" = None
+    children: list = field(default_factory=list)
+    unroll: int = 1
+    unroll_how: str = ""
+
+
+def find_loops(fn):
+    loops = []
+    for k, ins in enumerate(fn.insts):
+        if not ins.opcode.startswith("BRA"):
+            continue
+        m = re.search(r"`\((\.L_x_\d+)\)", ins.text)
+        if not m or m.group(1) not in fn.labels:
+            continue
+        target = fn.labels[m.group(1)]
+        if target >= ins.addr:
+            continue  # forward branch, or the trailing self-loop
+        same = [lp for lp in loops if lp.head == target]
+        if same:  # a second branch back to the same head (a `continue`): one loop, to the last latch
+            if ins.addr > same[0].latch:
+                same[0].latch, same[0].chain = ins.addr, ins.chain
+                same[0].insts = [x for x in fn.insts if target <= x.addr <= ins.addr]
+            continue
+        body = [x for x in fn.insts if target <= x.addr <= ins.addr]
+        loops.append(Loop(target, ins.addr, body, ins.chain))
+    # nesting: the smallest loop that contains another one is its parent
+    for lp in loops:
+        outer = [o for o in loops if o is not lp and o.head <= lp.head and lp.latch <= o.latch]
+        if outer:
+            lp.parent = min(outer, key=lambda o: o.latch - o.head)
+            lp.parent.children.append(lp)
+    for lp in loops:
+        d, p = 0, lp.parent
+        while p:
+            d, p = d + 1, p.parent
+        lp.depth = d
+    return sorted(loops, key=lambda lp: lp.head)
+
+
+REG_INC = re.compile(r"^(?:IADD3|VIADD|IMAD\.IADD|IADD)\s+(R\d+),\s*(R\d+),\s*(-?0x[0-9a-f]+|-?\d+)")
+
+
+def unroll_factor(lp, source_step):
+    """Source iterations per SASS iteration, from the exit test of the latch: the register it
+    compares and that register's increment in the body. An up-counter steps unroll x the
+    source step; a counter compared with zero (a down-counter of the trips) steps -unroll."""
+    latch = lp.insts[-1]
+    pm = re.match(r"@!?(P\d)", latch.guard)
+    if not pm:
+        return 1, "unconditional latch"
+    pred = pm.group(1)
+    setp = None
+    for ins in reversed(lp.insts[:-1]):
+        if re.match(r"^ISETP\S*\s+" + pred + r"\b", ins.text.split(None, 1)[-1] if ins.guard else ins.text) or \
+                re.search(r"ISETP\S*\s+" + pred + r",", ins.text):
+            setp = ins
+            break
+    if setp is None:
+        return 1, "no exit test found"
+    ops = re.findall(r"\b(R\d+)\b", setp.text)
+    versus_zero = ", RZ," in setp.text or setp.text.rstrip().endswith("RZ, PT")
+    for reg in ops:
+        for ins in lp.insts:
+            m = REG_INC.match(ins.text)
+            if m and m.group(1) == reg and m.group(2) == reg:
+                inc = int(m.group(3), 16) if "0x" in m.group(3) else int(m.group(3))
+                if inc >= 1 << 31:  # SASS prints 32-bit immediates unsigned
+                    inc -= 1 << 32
+                if versus_zero and abs(inc) <= 16:
+                    return abs(inc), f"{reg} {inc:+d} against 0"
+                if source_step and inc % source_step == 0 and inc > 0:
+                    return inc // source_step, f"{reg} += {inc:#x} (source step {source_step})"
+    return 1, "increment not found (assumed 1)"
+
+
+# ---------------------------------------------------------------------------------------------
+# ptxas -v and cuobjdump -res-usage
+# ---------------------------------------------------------------------------------------------
+
+def parse_ptxas(log):
+    """{function: dict(regs, spill_stores, spill_loads, stack, smem, entry)} of a -Xptxas -v log."""
+    out = {}
+    cur = None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            out.setdefault(m.group(1), {})["entry"] = True
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            cur = out.setdefault(m.group(1), {})
+            cur.setdefault("entry", False)
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and cur is not None:
+            cur.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur is not None:
+            cur["regs"] = int(m.group(1))
+            sm = re.search(r"(\d+) bytes smem", line)
+            cur["smem"] = int(sm.group(1)) if sm else 0
+    return out
+
+
+def parse_res_usage(text):
+    """{function: regs} of `cuobjdump -res-usage`."""
+    out = {}
+    fn = None
+    for line in text.splitlines():
+        m = re.search(r"Function (\S+):", line)
+        if m:
+            fn = m.group(1)
+            continue
+        m = re.search(r"REG:(\d+)", line)
+        if m and fn:
+            out[fn] = int(m.group(1))
+            fn = None
+    return out
+
+
+def occupancy(regs, threads, smem_bytes, arch=SM90):
+    """Resident warps per SM and the limiting resource."""
+    warps_per_block = math.ceil(threads / 32)
+    regs_per_warp = math.ceil(max(regs, 1) * 32 / arch["reg_alloc_unit"]) * arch["reg_alloc_unit"]
+    quarter = arch["regs_per_sm"] // arch["reg_quarters"]
+    warps_by_regs = arch["reg_quarters"] * (quarter // regs_per_warp)
+    limits = {
+        "registers": warps_by_regs // warps_per_block,
+        "warps": arch["max_warps"] // warps_per_block,
+        "blocks": arch["max_blocks"],
+    }
+    per_block = smem_bytes + arch["smem_reserved_per_block"]
+    limits["shared memory"] = 0 if smem_bytes > arch["max_smem_per_block"] else arch["smem_per_sm"] // per_block
+    blocks = min(limits.values())
+    limiter = min(limits, key=lambda k: limits[k])
+    return blocks * warps_per_block, blocks, limiter
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation with a cache
+# ---------------------------------------------------------------------------------------------
+
+class Builder:
+    def __init__(self, cache_dir, work_dir, nvcc, flags):
+        self.cache_dir, self.work_dir, self.nvcc, self.flags = cache_dir, work_dir, nvcc, flags
+        self.nvcc_version = tool_version(nvcc)
+        self.hash = headers_hash()
+        os.makedirs(cache_dir, exist_ok=True)
+        os.makedirs(work_dir, exist_ok=True)
+
+    def key(self, what):
+        h = hashlib.sha256("\0".join([self.hash, self.nvcc_version, ARCH, " ".join(self.flags), what]).encode())
+        return h.hexdigest()[:20]
+
+    def kernel_tu(self, template):
+        return (f'// generated by scripts/cuda_sass_report.py: one float32 kernel instance, no torch headers\n'
+                f'#include "{KERNELS_HEADER}"\n'
+                f'namespace fourierformer {{\nnamespace cuda {{\n'
+                f'template __global__ void {template}(const Params<float, float>);\n}}\n}}\n')
+
+    def cubin(self, template):
+        """(cubin path, ptxas log, cached?) of one kernel instance."""
+        key = self.key(template)
+        cub = os.path.join(self.cache_dir, key + ".cubin")
+        log = os.path.join(self.cache_dir, key + ".ptxas.txt")
+        safe = re.sub(r"[^\w]+", "_", template).strip("_")
+        src = os.path.join(self.work_dir, safe + ".cu")
+        with open(src, "w") as fh:
+            fh.write(self.kernel_tu(template))
+        if os.path.exists(cub) and os.path.exists(log):
+            return cub, open(log).read(), True
+        tmp = cub + f".tmp{os.getpid()}"
+        out = run([self.nvcc, "-cubin", f"-arch={ARCH}", "-std=c++17", *self.flags, "-Xptxas", "-v",
+                   "-o", tmp, src])
+        with open(log + f".tmp{os.getpid()}", "w") as fh:
+            fh.write(out)
+        os.replace(log + f".tmp{os.getpid()}", log)
+        os.replace(tmp, cub)
+        return cub, out, False
+
+    def host_info(self, head_dims):
+        prog = host_program(head_dims)
+        key = self.key("host:" + prog)
+        cached = os.path.join(self.cache_dir, key + ".json")
+        if os.path.exists(cached):
+            return json.load(open(cached)), True
+        src = os.path.join(self.work_dir, "header_constants.cu")
+        exe = os.path.join(self.work_dir, "header_constants")
+        with open(src, "w") as fh:
+            fh.write(prog)
+        run([self.nvcc, "-std=c++17", "-o", exe, src])
+        info = json.loads(run([exe]))
+        with open(cached, "w") as fh:
+            json.dump(info, fh)
+        return info, False
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis of one instance
+# ---------------------------------------------------------------------------------------------
+
+def match_spec(lp, sources):
+    f, line = lp.chain[0] if lp.chain else ("?", 0)
+    lines = read_source(sources, f)
+    text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    for spec in LOOP_SPECS:
+        if spec["file"] == f and (spec["text"] is None or re.search(spec["text"], text)):
+            return dict(spec), text
+    return None, text
+
+
+def analyse(inst, fn, names, sources):
+    """Everything the report prints about one kernel instance."""
+    loops = find_loops(fn)
+    # specs, unroll factors
+    dkv_ii_seen = 0
+    for lp in loops:
+        spec, text = match_spec(lp, sources)
+        lp.source = f"{lp.chain[0][0]}:{lp.chain[0][1]}" if lp.chain else "?"
+        lp.text = text
+        if spec and spec["name"] == "<dv or g pass>":
+            extra = DKV_II_LOOPS[0] if dkv_ii_seen == 0 else DKV_II_LOOPS[1]
+            spec.update(extra)
+            dkv_ii_seen += 1
+        lp.spec = spec
+        step = evaluate(spec["step"], names) if spec else None
+        lp.unroll, lp.unroll_how = unroll_factor(lp, step)
+    # copies of one source loop under the same parent: main (largest unroll) + remainder loops; or
+    # copies of equal unroll, one per iteration of an unrolled enclosing loop (each runs its trips);
+    # or one copy per feature chunk, of which the first `chunks` run
+    groups = {}
+    for lp in loops:
+        groups.setdefault((lp.source, id(lp.parent)), []).append(lp)
+    for (src, _), grp in groups.items():
+        spec = grp[0].spec
+        if spec is None:
+            for lp in grp:
+                lp.trips = 1.0
+            continue
+        trips = evaluate(spec["trips"], names)
+        if spec.get("chunks"):
+            active = evaluate(spec["chunks"], names)
+            for k, lp in enumerate(grp):
+                lp.trips = trips / lp.unroll if k < active else 0.0
+            continue
+        if len({lp.unroll for lp in grp}) == 1:  # copies made by an unrolled enclosing loop: each runs
+            for lp in grp:
+                lp.trips = trips / lp.unroll
+            continue
+        left = trips
+        ordered = sorted(grp, key=lambda lp: -lp.unroll)
+        for k, lp in enumerate(ordered):
+            if k == len(ordered) - 1:  # the last copy takes the rest (fractional without a remainder loop)
+                lp.trips = left / lp.unroll
+            else:
+                lp.trips = float(left // lp.unroll)
+                left -= lp.trips * lp.unroll
+    # instruction weights
+    cold = {}
+    for reg in COLD_REGIONS:
+        for f, ls in region_lines(sources, reg).items():
+            cold.setdefault(f, set()).update(ls)
+    branch_w = []
+    if inst.kind == "tables":
+        for reg in TABLE_BRANCHES:
+            branch_w.append((region_lines(sources, reg), evaluate(reg["weight"], names)))
+
+    def weight(ins):
+        if any(line in cold.get(f, ()) for f, line in ins.chain):
+            return 0.0
+        w = 1.0
+        for lines, bw in branch_w:
+            if any(line in lines.get(f, ()) for f, line in ins.chain):
+                w *= bw
+        for lp in loops:
+            if lp.head <= ins.addr <= lp.latch:
+                w *= lp.trips
+        return w
+
+    per_thread = 0.0
+    by_line = {}
+    by_loop = {id(lp): 0.0 for lp in loops}
+    outside = 0.0
+    for ins in fn.insts:
+        w = weight(ins)
+        per_thread += w
+        around = [lp for lp in loops if lp.head <= ins.addr <= lp.latch]
+        if around:
+            by_loop[id(min(around, key=lambda lp: lp.latch - lp.head))] += w
+        else:
+            outside += w
+        own = [(f, line) for f, line in ins.chain if read_source(sources, f)]
+        f, line = own[0] if own else (ins.chain[0] if ins.chain else ("?", 0))
+        by_line[f"{f}:{line}"] = by_line.get(f"{f}:{line}", 0.0) + w
+    # loops in the report
+    loop_rows = []
+    for lp in loops:
+        row = dict(source=lp.source, statement=lp.text, name=lp.spec["name"] if lp.spec else "(no model: counted once)",
+                   depth=lp.depth, static=len(lp.insts), unroll=lp.unroll, unroll_how=lp.unroll_how,
+                   trips_per_entry=round(lp.trips, 3), inner=not lp.children, own_per_thread=by_loop[id(lp)])
+        if lp.spec and lp.spec.get("elems"):
+            el = evaluate(lp.spec["elems"], names) * lp.unroll
+            row.update(elements_per_iteration=el, unit=lp.spec["unit"],
+                       per_element=round(len(lp.insts) / el, 2) if el else None)
+        loop_rows.append(row)
+    top = sorted(by_line.items(), key=lambda kv: -kv[1])[:12]
+    return per_thread, loop_rows, top, outside
+
+
+def whole_per_element(inst, per_thread, names, c):
+    """Instructions of the kernel over one (batch, head) slice per (query, key, feature) element."""
+    N, M, D = names["N"], names["M"], names["D"]
+    if inst.kind == "tables":
+        threads_total = N + M  # one thread per row (the rest of the last block returns at once)
+    else:
+        rows = N if inst.kind in ("forward", "dq") else M
+        blocks = math.ceil(rows / c[inst.grid_rows])
+        threads_total = blocks * c[inst.threads]
+    return per_thread * threads_total / (N * M * D)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--head-dims", default="16,128", help="comma-separated D = Dv values (default 16,128)")
+    ap.add_argument("--shapes", default="256,1024", help="N = M values of the whole-kernel counts (default 256,1024)")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (.cu, ptxas logs, SASS) and print it")
+    ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fourierformer-sass-cache"),
+                    help="cubin cache (default: %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        head_dims = sorted({int(x) for x in args.head_dims.split(",") if x.strip()})
+        shapes = [int(x) for x in args.shapes.split(",") if x.strip()]
+    except ValueError:
+        ap.error("--head-dims and --shapes take comma-separated integers")
+    if not head_dims or any(d < 1 or d > 128 for d in head_dims):
+        ap.error("--head-dims: values in 1..128 (the tiled float32 kernels)")
+    if not shapes or any(n < 1 for n in shapes):
+        ap.error("--shapes: positive integers")
+    try:
+        nvcc = find_tool("nvcc")
+        nvdisasm = find_tool("nvdisasm")
+    except ToolMissing as e:
+        print(f"cuda_sass_report: {e}", file=sys.stderr)
+        return 2
+    cuobjdump = find_tool("cuobjdump", required=False)
+    flags = setup_nvcc_flags()
+    work = tempfile.mkdtemp(prefix="fourierformer-sass-")
+    try:
+        report = build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, args.cache_dir, work, args.keep)
+    except RuntimeError as e:  # a failed compile: the headers no longer have what the report instantiates
+        print(f"cuda_sass_report: {e}\n(if a kernel, a constant or a size function was renamed, update "
+              f"launcher_instances, CONSTANTS or SIZES in {os.path.relpath(__file__, ROOT)})", file=sys.stderr)
+        return 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.keep:
+        report["work_dir"] = work
+    if args.json:
+        json.dump(report, sys.stdout, indent=1)
+        print()
+    else:
+        print_report(report)
+    progress(f"done in {time.monotonic() - T0:.1f} s")
+    return 0
+
+
+def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir, work, keep):
+    b = Builder(cache_dir, work, nvcc, flags)
+    nvdisasm_version = tool_version(nvdisasm)
+    progress(f"nvcc {b.nvcc_version} ({nvcc}), nvdisasm {nvdisasm_version}, flags {' '.join(flags)}, "
+             f"headers {b.hash[:12]}, cache {cache_dir}")
+    info, cached = b.host_info(head_dims)
+    progress("header constants and sizes " + ("(cached)" if cached else "compiled"))
+    c = info["constants"]
+    stale = check_launcher()
+    warnings = []
+    if stale:
+        warnings.append("fourier_attention_launch.h no longer has these launches that the report mirrors "
+                        "(update launcher_instances): " + "; ".join(stale))
+    sources = {}
+    for reg in COLD_REGIONS + TABLE_BRANCHES:
+        if not region_lines(sources, reg):
+            warnings.append(f"source region not found ({reg.get('why', 'table branch')}: {reg['start']}): "
+                            f"counted as run")
+    report = dict(date=time.strftime("%Y-%m-%d"), arch=ARCH, nvcc=b.nvcc_version, nvdisasm=nvdisasm_version,
+                  nvcc_flags=flags,
+                  headers_sha256=b.hash, constants=c, head_dims={}, warnings=warnings)
+    done = {}
+    for hd in head_dims:
+        sizes = info["sizes"][str(hd)]
+        insts = launcher_instances(hd, hd, c)
+        rows = []
+        for inst in insts:
+            if inst.template not in done:
+                progress(f"D = Dv = {hd}: {inst.template}: compiling for {ARCH}")
+                cub, log, was_cached = b.cubin(inst.template)
+                progress(f"  {'cached' if was_cached else 'compiled'}; disassembling")
+                sass_path = cub[:-len(".cubin")] + f".nvdisasm-{nvdisasm_version}.sass.txt"
+                if os.path.exists(sass_path):
+                    sass = open(sass_path).read()
+                else:
+                    sass = run([nvdisasm, "-g", "-gi", "-c", cub])
+                    with open(sass_path + f".tmp{os.getpid()}", "w") as fh:
+                        fh.write(sass)
+                    os.replace(sass_path + f".tmp{os.getpid()}", sass_path)
+                if keep:
+                    safe = re.sub(r"[^\w]+", "_", inst.template).strip("_")
+                    open(os.path.join(work, safe + ".sass"), "w").write(sass)
+                    open(os.path.join(work, safe + ".ptxas.txt"), "w").write(log)
+                funcs = parse_nvdisasm(sass)
+                entry = [f for f in funcs if f in parse_ptxas(log) and parse_ptxas(log)[f].get("entry")]
+                if len(entry) != 1:
+                    raise RuntimeError(f"{inst.template}: expected one kernel in the cubin, found {list(funcs)}")
+                res = parse_res_usage(run([cuobjdump, "-res-usage", cub])) if cuobjdump else {}
+                done[inst.template] = (funcs[entry[0]], parse_ptxas(log), res)
+            fn, ptx, res = done[inst.template]
+            props = ptx[fn.name]
+            if res and res.get(fn.name) != props.get("regs"):
+                warnings.append(f"{inst.template}: cuobjdump says {res.get(fn.name)} registers, ptxas {props.get('regs')}")
+            callee = {k: dict(spill_stores=v.get("spill_stores", 0), spill_loads=v.get("spill_loads", 0))
+                      for k, v in ptx.items() if not v.get("entry") and (v.get("spill_stores") or v.get("spill_loads"))}
+            threads = c[inst.threads]
+            lb = launch_bounds(inst.template, {**c, **inst.params})
+            dyn = 4 * sizes[inst.smem] if inst.smem else 0
+            warps, blocks, limiter = occupancy(props["regs"], threads, props.get("smem", 0) + dyn)
+            row = dict(kernel=inst.template, kind=inst.kind, function=fn.name, threads=threads,
+                       launch_bounds=lb,
+                       registers=props["regs"], registers_cuobjdump=res.get(fn.name),
+                       spill_stores=props.get("spill_stores", 0), spill_loads=props.get("spill_loads", 0),
+                       stack_frame=props.get("stack", 0), callee_spills=callee,
+                       smem_static=props.get("smem", 0), smem_dynamic=dyn, warps_per_sm=warps, blocks_per_sm=blocks,
+                       occupancy_limit=limiter, static_instructions=len(fn.insts), shapes={})
+            for n in shapes:
+                names = dict(c)
+                names.update(sizes)
+                names.update(inst.params)
+                Dp = sizes["Dp"]
+                names.update(N=n, M=n, D=hd, Dv=hd,
+                             chunk_dc=Dp / math.ceil(Dp / c["kChunk"]),
+                             fwd_cols=4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < sizes["Dvs"]),
+                             dkv_cols=4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < hd))
+                per_thread, loop_rows, top, outside = analyse(inst, fn, names, sources)
+                scale = whole_per_element(inst, 1.0, names, c)
+                row["shapes"][str(n)] = dict(per_thread=round(per_thread), per_element=round(per_thread * scale, 2),
+                                             outside_loops_per_element=round(outside * scale, 3),
+                                             top_lines=[(k, round(v * scale, 3)) for k, v in top])
+                for lr in loop_rows:
+                    lr["share_per_element"] = round(lr.pop("own_per_thread") * scale, 3)
+                row["loops"] = loop_rows  # (the same for every shape but the trip counts)
+                row.setdefault("loops_by_shape", {})[str(n)] = [lr["trips_per_entry"] for lr in loop_rows]
+                row.setdefault("loop_shares_by_shape", {})[str(n)] = [lr["share_per_element"] for lr in loop_rows]
+                for lr in loop_rows:
+                    if lr["name"].startswith("(no model"):
+                        msg = f"{inst.template}: loop at {lr['source']} ({lr['statement'][:60]}) has no model: counted once"
+                        if msg not in warnings:
+                            warnings.append(msg)
+            rows.append(row)
+        totals = {}
+        for n in shapes:
+            by = {r["kind"]: r["shapes"][str(n)]["per_element"] for r in rows}
+            bwd = by["dq"] + by["dkv"] if "dq" in by else None
+            totals[str(n)] = dict(forward=by["forward"], forward_with_tables=round(by["tables"] + by["forward"], 2),
+                                  backward=None if bwd is None else round(bwd, 2),
+                                  backward_with_tables=None if bwd is None else round(by["tables"] + bwd, 2))
+        report["head_dims"][str(hd)] = dict(sizes=sizes, kernels=rows, totals=totals)
+    return report
+
+
+UNIT_TEXT = {"qkd": "per (query, key, feature)", "qkc": "per (query, key, value column)", "rd": "per (row, feature)"}
+
+
+def short_name(mangled):
+    m = re.search(r"rare_pair_score|__internal_\w*slowpath\w*", mangled)
+    return m.group(0) if m else mangled
+
+
+def print_report(r):
+    out = []
+    out.append(f"SASS report, {r['date']}: float32 CUDA kernels for {r['arch']}, nvcc {r['nvcc']} "
+               f"{' '.join(r['nvcc_flags'])}, headers sha256 {r['headers_sha256'][:12]}")
+    out.append("Counts are SASS instructions per thread (static), per element as described by "
+               "`python scripts/cuda_sass_report.py --help`.")
+    shapes = None
+    for hd, h in r["head_dims"].items():
+        out.append("")
+        out.append(f"== D = Dv = {hd} (padded features Dp = {h['sizes']['Dp']}) ==")
+        for k in h["kernels"]:
+            shapes = list(k["shapes"])
+            out.append("")
+            lb = k.get("launch_bounds")
+            lbs = ("" if not lb else f", __launch_bounds__({lb[0]}" + (f", {lb[1]})" if lb[1] else ")")
+                   + (f": at most {min(SM90['max_regs_per_thread'], SM90['regs_per_sm'] // (lb[0] * lb[1]) // 8 * 8)} "
+                      "registers" if lb[1] else ""))
+            out.append(f"{k['kernel']}  [{k['kind']}]  {k['threads']} threads/block{lbs}")
+            cs = "".join(f"; callee {short_name(n)}: {v['spill_stores']}/{v['spill_loads']} B spill st/ld"
+                         for n, v in k["callee_spills"].items())
+            out.append(f"  registers {k['registers']}, spill stores {k['spill_stores']} B, spill loads "
+                       f"{k['spill_loads']} B, stack {k['stack_frame']} B{cs}")
+            out.append(f"  shared memory {k['smem_static'] + k['smem_dynamic']} B/block "
+                       f"(dynamic {k['smem_dynamic']}), {k['blocks_per_sm']} block(s) = {k['warps_per_sm']} warps/SM "
+                       f"(limited by {k['occupancy_limit']}); {k['static_instructions']} instructions in the kernel body")
+            out.append(f"  {'loop (source)':<30} {'name':<22} {'depth':>5} {'static':>6} {'unroll':>6} "
+                       f"{'trips/entry @N=' + '/'.join(shapes):>18} {'share of whole':>16} {'instr/element':>14}")
+            prev, repeat = None, 0
+            rows = []
+            for i, lp in enumerate(k["loops"]):
+                trips = "/".join(f"{k['loops_by_shape'][s][i]:g}" for s in shapes)
+                pe = f"{lp['per_element']:.2f}" if lp.get("per_element") is not None else ""
+                unit = f"  {UNIT_TEXT[lp['unit']]}" if lp.get("unit") else ""
+                share = [k["loop_shares_by_shape"][s][i] for s in shapes]
+                text = (f"  {'  ' * lp['depth'] + lp['source']:<30} {lp['name'][:22]:<22} {lp['depth']:>5} "
+                        f"{lp['static']:>6} {lp['unroll']:>6} {trips:>18} ")
+                rest = f" {pe:>14}{unit}"
+                if rows and (text, rest) == rows[-1][0]:
+                    rows[-1][1] += 1  # identical copies (chunks, atomicAdd retry loops): one row, shares summed
+                    rows[-1][2] = [a + b for a, b in zip(rows[-1][2], share)]
+                else:
+                    rows.append([(text, rest), 1, share])
+            for (text, rest), n, share in rows:
+                sh = "/".join(f"{v:.2f}" for v in share)
+                out.append(f"{text}{sh:>16}{rest}" + (f"  (x{n}, shares summed)" if n > 1 else ""))
+            sh = "/".join(f"{k['shapes'][s]['outside_loops_per_element']:.2f}" for s in shapes)
+            out.append(f"  {'(outside every loop)':<30} {'':<22} {'':>5} {'':>6} {'':>6} {'':>18} {sh:>16}")
+            whole = ", ".join(f"N = M = {s}: {v['per_element']:.2f} ({v['per_thread']} per thread)"
+                              for s, v in k["shapes"].items())
+            out.append(f"  whole kernel per (query, key, feature) element: {whole}")
+        out.append("")
+        for s, t in h["totals"].items():
+            b = "n/a" if t["backward"] is None else f"{t['backward']:.2f} (with the tables {t['backward_with_tables']:.2f})"
+            out.append(f"  D = {hd}, N = M = {s}: forward {t['forward']:.2f} (with the tables "
+                       f"{t['forward_with_tables']:.2f}), backward dq + dk/dv {b}")
+    out.append("")
+    out.append("Summary (instructions per (query, key, feature) element; inner = the element loop of the kernel)")
+    out.append(f"  {'D':>4} {'kernel':<44} {'regs':>4} {'spill st/ld B':>13} {'warps/SM':>8} {'inner loops':>18} "
+               + " ".join(f"{'whole@' + s:>10}" for s in shapes or []))
+    for hd, h in r["head_dims"].items():
+        for k in h["kernels"]:
+            inner = {}
+            for lp in k["loops"]:
+                if lp.get("unit") == "qkd" and lp["inner"]:
+                    inner.setdefault(lp["name"], []).append(lp["per_element"])
+            ie = " + ".join(f"{min(v):.1f}" if max(v) - min(v) < 0.05 else f"{min(v):.1f}-{max(v):.1f}"
+                            for v in inner.values())
+            out.append(f"  {hd:>4} {k['kernel']:<44} {k['registers']:>4} "
+                       f"{str(k['spill_stores']) + '/' + str(k['spill_loads']):>13} {k['warps_per_sm']:>8} {ie:>18} "
+                       + " ".join(f"{k['shapes'][s]['per_element']:>10.2f}" for s in shapes))
+        for name, label in (("backward", "backward (dq + dk/dv)"), ("forward_with_tables", "forward + tables"),
+                            ("backward_with_tables", "backward + tables")):
+            vals = [h["totals"][s][name] for s in shapes]
+            if all(v is not None for v in vals):
+                out.append(f"  {hd:>4} {label:<44} {'':>4} {'':>13} {'':>8} {'':>18} "
+                           + " ".join(f"{v:>10.2f}" for v in vals))
+    if r["warnings"]:
+        out.append("")
+        out.append("Warnings:")
+        out += [f"  - {w}" for w in r["warnings"]]
+    if r.get("work_dir"):
+        out.append("")
+        out.append(f"Work folder kept: {r['work_dir']}")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""The SASS reading of scripts/cuda_sass_report.py on tiny kernels compiled here for sm_90.
+
+Needs nvcc and nvdisasm (and cuobjdump for the register cross-check); without them the tests
+are skipped with the reason (python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump).
+One translation unit of four small kernels is compiled once (a few seconds); the real kernels
+are not compiled here (that is the script's own job).
+"""
+import importlib.util
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("cuda_sass_report", os.path.join(ROOT, "scripts", "cuda_sass_report.py"))
+sr = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = sr  # (dataclasses look their module up)
+_spec.loader.exec_module(sr)
+
+BODY = 64  # dependent FMAs per element in the single body
+
+# single: BODY FMAs per element; doubled: the same loop with 2 * BODY; unrolled: the single body
+# with `#pragma unroll 4` over a runtime count (a main loop of 4 elements and a remainder loop);
+# strided: an up-counting loop idx += 256 unrolled by 4.
+SOURCE = r"""
+#define BODY(acc, x) \
+  _Pragma("unroll") for (int r = 0; r < %(body)d; ++r) acc = fmaf(acc, x, 1.0f + 0.5f * r);
+
+extern "C" __global__ void __launch_bounds__(256) single(float* out, const float* a, int n) {
+  float acc = 0.0f;
+#pragma unroll 1
+  for (int i = 0; i < n; ++i) { const float x = a[i]; BODY(acc, x) }
+  out[threadIdx.x] = acc;
+}
+
+extern "C" __global__ void __launch_bounds__(256) doubled(float* out, const float* a, int n) {
+  float acc = 0.0f;
+#pragma unroll 1
+  for (int i = 0; i < n; ++i) { const float x = a[i]; BODY(acc, x) BODY(acc, x) }
+  out[threadIdx.x] = acc;
+}
+
+extern "C" __global__ void __launch_bounds__(256) unrolled(float* out, const float* a, int n) {
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int i = 0; i < n; ++i) { const float x = a[i]; BODY(acc, x) }
+  out[threadIdx.x] = acc;
+}
+
+extern "C" __global__ void __launch_bounds__(256) strided(float* out, const float* a, int n) {
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < n; i += 256) { const float x = a[i]; BODY(acc, x) }
+  out[threadIdx.x] = acc;
+}
+""" % {"body": BODY}
+
+
+def _tool(name):
+    try:
+        return sr.find_tool(name)
+    except sr.ToolMissing as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    nvcc = _tool("nvcc")
+    nvdisasm = _tool("nvdisasm")
+    d = tmp_path_factory.mktemp("sass")
+    src, cub = d / "tiny.cu", d / "tiny.cubin"
+    src.write_text(SOURCE)
+    log = sr.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-lineinfo", "-Xptxas", "-v", "-o", str(cub), str(src)])
+    funcs = sr.parse_nvdisasm(sr.run([nvdisasm, "-g", "-gi", "-c", str(cub)]))
+    return dict(cubin=str(cub), log=log, funcs=funcs, src=str(src))
+
+
+def _loops(compiled, name):
+    fn = compiled["funcs"][name]
+    return fn, sr.find_loops(fn)
+
+
+def _count(insts, opcode):
+    return sum(1 for i in insts if i.opcode.split(".")[0] == opcode)
+
+
+def test_loops_come_from_backward_branches(compiled):
+    for name in ("single", "doubled"):
+        fn, loops = _loops(compiled, name)
+        assert len(loops) == 1, (name, [(hex(lp.head), hex(lp.latch)) for lp in loops])
+        lp = loops[0]
+        assert lp.insts[-1].opcode.startswith("BRA") and lp.head < lp.latch
+        # the latch is named by the `for` of the source (line information of -lineinfo)
+        src_line = open(compiled["src"]).read().splitlines()[lp.chain[0][1] - 1]
+        assert "for (int i = 0; i < n; ++i)" in src_line, src_line
+
+
+def test_doubled_body_doubles_the_count_per_element(compiled):
+    _, (one,) = _loops(compiled, "single")
+    _, (two,) = _loops(compiled, "doubled")
+    assert _count(one.insts, "FFMA") == BODY
+    assert _count(two.insts, "FFMA") == 2 * BODY
+    u1, _ = sr.unroll_factor(one, 1)
+    u2, _ = sr.unroll_factor(two, 1)
+    assert u1 == u2 == 1
+    per_one, per_two = len(one.insts) / u1, len(two.insts) / u2
+    # the loop overhead (load, increment, test, branch) is counted once in both
+    assert abs((per_two - per_one) - BODY) <= 4, (per_one, per_two)
+    assert 1.75 < per_two / per_one < 2.0, (per_one, per_two)
+
+
+def test_unroll_factor_of_the_main_loop(compiled):
+    _, (one,) = _loops(compiled, "single")
+    per_one = len(one.insts)
+    for name in ("unrolled", "strided"):
+        fn, loops = _loops(compiled, name)
+        factors = sorted(sr.unroll_factor(lp, 1 if name == "unrolled" else 256)[0] for lp in loops)
+        assert factors[-1] == 4, (name, factors, [sr.unroll_factor(lp, 1)[1] for lp in loops])
+        main = max(loops, key=lambda lp: len(lp.insts))
+        u, how = sr.unroll_factor(main, 1 if name == "unrolled" else 256)
+        assert _count(main.insts, "FFMA") == u * BODY, how
+        # instructions per element of the unrolled loop: about the single loop's, less overhead
+        assert BODY <= len(main.insts) / u <= per_one, (name, len(main.insts), u, per_one)
+
+
+def test_registers_and_spills_from_ptxas(compiled):
+    props = sr.parse_ptxas(compiled["log"])
+    for name in ("single", "doubled", "unrolled", "strided"):
+        assert props[name]["entry"] and props[name]["spill_stores"] == 0 and props[name]["spill_loads"] == 0
+        assert 1 <= props[name]["regs"] <= 255
+    cuobjdump = sr.find_tool("cuobjdump", required=False)
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found: " + sr.INSTALL_HINT)
+    res = sr.parse_res_usage(sr.run([cuobjdump, "-res-usage", compiled["cubin"]]))
+    assert {n: props[n]["regs"] for n in res} == res
+
+
+def test_ptxas_log_parsing():
+    log = """ptxas info    : Compiling entry function 'kern' for 'sm_90'
+ptxas info    : Function properties for kern
+    80 bytes stack frame, 68 bytes spill stores, 60 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers, 80 bytes cumulative stack size, 2048 bytes smem
+ptxas info    : Function properties for helper
+    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+"""
+    p = sr.parse_ptxas(log)
+    assert p["kern"] == dict(entry=True, stack=80, spill_stores=68, spill_loads=60, regs=128, smem=2048)
+    assert p["helper"]["entry"] is False and p["helper"]["spill_stores"] == 8
+
+
+@pytest.mark.parametrize("regs,threads,smem,warps,limit", [
+    (255, 256, 50 * 1024, 8, "registers"),   # 256 registers per thread: 8 warps
+    (180, 256, 0, 8, "registers"),           # 5760 per warp: 2 per quarter of the register file
+    (128, 256, 46080, 16, "registers"),      # 4096 per warp: 4 per quarter
+    (48, 128, 0, 40, "registers"),           # 1536 per warp: 10 per quarter
+    (40, 64, 0, 48, "registers"),            # 1280 per warp: 12 per quarter (not 65536 / 1280 = 51)
+    (32, 256, 100 * 1024, 16, "shared memory"),  # 2 blocks of 101 KiB in 228 KiB
+    (16, 64, 0, 64, "warps"),
+    (16, 32, 0, 32, "blocks"),
+])
+def test_occupancy_sm90(regs, threads, smem, warps, limit):
+    got, _, why = sr.occupancy(regs, threads, smem)
+    assert (got, why) == (warps, limit)
+
+
+def test_missing_disassembler_says_how_to_install(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CUDA_HOME", "/nonexistent")
+    monkeypatch.setattr(sr, "_wheel_bin_dirs", lambda: [])
+    monkeypatch.setattr(sr.os.path, "isfile", lambda p: False)
+    with pytest.raises(sr.ToolMissing, match="pip install nvidia-cuda-nvdisasm"):
+        sr.find_tool("nvdisasm")
+
+
+@pytest.mark.parametrize("name,trips", [("single", 10), ("unrolled", 10), ("unrolled", 3)])
+def test_whole_kernel_count_weights_loops_by_trips(compiled, monkeypatch, name, trips):
+    """Whole-kernel count = instructions outside the loop + each loop copy's body x its trips; the
+    trips of a source loop go to the unrolled main copy (whole SASS iterations) and the rest to
+    the remainder copy."""
+    monkeypatch.setitem(sr.EXTRA_SOURCES, "tiny.cu", compiled["src"])
+    monkeypatch.setattr(sr, "LOOP_SPECS", [dict(file="tiny.cu", text=r"for \(int i = 0; i < n; \+\+i\)",
+                                                name="loop", step="1", trips="T", elems="1", unit="qkd")])
+    monkeypatch.setattr(sr, "COLD_REGIONS", [])
+    fn = compiled["funcs"][name]
+    loops = sr.find_loops(fn)
+    inst = sr.Instance("test", name, {}, "kFwdThreads", None)
+    per_thread, rows, _, outside = sr.analyse(inst, fn, {"T": trips}, {})
+    in_loops = {i.addr for lp in loops for i in lp.insts}
+    assert outside == sum(1 for i in fn.insts if i.addr not in in_loops)
+    by_unroll = {sr.unroll_factor(lp, 1)[0]: len(lp.insts) for lp in loops}
+    if name == "single":
+        assert set(by_unroll) == {1}
+        expected = outside + trips * by_unroll[1]
+    else:
+        assert set(by_unroll) == {1, 4}, by_unroll  # main loop of 4 and remainder loop
+        expected = outside + (trips // 4) * by_unroll[4] + (trips % 4) * by_unroll[1]
+    assert per_thread == expected
+    for row in rows:  # instructions per element: the body over the elements of one SASS iteration
+        assert row["per_element"] == round(row["static"] / row["unroll"], 2)
