@@ -5,6 +5,7 @@
     python scripts/benchmark_attention.py --quick    # fewer repetitions and sweep sizes
     python scripts/benchmark_attention.py --scaling  # N = 256 ... 16384 at one head shape, with crossovers
     python scripts/benchmark_attention.py --profile  # also the fused op's non-kernel time (torch.profiler)
+    python scripts/benchmark_attention.py --profile-only --shapes small,IWSLT  # that alone, at some shapes
 
 For each shape it prints the median time of forward and of forward+backward (the fast
 implementations timed in alternating rounds, so that they share the machine's load), the peak
@@ -413,6 +414,7 @@ def summarise_profile(events, calls, device):
       fused_launches, other_launches   CUDA: device kernels, copies and fills of each (None on CPU)
       ops               {name: (count, own host us)} per call of every host event outside the kernels
                         (ATen ops, the fused ops' own time, autograd nodes, runtime calls)
+      non_kernel_share  CPU: the median over the calls of host time / call time (CUDA: profile_fused's)
     """
     from torch.autograd import DeviceType
 
@@ -462,14 +464,17 @@ def summarise_profile(events, calls, device):
     else:
         record.update(host_us=statistics.median(t - k for t, k in zip(step_us, kernel_us)),
                       fused_us=statistics.median(kernel_us), other_device_us=None,
-                      fused_launches=None, other_launches=None)
+                      fused_launches=None, other_launches=None,
+                      non_kernel_share=statistics.median(1.0 - k / t for t, k in zip(step_us, kernel_us)))
     return record
 
 
 def profile_fused(shape, device, dtype, power, calls, warmup=3):
     """The fused op's cost outside its kernels at one shape (summarise_profile's record), with
     the median wall time of an unprofiled call (synchronised; the profiler's own cost per event
-    inflates host_us, not wall_us) and the non-kernel share of it, 1 - fused_us / wall_us."""
+    inflates host_us, not wall_us) and, on CUDA, the non-kernel share of it, 1 - fused_us / wall_us
+    (on CPU summarise_profile's, from the same profiled calls: kernel and wall times of separate
+    calls differ by more than the overhead on a loaded machine)."""
     step, tensors = profile_step(shape, device, dtype, power)
     for _ in range(warmup):
         timed_ms(step, tensors, False, device)
@@ -482,7 +487,8 @@ def profile_fused(shape, device, dtype, power, calls, warmup=3):
             t.grad = None
     record = summarise_profile(profiled_events(step, tensors, device, calls), calls, device)
     record["wall_us"] = statistics.median(wall)
-    record["non_kernel_share"] = max(0.0, 1.0 - record["fused_us"] / record["wall_us"])
+    if device == "cuda":
+        record["non_kernel_share"] = max(0.0, 1.0 - record["fused_us"] / record["wall_us"])
     return record
 
 
@@ -512,10 +518,14 @@ def top_ops_line(rec, n=8):
 
 def run_profile(args, dtype, calls):
     """The --profile table: one row per shape, then each shape's costliest non-kernel events."""
-    kernel = ("the fourierformer:: kernels' device time" if args.device == "cuda"
-              else "the fused ops' own CPU time, their ATen calls excluded")
+    if args.device == "cuda":
+        how = ("fused kernels = the device time of the fourierformer:: kernels; wall = median of "
+               f"{calls} unprofiled synchronised calls; non-kernel share = 1 - fused / wall")
+    else:
+        how = ("fused kernels = the time in the CPU kernels' scopes (the kernel loops); wall = median of "
+               f"{calls} unprofiled calls; non-kernel share = median over the profiled calls of host / (host + fused)")
     print(f"## fused op outside its kernels: forward+backward, {calls} profiled calls per shape "
-          f"(torch.profiler; fused kernels = {kernel}; wall = median of {calls} unprofiled calls)")
+          f"(torch.profiler; host and fused: median per call; {how})")
     print()
     print(PROFILE_HEADER)
     print("|---|---|---|---|---|---|---|---|")
@@ -676,6 +686,7 @@ def main():
     parser.add_argument("--profile", action="store_true",
                         help="after the table, the fused op's ATen ops, launches and time outside its kernels per "
                              "forward+backward call at each shape (torch.profiler; also in --json as 'profile')")
+    parser.add_argument("--profile-only", action="store_true", help="--profile without the speed table")
     parser.add_argument("--scaling", action="store_true",
                         help="sweep N at one head shape instead, with the sub-quadratic ops' crossover N")
     parser.add_argument("--scaling-shape", default="1,4,64", help="B,H,D of --scaling (default 1,4,64)")
@@ -703,7 +714,7 @@ def main():
     unknown = [i for i in impls if i not in ALL_IMPLS]
     if unknown:
         raise SystemExit(f"--impls: unknown {unknown}; choose from {ALL_IMPLS}")
-    if args.profile and args.scaling:
+    if (args.profile or args.profile_only) and args.scaling:
         raise SystemExit("--profile goes with the default run's shapes, not with --scaling")
     reason = backend_unavailable_reason(args.device)
     if "fused" in impls and reason:
@@ -717,10 +728,11 @@ def main():
     if args.scaling:
         run_scaling(args, impls, dtype, reps)
     else:
-        records = run_shapes(args, impls, dtype, reps)
+        records = [] if args.profile_only else run_shapes(args, impls, dtype, reps)
         profile = None
-        if args.profile:
-            print()
+        if args.profile or args.profile_only:
+            if records:
+                print()
             if reason:
                 print(f"(--profile: the fused {args.device} backend is unavailable: {reason})")
             else:
