@@ -455,6 +455,8 @@ def summarise_profile(events, calls, device):
                   ops={name: (count / calls, statistics.median(us)) for name, (count, us) in own.items()})
     if device == "cuda":
         on_device = [e for e in events if e.device_type == DeviceType.CUDA]
+        if not on_device:
+            raise RuntimeError("the profile holds no device events (torch.profiler without CUPTI?)")
         fused = [e for e in on_device if FUSED_KERNEL_NAMESPACE in e.name]
         other = [e for e in on_device if FUSED_KERNEL_NAMESPACE not in e.name]
         record.update(host_us=statistics.median(step_us),
@@ -507,7 +509,7 @@ PROFILE_HEADER = ("| shape | ATen ops / call (not nested) | other launches / cal
 def profile_row(label, rec):
     return (f"| {label} | {fmt_count(rec['aten_ops'])} ({fmt_count(rec['aten_top'])}) | {fmt_count(rec['other_launches'])} "
             f"| {fmt_us(rec['host_us'])} | {fmt_us(rec['fused_us'])} | {fmt_us(rec['other_device_us'])} "
-            f"| {fmt_us(rec['wall_us'])} | {rec['non_kernel_share']:.0%} |")
+            f"| {fmt_us(rec['wall_us'])} | {rec['non_kernel_share']:.1%} |")
 
 
 def top_ops_line(rec, n=8):
@@ -532,7 +534,12 @@ def run_profile(args, dtype, calls):
     records, details = [], []
     for shape in shapes_for(args):
         label = f"{shape['name']} (B={shape['B']}, H={shape['H']}, N={shape['N']}, D={shape['D']})"
-        rec = profile_fused(shape, args.device, dtype, args.power, calls)
+        try:
+            rec = profile_fused(shape, args.device, dtype, args.power, calls)
+        except RuntimeError as e:  # a row that says why, and the other shapes still run
+            print(f"| {label} | profile failed: {e} | | | | | | |", flush=True)
+            records.append(dict(shape=shape["name"], label=label, causal=shape["causal"], error=str(e)))
+            continue
         print(profile_row(label, rec), flush=True)
         details.append(f"- {shape['name']}: {top_ops_line(rec)}")
         records.append(dict(rec, shape=shape["name"], label=label, causal=shape["causal"]))

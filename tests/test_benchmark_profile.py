@@ -156,6 +156,8 @@ def test_summary_on_a_synthetic_cuda_profile(ba):
         ba.summarise_profile(events, 4, "cuda")
     with pytest.raises(RuntimeError, match="did not run the fused op"):
         ba.summarise_profile([e for e in events if e.name not in ba.FUSED_OPS], 3, "cuda")
+    with pytest.raises(RuntimeError, match="no device events"):
+        ba.summarise_profile([e for e in events if e.device_type == DeviceType.CPU], 3, "cuda")
 
 
 @needs_fused_cpu
