@@ -67,7 +67,7 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, dradius, None, None, None, None, None, None, None
 
 
-class _ForwardFunction(torch.autograd.Function):
+class _FusedFourierAttention(torch.autograd.Function):
     """The forward op's autograd: what torch.library.register_autograd(op, _backward,
     setup_context=_setup_context) registers, less its per-call rebuilding of the op's arguments
     from the schema (torch._library.utils.fill_defaults, about as costly per call as the rest of
@@ -91,7 +91,7 @@ def _forward_autograd(keyset, *args):
     """The forward op's Autograd kernel (args as the dispatcher passes them: normaliser_eps is
     left out when it has its default)."""
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
-        return _ForwardFunction.apply(keyset, *args)
+        return _FusedFourierAttention.apply(keyset, *args)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.fourierformer.fourier_attention_forward.default.redispatch(
             keyset & torch._C._after_autograd_keyset, *args
