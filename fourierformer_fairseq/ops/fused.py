@@ -57,7 +57,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, radius, out, lse, attn_mask, key_bias = ctx.saved_tensors
-    if grad_out is None:  # (set_materialize_grads(False); lse is not differentiable)
+    if grad_out is None:  # (set_materialize_grads(False); gradcheck's undefined-gradient check)
         grad_out = torch.zeros_like(out)
     power, causal, dropout_p, seed, normaliser_eps = ctx.args
     dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
