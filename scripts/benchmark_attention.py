@@ -4,6 +4,8 @@
     python scripts/benchmark_attention.py            # full run (CPU here, CUDA if --device cuda)
     python scripts/benchmark_attention.py --quick    # fewer repetitions and sweep sizes
     python scripts/benchmark_attention.py --scaling  # N = 256 ... 16384 at one head shape, with crossovers
+    python scripts/benchmark_attention.py --profile  # also the fused op's non-kernel time (torch.profiler)
+    python scripts/benchmark_attention.py --profile-only --shapes small,IWSLT  # that alone, at some shapes
 
 For each shape it prints the median time of forward and of forward+backward (the fast
 implementations timed in alternating rounds, so that they share the machine's load), the peak
@@ -22,7 +24,11 @@ extra memory of each, and every time as a ratio to softmax
              values per channel (H x D channels), filter taps for N positions (causal: lags 0..N-1,
              else -(N-1)..N-1), O(N log N); q and k unused
 
-The default run times the first four (--impls adds the sub-quadratic ops to it). --scaling
+The default run times the first four (--impls adds the sub-quadratic ops to it). --profile
+adds, after that table, the fused op's cost outside its kernels, per forward+backward call under
+torch.profiler (see profile_fused): the ATen ops and the device launches outside the fused
+kernels, the host time outside them, the device time of the fused kernels and of everything
+else, and the non-kernel share of the call's wall time. --scaling
 instead sweeps N = 256, 512, ..., 16384 at one head shape (--scaling-shape, default B=1, H=4,
 D=64) for fused, sdpa, performer, fourier_rf and gfnet, without and with the causal mask, forward
 and forward+backward, and prints one table of times, ratios and peak memory and then, for each
@@ -43,6 +49,7 @@ A full run takes about half an hour on a 2-core CPU, mostly in those two baselin
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -341,6 +348,209 @@ def peak_memory(impl, shape, args, dtype, backward):
     return peak_memory_cpu(impl, shape, args, backward)
 
 
+# ----------------------------------------------------------------------------- --profile
+
+#: the fused ops of the extension (csrc/fourier_attention_ops.cpp): the profile must hold them
+FUSED_OPS = ("fourierformer::fourier_attention_forward", "fourierformer::fourier_attention_backward")
+#: on CPU, the record scopes around the kernels' loops (csrc/cpu/fourier_attention_cpu.cpp): their
+#: time is the kernels'; the rest of the fused ops (checks, copies, allocations) is not
+CPU_KERNEL_SCOPES = ("fourierformer::cpu_forward_kernel", "fourierformer::cpu_backward_kernel")
+#: on CUDA a device event is a fused kernel when its name says so (all of them live in this namespace)
+FUSED_KERNEL_NAMESPACE = "fourierformer::"
+#: the record_function label of one profiled forward+backward call
+PROFILE_STEP = "benchmark_attention: fused forward+backward"
+
+
+def profile_step(shape, device, dtype, power):
+    """(step, tensors): one forward+backward call of the fused op on seeded inputs, the output
+    gradient drawn once beforehand, so that the step holds nothing but the op and its backward
+    (no loss, no .sum()). The caller drops the gradients after each step (outside its time)."""
+    from fourierformer_fairseq.ops import fourier_attention
+
+    q, k, v, r = make_inputs(shape, device, dtype, True)
+    backend = "cuda" if device == "cuda" else "cpu"
+    g = torch.Generator().manual_seed(1)
+    dout = torch.randn(shape["B"], shape["H"], shape["N"], shape["D"], generator=g).to(device=device, dtype=dtype)
+
+    def step():
+        out = fourier_attention(q, k, v, r, power=power, causal=shape["causal"], backend=backend)
+        torch.autograd.backward(out, dout)
+
+    return step, (q, k, v, r)
+
+
+def profiled_events(step, tensors, device, calls):
+    """torch.profiler's events of ``calls`` steps, each under the PROFILE_STEP label and followed
+    (outside it) by a synchronisation and the gradients' reset."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            with record_function(PROFILE_STEP):
+                step()
+            sync(device)
+            for t in tensors:
+                t.grad = None
+    return prof.events()
+
+
+def summarise_profile(events, calls, device):
+    """Per-call counts and times (microseconds) of a profile of ``calls`` steps (profiled_events).
+    Counts are the mean per call (they do not vary); host times the median over the calls (a
+    busy machine preempts some of them); device times the mean.
+
+      aten_ops          ATen ops outside the fused kernels: every aten:: event, nested ones included
+                        (each is one dispatch), also those the fused ops' C++ calls
+      aten_top          those not called by another ATen op (what the Python wrapper, the autograd
+                        engine and the fused ops' C++ call directly)
+      host_us           the call's host time outside the fused kernels: on CPU its time less that of
+                        the kernel scopes (CPU_KERNEL_SCOPES), on CUDA all of it (the kernels run on
+                        the device)
+      fused_us          the fused kernels: on CPU the kernel scopes' time, on CUDA the device time of
+                        the kernels of the fourierformer:: namespace
+      other_device_us   CUDA: the device time of every other kernel, copy and fill (None on CPU)
+      fused_launches, other_launches   CUDA: device kernels, copies and fills of each (None on CPU)
+      ops               {name: (count, own host us)} per call of every host event outside the kernels
+                        (ATen ops, the fused ops' own time, autograd nodes, runtime calls)
+      non_kernel_share  CPU: the median over the calls of host time / call time (CUDA: profile_fused's)
+    """
+    from torch.autograd import DeviceType
+
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    steps = sorted((e for e in host if e.name == PROFILE_STEP), key=lambda e: e.time_range.start)
+    if len(steps) != calls:
+        raise RuntimeError(f"the profile holds {len(steps)} steps, expected {calls}")
+    if not any(e.name in FUSED_OPS for e in host):
+        raise RuntimeError(f"no {' or '.join(FUSED_OPS)} in the profile: the call did not run the fused op")
+    starts = [e.time_range.start for e in steps]
+
+    def step_of(e):  # the step whose time holds e's start (the backward may run on another thread)
+        i = bisect.bisect_right(starts, e.time_range.start) - 1
+        return i if i >= 0 and e.time_range.start <= steps[i].time_range.end else None
+
+    scopes = [e for e in host if e.name in CPU_KERNEL_SCOPES]
+    if device != "cuda" and not scopes:
+        raise RuntimeError(f"no {' or '.join(CPU_KERNEL_SCOPES)} in the profile: the extension predates "
+                           "its kernel scopes; rebuild it")
+    kernel_us = [0.0] * calls
+    for e in scopes:
+        i = step_of(e)
+        if i is not None:
+            kernel_us[i] += e.time_range.elapsed_us()
+    aten = [e for e in host if e.name.startswith("aten::")]
+    aten_top = [e for e in aten if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+    own = {}  # name -> [count, own us in each step]
+    for e in host:
+        if e.name == PROFILE_STEP or e.name in CPU_KERNEL_SCOPES:
+            continue
+        i = step_of(e)
+        entry = own.setdefault(e.name, [0, [0.0] * calls])
+        entry[0] += 1
+        if i is not None:
+            entry[1][i] += e.self_cpu_time_total
+    step_us = [e.time_range.elapsed_us() for e in steps]
+    record = dict(calls=calls, aten_ops=len(aten) / calls, aten_top=len(aten_top) / calls,
+                  ops={name: (count / calls, statistics.median(us)) for name, (count, us) in own.items()})
+    if device == "cuda":
+        on_device = [e for e in events if e.device_type == DeviceType.CUDA]
+        if not on_device:
+            raise RuntimeError("the profile holds no device events (torch.profiler without CUPTI?)")
+        fused = [e for e in on_device if FUSED_KERNEL_NAMESPACE in e.name]
+        other = [e for e in on_device if FUSED_KERNEL_NAMESPACE not in e.name]
+        record.update(host_us=statistics.median(step_us),
+                      fused_us=sum(e.time_range.elapsed_us() for e in fused) / calls,
+                      other_device_us=sum(e.time_range.elapsed_us() for e in other) / calls,
+                      fused_launches=len(fused) / calls, other_launches=len(other) / calls)
+    else:
+        record.update(host_us=statistics.median(t - k for t, k in zip(step_us, kernel_us)),
+                      fused_us=statistics.median(kernel_us), other_device_us=None,
+                      fused_launches=None, other_launches=None,
+                      non_kernel_share=statistics.median(1.0 - k / t for t, k in zip(step_us, kernel_us)))
+    return record
+
+
+def profile_fused(shape, device, dtype, power, calls, warmup=3):
+    """The fused op's cost outside its kernels at one shape (summarise_profile's record), with
+    the median wall time of an unprofiled call (synchronised; the profiler's own cost per event
+    inflates host_us, not wall_us) and, on CUDA, the non-kernel share of it, 1 - fused_us / wall_us
+    (on CPU summarise_profile's, from the same profiled calls: kernel and wall times of separate
+    calls differ by more than the overhead on a loaded machine)."""
+    step, tensors = profile_step(shape, device, dtype, power)
+    for _ in range(warmup):
+        timed_ms(step, tensors, False, device)
+        for t in tensors:
+            t.grad = None
+    wall = []
+    for _ in range(calls):
+        wall.append(timed_ms(step, tensors, False, device) * 1e3)
+        for t in tensors:
+            t.grad = None
+    record = summarise_profile(profiled_events(step, tensors, device, calls), calls, device)
+    record["wall_us"] = statistics.median(wall)
+    if device == "cuda":
+        record["non_kernel_share"] = max(0.0, 1.0 - record["fused_us"] / record["wall_us"])
+    return record
+
+
+def fmt_count(x):
+    return "-" if x is None else (f"{x:.0f}" if x == int(x) else f"{x:.1f}")
+
+
+def fmt_us(x):
+    return "-" if x is None else f"{x:.0f}"
+
+
+PROFILE_HEADER = ("| shape | ATen ops / call (not nested) | other launches / call | host us / call outside kernels "
+                  "| fused kernels us / call | other device us / call | wall us / call | non-kernel share |")
+
+
+def profile_row(label, rec):
+    return (f"| {label} | {fmt_count(rec['aten_ops'])} ({fmt_count(rec['aten_top'])}) | {fmt_count(rec['other_launches'])} "
+            f"| {fmt_us(rec['host_us'])} | {fmt_us(rec['fused_us'])} | {fmt_us(rec['other_device_us'])} "
+            f"| {fmt_us(rec['wall_us'])} | {rec['non_kernel_share']:.1%} |")
+
+
+def top_ops_line(rec, n=8):
+    """The host events outside the fused ops that cost the most, per call: 'name xcount (us)'."""
+    top = sorted(rec["ops"].items(), key=lambda kv: -kv[1][1])[:n]
+    return ", ".join(f"{name} x{fmt_count(count)} ({us:.0f} us)" for name, (count, us) in top)
+
+
+def run_profile(args, dtype, calls):
+    """The --profile table: one row per shape, then each shape's costliest non-kernel events."""
+    if args.device == "cuda":
+        how = ("fused kernels = the device time of the fourierformer:: kernels; wall = median of "
+               f"{calls} unprofiled synchronised calls; non-kernel share = 1 - fused / wall")
+    else:
+        how = ("fused kernels = the time in the CPU kernels' scopes (the kernel loops); wall = median of "
+               f"{calls} unprofiled calls; non-kernel share = median over the profiled calls of host / (host + fused)")
+    print(f"## fused op outside its kernels: forward+backward, {calls} profiled calls per shape "
+          f"(torch.profiler; host and fused: median per call; {how})")
+    print()
+    print(PROFILE_HEADER)
+    print("|---|---|---|---|---|---|---|---|")
+    records, details = [], []
+    for shape in shapes_for(args):
+        label = f"{shape['name']} (B={shape['B']}, H={shape['H']}, N={shape['N']}, D={shape['D']})"
+        try:
+            rec = profile_fused(shape, args.device, dtype, args.power, calls)
+        except RuntimeError as e:  # a row that says why, and the other shapes still run
+            print(f"| {label} | profile failed: {e} | | | | | | |", flush=True)
+            records.append(dict(shape=shape["name"], label=label, causal=shape["causal"], error=str(e)))
+            continue
+        print(profile_row(label, rec), flush=True)
+        details.append(f"- {shape['name']}: {top_ops_line(rec)}")
+        records.append(dict(rec, shape=shape["name"], label=label, causal=shape["causal"]))
+    print()
+    print("Costliest host events outside the fused kernels, per call (own time under the profiler):")
+    print()
+    for line in details:
+        print(line)
+    return records
+
+
 # ----------------------------------------------------------------------------- --scaling
 
 #: (causal, backward) groups of the scaling table, in their order, and their names
@@ -480,6 +690,10 @@ def main():
     parser.add_argument("--impls", default=None,
                         help=f"comma-separated subset of {ALL_IMPLS} (default {','.join(IMPLS)}; "
                              f"with --scaling {','.join(SCALING_IMPLS)})")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the table, the fused op's ATen ops, launches and time outside its kernels per "
+                             "forward+backward call at each shape (torch.profiler; also in --json as 'profile')")
+    parser.add_argument("--profile-only", action="store_true", help="--profile without the speed table")
     parser.add_argument("--scaling", action="store_true",
                         help="sweep N at one head shape instead, with the sub-quadratic ops' crossover N")
     parser.add_argument("--scaling-shape", default="1,4,64", help="B,H,D of --scaling (default 1,4,64)")
@@ -507,6 +721,8 @@ def main():
     unknown = [i for i in impls if i not in ALL_IMPLS]
     if unknown:
         raise SystemExit(f"--impls: unknown {unknown}; choose from {ALL_IMPLS}")
+    if (args.profile or args.profile_only) and args.scaling:
+        raise SystemExit("--profile goes with the default run's shapes, not with --scaling")
     reason = backend_unavailable_reason(args.device)
     if "fused" in impls and reason:
         print(f"fused {args.device} backend unavailable ({reason}); dropping it", file=sys.stderr)
@@ -519,11 +735,19 @@ def main():
     if args.scaling:
         run_scaling(args, impls, dtype, reps)
     else:
-        records = run_shapes(args, impls, dtype, reps)
+        records = [] if args.profile_only else run_shapes(args, impls, dtype, reps)
+        profile = None
+        if args.profile or args.profile_only:
+            if records:
+                print()
+            if reason:
+                print(f"(--profile: the fused {args.device} backend is unavailable: {reason})")
+            else:
+                profile = run_profile(args, dtype, reps)
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"device": device_name, "dtype": args.dtype, "power": args.power, "reps": reps,
-                           "torch": torch.__version__, "rows": records}, fh, indent=1)
+                           "torch": torch.__version__, "rows": records, "profile": profile}, fh, indent=1)
     return 0
 
 

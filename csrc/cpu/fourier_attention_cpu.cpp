@@ -3,6 +3,7 @@
 // kernels of fourier_cpu_kernel.inc for the best instruction set of this CPU (isa_dispatch.cpp);
 // float64 runs the scalar loops of scalar_f64.h (same math, with sin and log per element).
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -73,6 +74,11 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   s.log_eps = c.log_eps;
   return s;
 }
+
+// The names of the kernels' record scopes (torch.profiler events; scripts/benchmark_attention.py
+// --profile counts their time as the kernels')
+constexpr const char* kCpuForwardKernelScope = "fourierformer::cpu_forward_kernel";
+constexpr const char* kCpuBackwardKernelScope = "fourierformer::cpu_backward_kernel";
 
 using cpu::for_each_slice_balanced;
 using cpu::kKeptWorkspaceFloats;
@@ -147,18 +153,22 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, c.q.options());
   // lse is float64 for every input dtype (see KernelTable::forward)
   at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, c.q.options().dtype(at::kDouble));
-  if (dtype == at::kFloat) {
-    const cpu::KernelTable& kernels = cpu::best_kernels();
-    for_each_float32_slice(c, kernels.forward_workspace(sh.N, sh.M, sh.D, sh.Dv),
-                           [&](const cpu::SliceArgs& s, int64_t bh, float* ws) {
-                             kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv,
-                                             lse.data_ptr<double>() + bh * sh.N, ws);
-                           });
-  } else {
-    for_each_float64_slice(c, [&](const cpu::ScalarSlice<double>& s, int64_t bh) {
-      std::vector<double> row;
-      s.forward(out.data_ptr<double>() + bh * sh.N * sh.Dv, lse.data_ptr<double>() + bh * sh.N, row);
-    });
+  {
+    // the kernels' own time under torch.profiler, apart from the op's checks, copies and allocations
+    RECORD_FUNCTION(kCpuForwardKernelScope, std::vector<c10::IValue>());
+    if (dtype == at::kFloat) {
+      const cpu::KernelTable& kernels = cpu::best_kernels();
+      for_each_float32_slice(c, kernels.forward_workspace(sh.N, sh.M, sh.D, sh.Dv),
+                             [&](const cpu::SliceArgs& s, int64_t bh, float* ws) {
+                               kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv,
+                                               lse.data_ptr<double>() + bh * sh.N, ws);
+                             });
+    } else {
+      for_each_float64_slice(c, [&](const cpu::ScalarSlice<double>& s, int64_t bh) {
+        std::vector<double> row;
+        s.forward(out.data_ptr<double>() + bh * sh.N * sh.Dv, lse.data_ptr<double>() + bh * sh.N, row);
+      });
+    }
   }
   scale_by_null_key(out, lse, log_eps);
   return {out, lse};
@@ -184,10 +194,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
   const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
   at::Tensor dq = at::empty_like(c.q), dk = at::empty_like(c.k), dv = at::empty_like(c.v);
   at::Tensor dradius_slices = at::empty({sh.B, sh.H, sh.D}, c.q.options());
-  if (dtype == at::kFloat)
-    backward_slices<float>(c, out, lse, dout, dq, dk, dv, dradius_slices);
-  else
-    backward_slices<double>(c, out, lse, dout, dq, dk, dv, dradius_slices);
+  {
+    RECORD_FUNCTION(kCpuBackwardKernelScope, std::vector<c10::IValue>());
+    if (dtype == at::kFloat)
+      backward_slices<float>(c, out, lse, dout, dq, dk, dv, dradius_slices);
+    else
+      backward_slices<double>(c, out, lse, dout, dq, dk, dv, dradius_slices);
+  }
   return {dq, dk, dv, dradius_slices.sum(0)};
 }
 

@@ -52,10 +52,13 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, radius, out, lse, attn_mask, key_bias)
     ctx.args = (power, causal, dropout_p, seed, normaliser_eps)
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros to allocate and fill)
 
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, radius, out, lse, attn_mask, key_bias = ctx.saved_tensors
+    if grad_out is None:  # (set_materialize_grads(False); gradcheck's undefined-gradient check)
+        grad_out = torch.zeros_like(out)
     power, causal, dropout_p, seed, normaliser_eps = ctx.args
     dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
         grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
@@ -64,14 +67,44 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, dradius, None, None, None, None, None, None, None
 
 
+class _FusedFourierAttention(torch.autograd.Function):
+    """The forward op's autograd: what torch.library.register_autograd(op, _backward,
+    setup_context=_setup_context) registers, less its per-call rebuilding of the op's arguments
+    from the schema (torch._library.utils.fill_defaults, about as costly per call as the rest of
+    the Python around the kernels together)."""
+
+    @staticmethod
+    def forward(ctx, keyset, *args):
+        with torch._C._AutoDispatchBelowAutograd():
+            output = torch.ops.fourierformer.fourier_attention_forward.default.redispatch(
+                keyset & torch._C._after_autograd_keyset, *args
+            )
+        _setup_context(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return (None,) + _backward(ctx, grad_out, grad_lse)
+
+
+def _forward_autograd(keyset, *args):
+    """The forward op's Autograd kernel (args as the dispatcher passes them: normaliser_eps is
+    left out when it has its default)."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        return _FusedFourierAttention.apply(keyset, *args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.fourierformer.fourier_attention_forward.default.redispatch(
+            keyset & torch._C._after_autograd_keyset, *args
+        )
+
+
 # The ops exist only when the extension has loaded; without it their names stay free (the CUDA
 # host emulation defines them from a library of its own).
 if extension_status().loaded:
     torch.library.register_fake("fourierformer::fourier_attention_forward")(_forward_fake)
     torch.library.register_fake("fourierformer::fourier_attention_backward")(_backward_fake)
-    torch.library.register_autograd(
-        "fourierformer::fourier_attention_forward", _backward, setup_context=_setup_context
-    )
+    _LIBRARY = torch.library.Library("fourierformer", "IMPL")  # (its registrations last as long as it)
+    _LIBRARY.impl("fourier_attention_forward", _forward_autograd, "Autograd", with_keyset=True)
 
 
 def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None = None) -> torch.Tensor:
@@ -79,7 +112,8 @@ def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None =
     inp.v (see fused_weights)."""
     assert extension_status().loaded
     compute = _compute_dtype(inp.q.dtype)
-    radius = inp.radius_hd.to(compute).contiguous()
+    radius = inp.radius_hd if inp.radius_hd.dtype == compute else inp.radius_hd.to(compute)
+    radius = radius.contiguous()
     # bool masks go as they are: the kernels learn from the dtype that they only select
     attn_mask = inp.attn_mask
     if attn_mask is not None and attn_mask.dtype != torch.bool:

@@ -51,13 +51,8 @@ def expand_radius(radius: torch.Tensor, num_heads: int, head_dim: int) -> torch.
             f"radius has shape {shape}; expected a scalar, (H, 1) = ({num_heads}, 1) per head, "
             f"(D,) = ({head_dim},) or (H, D) = ({num_heads}, {head_dim}) per feature"
         )
-    if radius.dim() == 2:
-        table = radius
-    elif radius.dim() == 1:
-        table = radius.reshape(1, -1)
-    else:
-        table = radius.reshape(1, 1)
-    return table.expand(num_heads, head_dim)
+    # every allowed shape broadcasts to (H, D) as it is (no reshape: one view, one backward node)
+    return radius.expand(num_heads, head_dim)
 
 
 def radius_parameter_shape(radius_shape: str, num_heads: int, head_dim: int) -> Tuple[int, ...]:
