@@ -31,7 +31,8 @@ SMALL_MODEL = [
     "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
     "--share-decoder-input-output-embed",
 ]
-# the recipe (Adam lr 2e-3, inverse-sqrt warm-up 50, label smoothing 0.1), 28 updates an epoch
+# the recipe of docs/published-model.md, "At small width" (Adam lr 2e-3, inverse-sqrt warm-up 50, label
+# smoothing 0.1): 28 updates an epoch
 RECIPE = [
     "--dropout", "0.1", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", "2e-3",
     "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--criterion", "label_smoothed_cross_entropy",
