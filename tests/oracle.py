@@ -15,6 +15,9 @@ API (q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv); radius a scalar, (H, 1), (
     oracle_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False)
         -> out (B, H, N, Dv), float64, differentiable w.r.t. every input that requires grad.
            For float64 gradients pass float64 leaves (or use ``oracle_gradients``).
+           ``dropout_scale`` (B, H, N, M), optional: dropout's factor f_ij of each normalised
+           weight (0 where dropped, 1 / (1 - p) where kept; the test draws the kernels' mask),
+           out_i = sum_j P_ij f_ij v_j (also in plain_attention and oracle_gradient_scales).
     oracle_weights(...same arguments but v...) -> normalised weights (B, H, N, M), float64.
     oracle_gradients(q, k, v, radius, grad_out, **same keywords)
         -> (out, dq, dk, dv, dradius): all float64, computed on float64 copies of the inputs.
@@ -153,11 +156,16 @@ def oracle_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None,
                     normaliser_eps)
 
 
+def _dropped(P, dropout_scale):
+    """P times the dropout factors f_ij (0 where dropped, 1 / (1 - p) where kept), if any."""
+    return P if dropout_scale is None else P * dropout_scale.to(P.dtype)
+
+
 def oracle_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False,
-                     normaliser_eps=0.0):
+                     normaliser_eps=0.0, dropout_scale=None):
     """out (B, H, N, Dv) in float64, differentiable (see the module docstring)."""
     P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)
-    return torch.matmul(P, v.to(torch.float64))
+    return torch.matmul(_dropped(P, dropout_scale), v.to(torch.float64))
 
 
 def plain_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, normaliser_eps=0.0):
@@ -167,12 +175,12 @@ def plain_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, 
 
 
 def plain_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, series=False,
-                    normaliser_eps=0.0):
+                    normaliser_eps=0.0, dropout_scale=None):
     """The formula in q's dtype, the plain way (see the module docstring); with series=True,
     log|sinc| takes the oracle's series below |x| = 1e-3 (in q's dtype)."""
     log_abs_sinc = _log_abs_sinc_oracle if series else _log_abs_sinc_plain
     P = _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_sinc, q.dtype, normaliser_eps)
-    return torch.matmul(P, v.to(q.dtype))
+    return torch.matmul(_dropped(P, dropout_scale), v.to(q.dtype))
 
 
 def _gradients(fn, dtype, q, k, v, radius, grad_out, **kwargs):
@@ -201,7 +209,7 @@ def _dlog_sinc(x: torch.Tensor) -> torch.Tensor:
 
 
 def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padding_mask=None, causal=False,
-                           normaliser_eps=0.0):
+                           normaliser_eps=0.0, dropout_scale=None):
     """Scales of (out, dq, dk, dv, dradius): see the module docstring. Floats."""
     f64 = torch.float64
     q, k, v, go = (t.detach().to(f64) for t in (q, k, v, grad_out))
@@ -211,7 +219,8 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
     R = _radius_table(radius, H, D)
     with torch.no_grad():
         P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)  # (B, H, N, M)
-        dP = torch.matmul(go, v.transpose(-1, -2))
+        # with dropout, dS_ij = P_ij (f_ij dP_ij - Delta_i), Delta_i = sum_j P_ij f_ij dP_ij
+        dP = _dropped(torch.matmul(go, v.transpose(-1, -2)), dropout_scale)
         delta = (P * dP).sum(-1, keepdim=True)
         A = P * (dP.abs() + delta.abs())  # (B, H, N, M)
         diff = q.unsqueeze(3) - k.unsqueeze(2)  # (B, H, N, M, D)
@@ -237,8 +246,8 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
             dr = dr.sum(1)
         elif shape in ((D,), (1, D)):
             dr = dr.sum(0)
-        out = torch.matmul(P, v.abs())
-        dv = torch.matmul(P.transpose(-1, -2), go.abs())
+        out = torch.matmul(_dropped(P, dropout_scale), v.abs())
+        dv = torch.matmul(_dropped(P, dropout_scale).transpose(-1, -2), go.abs())
     return tuple(t.abs().max().item() if t.numel() else 0.0 for t in (out, dq, dk, dv, dr))
 
 

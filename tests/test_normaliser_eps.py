@@ -23,8 +23,8 @@ from fourierformer_fairseq.ops.reference import fourier_attention_reference
 
 CPU_FUSED = not backend_unavailable_reason("cpu")
 needs_cpu_kernel = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
-BACKENDS = [("reference", torch.float64), ("reference", torch.float32)] + (
-    [("cpu", torch.float32), ("cpu", torch.float64)] if CPU_FUSED else [])
+BACKENDS = [pytest.param(b, d, id=f"{b}_{str(d)[6:]}") for b, d in [("reference", torch.float64), ("reference", torch.float32)] + (
+    [("cpu", torch.float32), ("cpu", torch.float64)] if CPU_FUSED else [])]
 
 
 def inputs(B=2, H=2, N=6, M=9, D=16, Dv=5, std=1.0, seed=0):
