@@ -726,6 +726,51 @@ def test_need_weights_against_the_oracle(backend, mask_kind):
     assert err <= M * EPS32 * v.abs().max().item(), f"{backend} {mask_kind}: out - weights v: {err:.3e}"
 
 
+@needs_cpu_kernel
+@pytest.mark.parametrize("columns", [None, 1, 5, 16], ids=lambda c: f"columns{c}")
+@pytest.mark.parametrize("kind", ["causal_padding", "dropout_null_key"])
+def test_need_weights_in_column_chunks_and_their_gradients(kind, columns, monkeypatch):
+    # fused_weights runs the kernel on chunks of key columns (on CUDA the kernel's value-width
+    # limit; here ops.fused.WEIGHTS_COLUMNS): M = 37 in one chunk, or in chunks of 1, 5 (a
+    # remainder chunk of 2) or 16 columns. The weights and the gradients of sum(weights * G)
+    # w.r.t. q, k and the radius (through each chunk's backward), G random, against the float64
+    # oracle with v the identity (out = P I = P): oracle_mismatches' bound (4 x the plain float32
+    # formula's error + (16, with the null key 16 + p D) eps32 x the terms' scale).
+    from oracle import oracle_mismatches
+
+    from fourierformer_fairseq.ops import fused
+    from fourierformer_fairseq.ops.reference import draw_seed
+
+    monkeypatch.setattr(fused, "WEIGHTS_COLUMNS", columns)
+    B, H, N, M, D = 2, 2, 7, 37, 16
+    q, k, _ = (t.detach() for t in make_inputs(B, H, N, M, D, 1, torch.float32, seed=43))
+    r = make_radius("head_feature", H, D, torch.float32, value=1.5, seed=43).detach()
+    G = torch.randn(B, H, N, M, generator=torch.Generator().manual_seed(44))
+    kwargs = dict(power=4)
+    if kind == "causal_padding":
+        kpm = torch.zeros(B, M, dtype=torch.bool)
+        kpm[0, -5:] = True
+        kpm[1, :3] = True
+        kwargs.update(causal=True, key_padding_mask=kpm)
+    oracle_kwargs = dict(kwargs)
+    if kind == "dropout_null_key":
+        p = 0.3
+        kwargs.update(dropout_p=p, normaliser_eps=1e-3)
+        oracle_kwargs["normaliser_eps"] = 1e-3
+        with torch.random.fork_rng():
+            torch.manual_seed(5)
+            oracle_kwargs["dropout_scale"] = dropout_keep_mask(draw_seed(), (B, H, N, M), p, "cpu").double() / (1 - p)
+    leaves = [t.clone().requires_grad_() for t in (q, k, r)]
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        _, weights = fourier_attention(leaves[0], leaves[1], torch.zeros(B, H, M, 1), leaves[2], need_weights=True,
+                                       backend="cpu", **kwargs)
+    dq, dk, dr = torch.autograd.grad(weights, leaves, G)
+    eye = torch.eye(M).expand(B, H, M, M)
+    bad = oracle_mismatches((weights.detach(), dq, dk, None, dr), q, k, eye, r, G, **oracle_kwargs)
+    assert not bad, f"{kind}, columns {columns}:\n" + "\n".join(bad)
+
+
 def test_odd_power_and_other_phis_run_on_the_reference_only():
     q, k, v = make_inputs(1, 2, 3, 5, 4, 2, torch.float64)
     r = torch.tensor(0.9, dtype=torch.float64)
