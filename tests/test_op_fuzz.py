@@ -375,7 +375,7 @@ def test_every_cpu_kernel_variant_quick(isa):
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa, FOURIERFORMER_FUZZ_STRIDE=str(QUICK_STRIDE), OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-v", "-p", "no:cacheprovider", __file__,
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", __file__,
          os.path.join(here, "test_fourier_attention_op.py"), os.path.join(here, "test_normaliser_eps.py"),
          "-k", QUICK_VARIANT_SELECTION],
         capture_output=True, text=True, timeout=1200, env=env,
