@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle import additive_mask as oracle_additive_mask  # noqa: E402
-from oracle import float64_mismatches, oracle_mismatches  # noqa: E402
+from oracle import float64_mismatches, oracle_gradients, oracle_mismatches  # noqa: E402
 from oracle import _log_abs_sinc_oracle, _scores  # noqa: E402
 
 
@@ -320,6 +320,25 @@ def test_backward_does_not_read_the_stored_output(kind, dtype):
     for name, a, b in zip(("dq", "dk", "dv", "dradius"), *grads):
         assert torch.isfinite(a).all() and a.abs().max() > 0, name
         assert torch.equal(a, b), f"{kind} {dtype}: {name} depends on the stored output"
+
+
+# The bound's null-key term (oracle.null_key_scales: 2 p D eps32 times the rows' signed
+# contributions weighted by the null key's share 1 - m_i) on the fuzz cases where the former
+# term (p D eps32 times the sum of every term's absolute value) was loosest for dradius: it
+# allowed 195, 0.91 and 15 times max |dradius| on seeds 38, 87 and 115 (the whole bound now
+# 4.0, 0.43 and 0.88 times, the rest from the 16 eps32 x scale term); an error of 10, 0.7 and 2
+# times max |dradius| in its largest element must now fail.
+@pytest.mark.parametrize("seed,error", [(38, 10.0), (87, 0.7), (115, 2.0)])
+def test_bound_with_the_null_key_is_tighter_than_every_terms_sum(seed, error):
+    case = draw_case(seed)
+    assert case["kwargs"].get("normaliser_eps", 0) > 0
+    exact = oracle_gradients(*case_args(case), **oracle_kwargs(case))
+    wrong = [t.float() for t in exact]
+    flat = wrong[4].view(-1)
+    top = int(flat.abs().argmax())
+    flat[top] += error * float(flat[top].abs())
+    bad = oracle_mismatches(wrong, *case_args(case), **oracle_kwargs(case))
+    assert [b for b in bad if b.startswith("dradius")], f"{case['label']}: an error of {error} x dradius passes"
 
 
 # The failing reproductions of the issue this fuzz came from, as fixed cases.
