@@ -377,14 +377,16 @@ def test_requested_variant_is_in_use():
 # The fast tier's share of the variant re-runs: under each other variant this CPU can run, in a
 # subprocess, every QUICK_STRIDE-th fuzz case (every class, mask, radius shape and sign, with and
 # without the null key) and the one-key cases here, the op tests that sweep every power, radius
-# shape and mask, and, on the cpu backend in float32, draw the radius through 0 and check
-# need_weights, and tests/test_normaliser_eps.py's float32 cases of the cpu kernel. A variant
+# shape and mask (and p >= 8, finite per-(batch, head) masks), and, on the cpu backend in float32,
+# draw the radius through 0 and check need_weights (also in column chunks), and
+# tests/test_normaliser_eps.py's float32 cases of the cpu kernel. A variant
 # this CPU cannot run is a visible skip (cpu_variants.variant_params). (The full tier re-runs
 # all of this file and the op file's accuracy tests per variant.)
 QUICK_VARIANT_SELECTION = (
     "requested or float32_against_oracle or weight_on_one_key or every_power_radius "
     "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64) "
-    "or stored_output or (test_normaliser_eps and cpu_float32)"
+    "or stored_output or (test_normaliser_eps and cpu_float32) or powers_of_8 or finite_additive_masks "
+    "or column_chunks"
 )
 
 
