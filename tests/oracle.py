@@ -15,6 +15,9 @@ API (q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv); radius a scalar, (H, 1), (
     oracle_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False)
         -> out (B, H, N, Dv), float64, differentiable w.r.t. every input that requires grad.
            For float64 gradients pass float64 leaves (or use ``oracle_gradients``).
+           ``dropout_scale`` (B, H, N, M), optional: dropout's factor f_ij of each normalised
+           weight (0 where dropped, 1 / (1 - p) where kept; the test draws the kernels' mask),
+           out_i = sum_j P_ij f_ij v_j (also in plain_attention and oracle_gradient_scales).
     oracle_weights(...same arguments but v...) -> normalised weights (B, H, N, M), float64.
     oracle_gradients(q, k, v, radius, grad_out, **same keywords)
         -> (out, dq, dk, dv, dradius): all float64, computed on float64 copies of the inputs.
@@ -153,11 +156,16 @@ def oracle_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None,
                     normaliser_eps)
 
 
+def _dropped(P, dropout_scale):
+    """P times the dropout factors f_ij (0 where dropped, 1 / (1 - p) where kept), if any."""
+    return P if dropout_scale is None else P * dropout_scale.to(P.dtype)
+
+
 def oracle_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False,
-                     normaliser_eps=0.0):
+                     normaliser_eps=0.0, dropout_scale=None):
     """out (B, H, N, Dv) in float64, differentiable (see the module docstring)."""
     P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)
-    return torch.matmul(P, v.to(torch.float64))
+    return torch.matmul(_dropped(P, dropout_scale), v.to(torch.float64))
 
 
 def plain_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, normaliser_eps=0.0):
@@ -167,12 +175,12 @@ def plain_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, 
 
 
 def plain_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, series=False,
-                    normaliser_eps=0.0):
+                    normaliser_eps=0.0, dropout_scale=None):
     """The formula in q's dtype, the plain way (see the module docstring); with series=True,
     log|sinc| takes the oracle's series below |x| = 1e-3 (in q's dtype)."""
     log_abs_sinc = _log_abs_sinc_oracle if series else _log_abs_sinc_plain
     P = _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_sinc, q.dtype, normaliser_eps)
-    return torch.matmul(P, v.to(q.dtype))
+    return torch.matmul(_dropped(P, dropout_scale), v.to(q.dtype))
 
 
 def _gradients(fn, dtype, q, k, v, radius, grad_out, **kwargs):
@@ -201,7 +209,7 @@ def _dlog_sinc(x: torch.Tensor) -> torch.Tensor:
 
 
 def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padding_mask=None, causal=False,
-                           normaliser_eps=0.0):
+                           normaliser_eps=0.0, dropout_scale=None):
     """Scales of (out, dq, dk, dv, dradius): see the module docstring. Floats."""
     f64 = torch.float64
     q, k, v, go = (t.detach().to(f64) for t in (q, k, v, grad_out))
@@ -211,7 +219,8 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
     R = _radius_table(radius, H, D)
     with torch.no_grad():
         P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)  # (B, H, N, M)
-        dP = torch.matmul(go, v.transpose(-1, -2))
+        # with dropout, dS_ij = P_ij (f_ij dP_ij - Delta_i), Delta_i = sum_j P_ij f_ij dP_ij
+        dP = _dropped(torch.matmul(go, v.transpose(-1, -2)), dropout_scale)
         delta = (P * dP).sum(-1, keepdim=True)
         A = P * (dP.abs() + delta.abs())  # (B, H, N, M)
         diff = q.unsqueeze(3) - k.unsqueeze(2)  # (B, H, N, M, D)
@@ -237,8 +246,65 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
             dr = dr.sum(1)
         elif shape in ((D,), (1, D)):
             dr = dr.sum(0)
-        out = torch.matmul(P, v.abs())
-        dv = torch.matmul(P.transpose(-1, -2), go.abs())
+        out = torch.matmul(_dropped(P, dropout_scale), v.abs())
+        dv = torch.matmul(_dropped(P, dropout_scale).transpose(-1, -2), go.abs())
+    return tuple(t.abs().max().item() if t.numel() else 0.0 for t in (out, dq, dk, dv, dr))
+
+
+def null_key_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padding_mask=None, causal=False,
+                    normaliser_eps=0.0, dropout_scale=None):
+    """Scales of (out, dq, dk, dv, dradius) for the null key's term of oracle_mismatches' bound.
+
+    With the null key the kernels scale each row by its real keys' share m_i = sigmoid(lse_i -
+    log eps), and their lse_i is off by a few float32 eps per feature and power (absolute), so
+    m_i is off by a relative delta_i <= 2 p D eps32 (1 - m_i). That scales row i's weights P~_ij
+    = m_i P_ij and so its dS_ij = P~_ij (f_ij dP_ij - Delta~_i) by (1 + delta_i), and Delta~_i by
+    (1 + delta_i) once more: row i's part of a gradient moves by delta_i (c_i - e_i), c_i its
+    signed contribution through dS, e_i the signed sum of the terms P~_ij Delta~_i (with the
+    same factors as dS). Hence the scale sum over rows of (1 - m_i) (|c_i| + |e_i|): zero where
+    the null key takes nothing, and signed sums within a row (a row's terms cancel in its
+    contribution exactly as they do in the exact gradient), not sums of absolute values.
+    Floats; all zero without the null key."""
+    if not normaliser_eps > 0:
+        return (0.0,) * 5
+    f64 = torch.float64
+    q, k, v, go = (t.detach().to(f64) for t in (q, k, v, grad_out))
+    radius = radius.detach().to(f64)
+    B, H, N, D = q.shape
+    M = k.shape[2]
+    R = _radius_table(radius, H, D)
+    with torch.no_grad():
+        S = _scores(q, k, radius, power, _log_abs_sinc_oracle) + additive_mask(B, H, N, M, attn_mask,
+                                                                             key_padding_mask, causal)
+        lse = torch.logsumexp(S, -1)
+        seen = torch.isfinite(lse)
+        gap = torch.sigmoid(torch.log(torch.tensor(float(normaliser_eps), dtype=f64)) - lse)  # 1 - m_i
+        gap = torch.where(seen, gap, torch.zeros_like(gap)).unsqueeze(-1)  # (B, H, N, 1)
+        P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)
+        Pf = _dropped(P, dropout_scale)
+        dP = _dropped(torch.matmul(go, v.transpose(-1, -2)), dropout_scale)
+        delta = (P * dP).sum(-1, keepdim=True)
+        dS, E = P * (dP - delta), P * delta  # (B, H, N, M)
+        diff = q.unsqueeze(3) - k.unsqueeze(2)
+        g = _dlog_sinc(R.reshape(1, H, 1, 1, D) * diff)  # (B, H, N, M, D)
+        Rr = R.abs().reshape(1, H, 1, 1, D)
+        # dq: one row per element; dk, dv: one term per row
+        dq = power * (gap * ((dS.unsqueeze(-1) * g).sum(3).abs() + (E.unsqueeze(-1) * g).sum(3).abs())) \
+            * R.abs().reshape(1, H, 1, D)
+        dk = power * (gap.unsqueeze(-1) * Rr * ((dS.unsqueeze(-1) * g).abs() + (E.unsqueeze(-1) * g).abs())).sum(2)
+        dv = torch.matmul((gap * Pf).transpose(-1, -2), go.abs())
+        out = (gap * torch.matmul(Pf, v)).abs()
+        # dradius: row (b, h, i)'s contribution sums over j, and over d where the radius is shared
+        c, e = ((X.unsqueeze(-1) * g * diff).sum(3) for X in (dS, E))  # (B, H, N, D)
+        shape = tuple(radius.shape)
+        if shape in ((), (1,), (1, 1), (H, 1)):
+            c, e = c.sum(-1, keepdim=True), e.sum(-1, keepdim=True)
+        dr = power * (gap * (c.abs() + e.abs())).sum(2)  # (B, H, D or 1)
+        dr = dr.sum(0)
+        if shape in ((), (1,), (1, 1)):
+            dr = dr.sum()
+        elif shape in ((D,), (1, D)):
+            dr = dr.sum(0)
     return tuple(t.abs().max().item() if t.numel() else 0.0 for t in (out, dq, dk, dv, dr))
 
 
@@ -260,15 +326,15 @@ def oracle_mismatches(ours, q, k, v, radius, grad_out, series=True, **kwargs):
     exact = oracle_gradients(*args, **kwargs)
     plain = plain_gradients(*[t.float() for t in args], series=series, **kwargs)
     scales = oracle_gradient_scales(*args, **kwargs)
-    scale_factor = SCALE_FACTOR
-    if kwargs.get("normaliser_eps", 0.0) > 0:
-        # With the null key, each row is scaled by m_i = sigmoid(lse_i - log eps), so the kernels'
-        # absolute error in lse_i (their products of per-feature table ratios: a few eps per
-        # feature and power, also where a plain float32 log-sum is exact, as at a duplicate key)
-        # becomes a relative error (1 - m_i) of everything the row touches: p D eps more.
-        scale_factor += kwargs.get("power", 4) * q.shape[-1]
+    # With the null key, each row is scaled by m_i = sigmoid(lse_i - log eps), so the kernels'
+    # absolute error in lse_i (their products of per-feature table ratios: a few eps per
+    # feature and power, also where a plain float32 log-sum is exact, as at a duplicate key)
+    # becomes a relative error of up to 2 p D eps (1 - m_i) of the row's share (two roundings per
+    # feature, the table ratio and the product, each raised to the power p): null_key_scales.
+    null_factor = 2 * kwargs.get("power", 4) * q.shape[-1]
+    nulls = null_key_scales(*args, **kwargs)
     bad = []
-    for name, a, x, pl, scale in zip(NAMES, ours, exact, plain, scales):
+    for name, a, x, pl, scale, null in zip(NAMES, ours, exact, plain, scales, nulls):
         if a is None:
             continue
         if tuple(a.shape) != tuple(x.shape):
@@ -279,9 +345,10 @@ def oracle_mismatches(ours, q, k, v, radius, grad_out, series=True, **kwargs):
             continue
         err = (a.detach().double() - x).abs().max().item() if a.numel() else 0.0
         perr = (pl.double() - x).abs().max().item() if pl.numel() else 0.0
-        bound = PLAIN_FACTOR * perr + scale_factor * EPS32 * scale + UNDERFLOW
+        bound = PLAIN_FACTOR * perr + SCALE_FACTOR * EPS32 * scale + null_factor * EPS32 * null + UNDERFLOW
         if not err <= bound:
-            bad.append(f"{name}: error {err:.3e} > 4 x plain {perr:.3e} + {scale_factor:g} eps x scale {scale:.3e}")
+            bad.append(f"{name}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps x scale {scale:.3e}"
+                       + (f" + {null_factor:g} eps x null-key scale {null:.3e}" if null else ""))
     return bad
 
 

@@ -351,3 +351,39 @@ def test_head_dim_limit():
     radius = torch.ones(1, 257, device=DEV)
     with pytest.raises(RuntimeError, match="head dims"):
         torch.ops.fourierformer.fourier_attention_forward(q, q, q, radius, 4.0, None, None, False, 0.0, 0)
+
+
+@pytest.mark.parametrize("columns", [None, 7], ids=lambda c: f"columns{c}")
+@pytest.mark.parametrize("kind", ["causal_padding", "dropout_null_key"])
+def test_need_weights_and_their_gradients_match_reference(kind, columns, monkeypatch):
+    """need_weights on CUDA: M = 300 keys, more than the kernel's value width (256), so the
+    weights come in chunks of columns (fused_weights) even at the default; columns 7 makes 43
+    of them. The weights and the gradients of sum(weights * G) w.r.t. q, k and the radius,
+    G random, against the float64 reference, within this file's rule (2x the float32
+    reference's error on the GPU + ATOL)."""
+    from fourierformer_fairseq.ops import fused
+
+    monkeypatch.setattr(fused, "WEIGHTS_COLUMNS", columns)
+    B, H, N, M, D = 2, 2, 33, 300, 16
+    base = _problem(B, H, N, M, D, 1, "full", "padding" if kind == "causal_padding" else "none", seed=21)
+    kw = dict(power=4, causal=True) if kind == "causal_padding" else dict(power=4, dropout_p=0.3, normaliser_eps=1e-3)
+    G = torch.randn(B, H, N, M, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
+
+    def run(fn, dtype):
+        q, k = (base[n].to(DEV, dtype, copy=True).requires_grad_(True) for n in ("q", "k"))
+        radius = base["radius"].to(DEV, torch.float64 if dtype == torch.float64 else torch.float32,
+                                   copy=True).requires_grad_(True)
+        torch.manual_seed(9)  # the dropout seed, drawn from torch's CPU generator by every backend
+        _, w = fn(q, k, base["v"].to(DEV, dtype), radius, attn_mask=base["attn_mask"],
+                  key_padding_mask=base["key_padding_mask"], need_weights=True, **kw)
+        w.backward(G.to(DEV, w.dtype))
+        return [t.detach().double() for t in (w, q.grad, k.grad, radius.grad)]
+
+    ref = run(fourier_attention_reference, torch.float64)
+    same = run(fourier_attention_reference, torch.float32)
+    got = run(_cuda, torch.float32)
+    for name, g, s, r in zip(("weights", "dq", "dk", "dradius"), got, same, ref):
+        assert g.shape == r.shape and torch.isfinite(g).all(), name
+        e_kernel, e_same = _rel(g, r), _rel(s, r)
+        bound = 2 * e_same + ATOL[torch.float32]
+        assert e_kernel <= bound, f"{kind} columns {columns}: {name}: kernel error {e_kernel:.2e} > {bound:.2e}"

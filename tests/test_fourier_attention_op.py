@@ -93,7 +93,9 @@ def test_cpu_forward_float32_matches_float64_reference(N, M, D):
     # (by the case's place in SIZES: case % 3 is (N + D) % 3 for these sizes, never 1, so p = 4
     # never ran)
     power = (2, 4, 6)[SIZES.index((N, M, D)) % 3]
-    causal = N <= M and case % 2 == 0
+    # (by (case // 4) % 2, not case % 2: with case % 4 choosing the radius shape, case % 2 ran
+    # causal with the scalar and per-feature radii only)
+    causal = N <= M and (case // 4) % 2 == 0
     B, H, Dv = 2, 2, 5 if D != 16 else 16
     q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float32, seed=case)
     r = make_radius(radius_kind, H, D, torch.float32, value=1.0 / math.sqrt(max(D, 1) / 16))
@@ -244,6 +246,44 @@ def test_cpu_every_power_radius_shape_and_mask(power, radius_kind, mask_kind):
     grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(3))
     assert_matches_oracle(q, k, v, r, grad_out, f"{radius_kind} {mask_kind}", power=power,
                           **mask_kwargs(mask_kind, B, N, M))
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("mask_kind", ["causal_padded", "additive"])
+@pytest.mark.parametrize("radius_kind", ["scalar", "head_feature"])
+@pytest.mark.parametrize("power", [8, 10, 16])
+def test_cpu_powers_of_8_and_more(power, radius_kind, mask_kind):
+    # the kernels take every even p (sinc^p by repeated squaring, p log|sinc| in the log domain):
+    # p >= 8, forward and the four gradients against the oracle
+    B, H, N, M, D, Dv = 2, 2, 19, 37, 16, 5
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=power + len(radius_kind)))
+    r = make_radius(radius_kind, H, D, torch.float32, value=1.0).detach()
+    grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(power))
+    assert_matches_oracle(q, k, v, r, grad_out, f"{radius_kind} {mask_kind}", power=power,
+                          **mask_kwargs(mask_kind, B, N, M))
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("form", ["BH_N_M", "B_H_N_M", "B_1_N_M", "1_H_N_M"])
+def test_cpu_finite_additive_masks_per_batch_and_head(form):
+    # additive masks with finite values (and some -inf) that differ per (batch, head), in every
+    # accepted form: (B*H, N, M), (B, H, N, M), (B, 1, N, M) and (1, H, N, M), with padding and
+    # causality on top; forward and gradients against the oracle, which reads the same mask
+    B, H, N, M, D, Dv = 2, 3, 9, 21, 16, 4
+    g = torch.Generator().manual_seed(len(form))
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=len(form)))
+    r = make_radius("head", H, D, torch.float32, value=1.5).detach()
+    shape = {"BH_N_M": (B * H, N, M), "B_H_N_M": (B, H, N, M), "B_1_N_M": (B, 1, N, M), "1_H_N_M": (1, H, N, M)}[form]
+    mask = torch.randn(shape, generator=g) * 3
+    mask[torch.rand(shape, generator=g) < 0.15] = float("-inf")
+    kpm = torch.zeros(B, M, dtype=torch.bool)
+    kpm[1, -4:] = True
+    grad_out = torch.randn(B, H, N, Dv, generator=g)
+    assert_matches_oracle(q, k, v, r, grad_out, form, power=4, attn_mask=mask, key_padding_mask=kpm, causal=True)
+    # a mask that is the same for every (batch, head) would not see a kernel that reads one slice
+    # for all: the slices here differ
+    flat = mask.reshape(-1, N, M)
+    assert not torch.equal(flat[0], flat[-1])
 
 
 @needs_cpu_kernel
@@ -726,6 +766,83 @@ def test_need_weights_against_the_oracle(backend, mask_kind):
     assert err <= M * EPS32 * v.abs().max().item(), f"{backend} {mask_kind}: out - weights v: {err:.3e}"
 
 
+@needs_cpu_kernel
+@pytest.mark.parametrize("columns", [None, 1, 5, 16], ids=lambda c: f"columns{c}")
+@pytest.mark.parametrize("kind", ["causal_padding", "dropout_null_key"])
+def test_need_weights_in_column_chunks_and_their_gradients(kind, columns, monkeypatch):
+    # fused_weights runs the kernel on chunks of key columns (on CUDA the kernel's value-width
+    # limit; here ops.fused.WEIGHTS_COLUMNS): M = 37 in one chunk, or in chunks of 1, 5 (a
+    # remainder chunk of 2) or 16 columns. The weights and the gradients of sum(weights * G)
+    # w.r.t. q, k and the radius (through each chunk's backward), G random, against the float64
+    # oracle with v the identity (out = P I = P): oracle_mismatches' bound (4 x the plain float32
+    # formula's error + (16, with the null key 16 + p D) eps32 x the terms' scale).
+    from oracle import oracle_mismatches
+
+    from fourierformer_fairseq.ops import fused
+    from fourierformer_fairseq.ops.reference import draw_seed
+
+    monkeypatch.setattr(fused, "WEIGHTS_COLUMNS", columns)
+    B, H, N, M, D = 2, 2, 7, 37, 16
+    q, k, _ = (t.detach() for t in make_inputs(B, H, N, M, D, 1, torch.float32, seed=43))
+    r = make_radius("head_feature", H, D, torch.float32, value=1.5, seed=43).detach()
+    G = torch.randn(B, H, N, M, generator=torch.Generator().manual_seed(44))
+    kwargs = dict(power=4)
+    if kind == "causal_padding":
+        kpm = torch.zeros(B, M, dtype=torch.bool)
+        kpm[0, -5:] = True
+        kpm[1, :3] = True
+        kwargs.update(causal=True, key_padding_mask=kpm)
+    oracle_kwargs = dict(kwargs)
+    if kind == "dropout_null_key":
+        p = 0.3
+        kwargs.update(dropout_p=p, normaliser_eps=1e-3)
+        oracle_kwargs["normaliser_eps"] = 1e-3
+        with torch.random.fork_rng():
+            torch.manual_seed(5)
+            oracle_kwargs["dropout_scale"] = dropout_keep_mask(draw_seed(), (B, H, N, M), p, "cpu").double() / (1 - p)
+    leaves = [t.clone().requires_grad_() for t in (q, k, r)]
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        _, weights = fourier_attention(leaves[0], leaves[1], torch.zeros(B, H, M, 1), leaves[2], need_weights=True,
+                                       backend="cpu", **kwargs)
+    dq, dk, dr = torch.autograd.grad(weights, leaves, G)
+    eye = torch.eye(M).expand(B, H, M, M)
+    bad = oracle_mismatches((weights.detach(), dq, dk, None, dr), q, k, eye, r, G, **oracle_kwargs)
+    assert not bad, f"{kind}, columns {columns}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("op", ["fourier_reference", "fourier_cpu", "gaussian"])
+def test_need_weights_are_the_weights_after_dropout_in_every_op(op):
+    # One contract for the weights need_weights returns (fourier_attention's docstring): after
+    # dropout, as applied to v, so out = weights v; zero where the mask drops, the weights
+    # without dropout over (1 - p) where it keeps. The Gaussian ablation keeps it too.
+    from fourierformer_fairseq.ops.gaussian import gaussian_attention
+    from fourierformer_fairseq.ops.reference import draw_seed
+
+    if op == "fourier_cpu" and not CPU_FUSED:
+        pytest.skip(f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
+    B, H, N, M, D, Dv, p = 2, 2, 6, 11, 8, 3, 0.4
+    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=8))
+    r = torch.tensor(0.7)
+    if op == "gaussian":
+        def fn(**kw):
+            return gaussian_attention(q, k, v, r, power=4, causal=True, **kw)
+    else:
+        def fn(**kw):
+            return fourier_attention(q, k, v, r, power=4, causal=True,
+                                     backend="reference" if op == "fourier_reference" else "cpu", **kw)
+    torch.manual_seed(21)
+    out, weights = fn(dropout_p=p, need_weights=True)
+    torch.manual_seed(21)
+    keep = dropout_keep_mask(draw_seed(), (B, H, N, M), p, "cpu")
+    _, undropped = fn(need_weights=True)
+    visible = torch.ones(N, M, dtype=torch.bool).tril(M - N)
+    assert (~keep & visible).any() and (keep & visible).any()
+    assert (weights[~keep] == 0).all()
+    torch.testing.assert_close(weights, undropped * keep / (1 - p), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, weights @ v, rtol=1e-5, atol=1e-5)
+
+
 def test_odd_power_and_other_phis_run_on_the_reference_only():
     q, k, v = make_inputs(1, 2, 3, 5, 4, 2, torch.float64)
     r = torch.tensor(0.9, dtype=torch.float64)
@@ -901,7 +1018,7 @@ def test_info_error_reporting_tells_a_crash_and_a_silent_pass_from_an_exception(
     assert silent.startswith("BROKEN: a rejected input did not raise (exit 0)") and "accepted" in silent, silent
 
 
-from cpu_variants import OTHER_ISAS, REQUESTED_ISA  # noqa: E402
+from cpu_variants import REQUESTED_ISA, variant_params  # noqa: E402
 
 
 @needs_cpu_kernel
@@ -920,7 +1037,7 @@ def test_requested_cpu_kernel_variant_is_in_use():
 @pytest.mark.slow
 @needs_cpu_kernel
 @pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
-@pytest.mark.parametrize("isa", OTHER_ISAS)
+@pytest.mark.parametrize("isa", variant_params())
 def test_every_cpu_kernel_variant(isa):
     selection = (
         "requested_cpu_kernel_variant or cpu_forward_float32 or cpu_gradients_float32 or all_keys_equal "

@@ -422,3 +422,28 @@ def test_clear_errors_for_bad_options():
     x = torch.randn(3, 1, E)
     with pytest.raises(ValueError, match="before_softmax"):
         m(x, x, x, before_softmax=True)
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_retain_dropout_keeps_attention_dropout_at_inference(retain):
+    """fairseq's --retain-dropout (make_generation_fast_(retain_dropout=True) sets the dropout
+    modules' apply_during_inference): in eval mode the attention then still drops weights
+    (p = --attention-dropout, a fresh mask per call), and without it never does."""
+    from fairseq_helpers import TRANSLATION_DIMS, build_model
+
+    model, _ = build_model("fourierformer_iwslt_de_en", dims=TRANSLATION_DIMS, extra=["--attention-dropout", "0.4"])
+    model.eval()
+    if retain:
+        model.make_generation_fast_(retain_dropout=True)
+    attn = model.encoder.layers[0].self_attn
+    assert isinstance(attn, FourierMultiheadAttention)
+    assert attn.attention_dropout_p() == (0.4 if retain else 0.0)
+    x = torch.randn(7, 2, attn.embed_dim)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        a, _ = attn(x, x, x, need_weights=False)
+        torch.manual_seed(2)
+        b, _ = attn(x, x, x, need_weights=False)
+        _, w = attn(x, x, x, need_weights=True, need_head_weights=True)  # per head
+    assert torch.equal(a, b) != retain
+    assert ((w == 0).float().mean().item() > 0.2) == retain  # about p of the weights dropped

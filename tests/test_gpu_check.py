@@ -71,3 +71,24 @@ def test_train_command_is_stock_fairseq_train_with_the_precision_flag(gc, precis
         assert cmd[cmd.index("--arch") + 1] == fourier and cmd[cmd.index("--max-update") + 1] == "200"
         # only the evaluated (--fp16) runs keep a checkpoint
         assert ("--no-save" in cmd) == (precision != "fp16")
+
+
+# The verdict's two thresholds, each just inside and just outside (the twin: loss 10 -> 6, best
+# valid 6.0): the Fourier run's loss must drop at least LOSS_DROP_FRACTION of the twin's drop
+# (0.8 x 4 = 3.2), and its best validation loss stay within VALID_SLACK of the twin's (1.05 x 6.0).
+@pytest.mark.parametrize("side", [-1, 1], ids=["inside", "outside"])
+def test_judge_pair_loss_drop_threshold_is_exact(gc, side):
+    drop = gc.LOSS_DROP_FRACTION * 4.0 * (1 - side * 1e-3)
+    status, what = gc.judge_pair(run([10, 10 - drop], [6.0]), run([10, 6], [6.0]), "fp16")
+    assert status == ("PASS" if side < 0 else "FAIL"), what
+    assert (side > 0) == ("dropped" in what)
+    assert gc.LOSS_DROP_FRACTION == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("side", [-1, 1], ids=["inside", "outside"])
+def test_judge_pair_valid_slack_threshold_is_exact(gc, side):
+    valid = gc.VALID_SLACK * 6.0 * (1 + side * 1e-3)
+    status, what = gc.judge_pair(run([10, 6], [valid, valid + 1]), run([10, 6], [6.5, 6.0]), "fp16")
+    assert status == ("PASS" if side < 0 else "FAIL"), what
+    assert (side > 0) == ("valid" in what.split(": ", 1)[-1] if status == "FAIL" else False)
+    assert gc.VALID_SLACK == pytest.approx(1.05)

@@ -23,8 +23,8 @@ from fourierformer_fairseq.ops.reference import fourier_attention_reference
 
 CPU_FUSED = not backend_unavailable_reason("cpu")
 needs_cpu_kernel = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
-BACKENDS = [("reference", torch.float64), ("reference", torch.float32)] + (
-    [("cpu", torch.float32), ("cpu", torch.float64)] if CPU_FUSED else [])
+BACKENDS = [pytest.param(b, d, id=f"{b}_{str(d)[6:]}") for b, d in [("reference", torch.float64), ("reference", torch.float32)] + (
+    [("cpu", torch.float32), ("cpu", torch.float64)] if CPU_FUSED else [])]
 
 
 def inputs(B=2, H=2, N=6, M=9, D=16, Dv=5, std=1.0, seed=0):
@@ -180,6 +180,63 @@ def test_module_with_the_null_key_runs_the_op_with_it_and_logs_its_share():
         a, _ = m(x, x, x, need_weights=False)
         b, _ = m0(x, x, x, need_weights=False)
     assert (a - b).abs().max() > 0.1 * b.abs().max()
+
+
+@needs_cpu_kernel
+def test_module_at_the_published_settings_against_the_oracle(monkeypatch):
+    # The module built from --fourier-published's options (IWSLT's: p 2, a scalar radius of 1,
+    # eps 1e-6, projections of std 0.02 without bias; 512 wide, 4 heads), where at init the null
+    # key takes most of each row. The op's call is recorded: its keywords are the preset's, its
+    # output and the gradients the module's backward sends through it (q, k, v and the radius)
+    # are the float64 oracle's within oracle_mismatches' bound, the module's output is its
+    # out_proj of the oracle's attention (float32 rounding), and the logged null-key share is
+    # the op's own: 1 - sum_j P_ij of the weights the kernel returns (need_weights), averaged
+    # over the first sequence's rows as the module logs it (rounded to 4 decimals).
+    from fairseq.logging import metrics
+
+    import fourierformer_fairseq.modules.fourier_multihead_attention as fmha
+    from fourierformer_fairseq.models import FourierAttentionOptions
+    from fourierformer_fairseq.models.attention_options import SITES
+    from fourierformer_fairseq.modules import FourierMultiheadAttention
+
+    options = dict(FourierAttentionOptions.from_args(parse("fourierformer_iwslt_de_en", "--fourier-published"),
+                                                     SITES).kwargs, log_interval=1)
+    calls = []
+    op = fmha.fourier_attention
+
+    def recording(q, k, v, radius, **kw):
+        out = op(q, k, v, radius, **kw)
+        for t in (q, k, v, out):
+            t.retain_grad()
+        calls.append((q, k, v, kw, out))
+        return out
+
+    monkeypatch.setattr(fmha, "fourier_attention", recording)
+    torch.manual_seed(0)
+    E, Hh, N, B = 512, 4, 9, 2
+    m = FourierMultiheadAttention(E, Hh, self_attention=True, **options)
+    x = torch.randn(N, B, E)
+    m.train()
+    m.set_num_updates(1)
+    with metrics.aggregate(new_root=True) as agg:
+        out, _ = m(x, x, x, need_weights=False)
+        share = dict(agg.get_smoothed_values())["nullkey_attn"]
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
+    (q, k, v, kw, o), = calls
+    assert kw["power"] == 2 and kw["normaliser_eps"] == 1e-6 and kw["backend"] in ("auto", "cpu")
+    radius = m.radius.detach()
+    assert radius.numel() == 1 and radius.item() == 1.0
+    ours = (o.detach(), q.grad, k.grad, v.grad, m.radius.grad.reshape(radius.shape))
+    bad = oracle_mismatches(ours, q.detach(), k.detach(), v.detach(), radius, o.grad, power=2, normaliser_eps=1e-6)
+    assert not bad, "\n".join(bad)
+    exact = oracle_attention(q.detach(), k.detach(), v.detach(), radius, power=2, normaliser_eps=1e-6)
+    with torch.no_grad():
+        expected = m.out_proj(exact.float().permute(2, 0, 1, 3).reshape(N, B, E))
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    with torch.no_grad():
+        _, P = op(q[:1], k[:1], v[:1], m.radius, power=2, normaliser_eps=1e-6, need_weights=True, backend="cpu")
+    from_op = (1 - P.double().sum(-1)).mean().item()
+    assert 0.1 < from_op < 0.99 and share == pytest.approx(from_op, abs=1e-4), (share, from_op)
 
 
 @pytest.mark.parametrize("options,match", [

@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle import additive_mask as oracle_additive_mask  # noqa: E402
-from oracle import float64_mismatches, oracle_mismatches  # noqa: E402
+from oracle import float64_mismatches, oracle_gradients, oracle_mismatches  # noqa: E402
 from oracle import _log_abs_sinc_oracle, _scores  # noqa: E402
 
 
@@ -46,6 +46,7 @@ def oracle_scores(q, k, radius, power):
     return _scores(q, k, radius, power, _log_abs_sinc_oracle)
 
 from fourierformer_fairseq.ops import backend_unavailable_reason, fourier_attention  # noqa: E402
+from fourierformer_fairseq.ops.reference import draw_seed, dropout_keep_mask  # noqa: E402
 
 CPU_FUSED = not backend_unavailable_reason("cpu")
 pytestmark = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
@@ -58,6 +59,7 @@ RADIUS_SIGNS = ("positive", "negative", "mixed", "positive", "mixed")
 
 
 NULL_KEY_FACTORS = (0.0, 0.1, 0.0, 1.0, 0.0, 10.0)
+DROPOUTS = (0.0, 0.5, 0.0, 0.0, 0.1, 0.0)  # by (seed // 3) % 6: every radius shape and mask meets both
 
 
 def _median_row_mass(q, k, radius, kwargs) -> float:
@@ -70,6 +72,13 @@ def _median_row_mass(q, k, radius, kwargs) -> float:
     lse = torch.logsumexp(S, -1)
     lse = lse[torch.isfinite(lse)]
     return math.exp(lse.median().item()) if lse.numel() else 1.0
+
+
+def case_classes(seed: int) -> tuple:
+    """(case class, mask, radius shape, radius sign, null-key factor, dropout p) of fuzz case `seed`."""
+    return (CLASSES[seed % len(CLASSES)], MASKS[(seed // len(CLASSES)) % len(MASKS)],
+            RADIUS_SHAPES[(seed // 3) % 4], RADIUS_SIGNS[seed % len(RADIUS_SIGNS)],
+            NULL_KEY_FACTORS[(seed // 2) % len(NULL_KEY_FACTORS)], DROPOUTS[(seed // 3) % len(DROPOUTS)])
 
 
 def draw_case(seed: int) -> dict:
@@ -87,9 +96,7 @@ def draw_case(seed: int) -> dict:
     std = pick((0.3, 1.0, 3.0))
     R = pick((0.5, 2.0, 10.0))
     power = pick((2, 4, 6))
-    kind = CLASSES[seed % len(CLASSES)]
-    mask_kind = MASKS[(seed // len(CLASSES)) % len(MASKS)]
-    radius_kind = RADIUS_SHAPES[(seed // 3) % 4]
+    kind, mask_kind, radius_kind, sign_kind, eps_factor, dropout_p = case_classes(seed)
 
     k = torch.randn(B, H, M, D, generator=g) * std
     v = torch.randn(B, H, M, Dv, generator=g)
@@ -144,7 +151,6 @@ def draw_case(seed: int) -> dict:
     grad_out = torch.randn(B, H, N, Dv, generator=g)
     # the radius's sign (training may move it through 0; sinc is even, so only dradius's sign
     # changes): from its own generator, so that the draws above stay what they were
-    sign_kind = RADIUS_SIGNS[seed % len(RADIUS_SIGNS)]
     if sign_kind == "negative":
         radius = -radius
     elif sign_kind == "mixed":
@@ -152,21 +158,37 @@ def draw_case(seed: int) -> dict:
         radius = torch.where(flip, -radius, radius)
     # the published normaliser on every other pair of seeds: eps at 0.1, 1 or 10 times the median
     # row's sum_j w_ij, so that the null key takes from a tenth to most of a typical row
-    eps_factor = NULL_KEY_FACTORS[(seed // 2) % len(NULL_KEY_FACTORS)]
     if eps_factor:
         kwargs["normaliser_eps"] = eps_factor * _median_row_mass(q, k, radius, kwargs)
+    # dropout (after the null key) with the kernels' own mask: the op draws its seed from torch's
+    # generator (seeded in fused_gradients), and the oracle takes the factors f_ij it implies
+    oracle_kwargs = dict(kwargs)
+    if dropout_p:
+        kwargs["dropout_p"] = dropout_p
+        oracle_kwargs["dropout_scale"] = dropout_keep_mask(_dropout_seed(seed), (B, H, N, M), dropout_p, "cpu").double() / (1 - dropout_p)
     label = (
         f"seed={seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} ({radius_kind}, {sign_kind}) p={power} "
         f"mask={mask_kind}{' causal' if causal else ''}"
         + (f" normaliser_eps={kwargs['normaliser_eps']:.3g}" if eps_factor else "")
+        + (f" dropout_p={dropout_p}" if dropout_p else "")
     )
-    return dict(q=q, k=k, v=v, radius=radius, grad_out=grad_out, kwargs=kwargs, label=label)
+    return dict(q=q, k=k, v=v, radius=radius, grad_out=grad_out, kwargs=kwargs, oracle_kwargs=oracle_kwargs,
+                label=label, seed=seed)
+
+
+def _dropout_seed(seed: int) -> int:
+    """The dropout seed the op draws in fused_gradients for fuzz case `seed`."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return draw_seed()
 
 
 def fused_gradients(case, dtype=torch.float32):
     leaves = [case[n].to(dtype).clone().requires_grad_() for n in ("q", "k", "v", "radius")]
     kwargs = dict(case["kwargs"])
-    out = fourier_attention(*leaves, backend="cpu", **kwargs)
+    with torch.random.fork_rng():
+        torch.manual_seed(case.get("seed", 0))  # the dropout seed (_dropout_seed)
+        out = fourier_attention(*leaves, backend="cpu", **kwargs)
     grads = torch.autograd.grad(out, leaves, case["grad_out"].to(dtype), allow_unused=True)
     grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, leaves)]
     return (out.detach(), *grads)
@@ -174,6 +196,10 @@ def fused_gradients(case, dtype=torch.float32):
 
 def case_args(case):
     return [case[n] for n in ("q", "k", "v", "radius", "grad_out")]
+
+
+def oracle_kwargs(case):
+    return case.get("oracle_kwargs", case["kwargs"])
 
 
 @contextlib.contextmanager
@@ -189,15 +215,26 @@ def single_thread():
 
 
 N_CASES = 140
-# Every FUZZ_STRIDE-th float32 case (the fast tier's variant re-run sets it, see below).
+# Every FUZZ_STRIDE-th float32 case (the fast tier's variant re-run sets QUICK_STRIDE, see
+# below). The subset must draw every class, mask, radius shape and sign and the null key (a
+# stride of 7, the number of classes, once drew `plain` alone):
+# test_quick_fuzz_subset_samples_every_class checks it.
 FUZZ_STRIDE = int(os.environ.get("FOURIERFORMER_FUZZ_STRIDE", "1"))
+QUICK_STRIDE = 11
+
+
+def test_quick_fuzz_subset_samples_every_class():
+    drawn = [case_classes(seed) for seed in range(0, N_CASES, QUICK_STRIDE)]
+    for column, values in enumerate((CLASSES, MASKS, RADIUS_SHAPES, RADIUS_SIGNS, NULL_KEY_FACTORS, DROPOUTS)):
+        missing = set(values) - {c[column] for c in drawn}
+        assert not missing, f"the variants' quick fuzz (stride {QUICK_STRIDE}) never draws {sorted(map(str, missing))}"
 
 
 @pytest.mark.parametrize("seed", range(0, N_CASES, FUZZ_STRIDE))
 def test_fuzz_float32_against_oracle(seed):
     case = draw_case(seed)
     with single_thread():
-        bad = oracle_mismatches(fused_gradients(case), *case_args(case), **case["kwargs"])
+        bad = oracle_mismatches(fused_gradients(case), *case_args(case), **oracle_kwargs(case))
     assert not bad, case["label"] + "\n" + "\n".join(bad)
 
 
@@ -207,7 +244,7 @@ def test_fuzz_float64_kernel_against_oracle(seed):
     # the kernel's Taylor branches agree far closer; the slack is for sums of many terms)
     case = draw_case(seed)
     with single_thread():
-        bad = float64_mismatches(fused_gradients(case, torch.float64), *case_args(case), **case["kwargs"])
+        bad = float64_mismatches(fused_gradients(case, torch.float64), *case_args(case), **oracle_kwargs(case))
     assert not bad, case["label"] + "\n" + "\n".join(bad)
 
 
@@ -236,8 +273,72 @@ def draw_one_key_case(seed: int) -> dict:
 def test_fuzz_weight_on_one_key_against_oracle(seed):
     case = draw_one_key_case(seed)
     with single_thread():
-        bad = oracle_mismatches(fused_gradients(case), *case_args(case), **case["kwargs"])
+        bad = oracle_mismatches(fused_gradients(case), *case_args(case), **oracle_kwargs(case))
     assert not bad, case["label"] + "\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("seed", ONE_KEY_SEEDS[::4])
+def test_fuzz_weight_on_one_key_float64_kernel_against_oracle(seed):
+    case = draw_one_key_case(seed)
+    with single_thread():
+        bad = float64_mismatches(fused_gradients(case, torch.float64), *case_args(case), **oracle_kwargs(case))
+    assert not bad, case["label"] + "\n" + "\n".join(bad)
+
+
+# The backward sums Delta_i = sum_j P_ij f_ij dP_ij from the weights it recomputes and does not
+# read the stored output (fourier_cpu_kernel.h), in float32 and in float64: handed an output
+# moved by 1 %, it must return bit for bit the same gradients. (In float64 the oracle cannot
+# see the difference: Delta from the stored output is off by a few float64 eps, amplified as
+# in float32, far below float64_mismatches' 1e-9 of the scale.) Rows on one key, with dropout,
+# with the null key, and causal with a per-(head, feature) radius.
+STORED_OUTPUT_CASES = ("one_key", "dropout", "null_key", "causal_head_feature")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("kind", STORED_OUTPUT_CASES)
+def test_backward_does_not_read_the_stored_output(kind, dtype):
+    if kind in ("one_key", "dropout", "null_key"):
+        case = draw_one_key_case(378)
+        q, k, v, go = (case[n].to(dtype) for n in ("q", "k", "v", "grad_out"))
+        radius = torch.full((1, 128), 0.5, dtype=dtype)
+    else:
+        g = torch.Generator().manual_seed(7)
+        q, k = torch.randn(2, 2, 9, 17, generator=g, dtype=dtype), torch.randn(2, 2, 12, 17, generator=g, dtype=dtype)
+        v, go = torch.randn(2, 2, 12, 5, generator=g, dtype=dtype), torch.randn(2, 2, 9, 5, generator=g, dtype=dtype)
+        radius = (0.5 + torch.rand(2, 17, generator=g, dtype=dtype))
+    dropout_p = 0.3 if kind == "dropout" else 0.0
+    causal = kind == "causal_head_feature"
+    eps = 0.0
+    if kind == "null_key":
+        eps = _median_row_mass(q, k, radius.reshape(-1)[:1].reshape(()), dict(power=4))
+    ops = torch.ops.fourierformer
+    with single_thread():
+        out, lse = ops.fourier_attention_forward(q, k, v, radius, 4.0, None, None, causal, dropout_p, 11, eps)
+        moved = out * 1.01 + 0.01 * torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+        grads = [ops.fourier_attention_backward(go, q, k, v, radius, o, lse, 4.0, None, None, causal, dropout_p, 11,
+                                                eps) for o in (out, moved)]
+    for name, a, b in zip(("dq", "dk", "dv", "dradius"), *grads):
+        assert torch.isfinite(a).all() and a.abs().max() > 0, name
+        assert torch.equal(a, b), f"{kind} {dtype}: {name} depends on the stored output"
+
+
+# The bound's null-key term (oracle.null_key_scales: 2 p D eps32 times the rows' signed
+# contributions weighted by the null key's share 1 - m_i) on the fuzz cases where the former
+# term (p D eps32 times the sum of every term's absolute value) was loosest for dradius: it
+# allowed 195, 0.91 and 15 times max |dradius| on seeds 38, 87 and 115 (the whole bound now
+# 4.0, 0.43 and 0.88 times, the rest from the 16 eps32 x scale term); an error of 10, 0.7 and 2
+# times max |dradius| in its largest element must now fail.
+@pytest.mark.parametrize("seed,error", [(38, 10.0), (87, 0.7), (115, 2.0)])
+def test_bound_with_the_null_key_is_tighter_than_every_terms_sum(seed, error):
+    case = draw_case(seed)
+    assert case["kwargs"].get("normaliser_eps", 0) > 0
+    exact = oracle_gradients(*case_args(case), **oracle_kwargs(case))
+    wrong = [t.float() for t in exact]
+    flat = wrong[4].view(-1)
+    top = int(flat.abs().argmax())
+    flat[top] += error * float(flat[top].abs())
+    bad = oracle_mismatches(wrong, *case_args(case), **oracle_kwargs(case))
+    assert [b for b in bad if b.startswith("dradius")], f"{case['label']}: an error of {error} x dradius passes"
 
 
 # The failing reproductions of the issue this fuzz came from, as fixed cases.
@@ -263,7 +364,7 @@ def test_query_equal_to_one_key_returns_its_value(seed):
     torch.testing.assert_close(out[0, 0, 0], v[0, 0, 5], rtol=1e-6, atol=1e-6)
 
 
-from cpu_variants import OTHER_ISAS, REQUESTED_ISA  # noqa: E402
+from cpu_variants import REQUESTED_ISA, variant_params  # noqa: E402
 
 
 @pytest.mark.skipif(REQUESTED_ISA is None, reason="runs in the subprocesses of test_fuzz_every_cpu_kernel_variant")
@@ -274,33 +375,42 @@ def test_requested_variant_is_in_use():
 
 
 # The fast tier's share of the variant re-runs: under each other variant this CPU can run, in a
-# subprocess, every seventh fuzz case and the one-key cases here, and the op tests that sweep
-# every power, radius shape and mask, and, on the cpu backend in float32, draw the radius
-# through 0 and check need_weights. (The full tier re-runs all of this file and the op file's
-# accuracy tests per variant.)
+# subprocess, every QUICK_STRIDE-th fuzz case (every class, mask, radius shape and sign, with and
+# without the null key) and the one-key cases here, the op tests that sweep every power, radius
+# shape and mask (and p >= 8, finite per-(batch, head) masks), and, on the cpu backend in float32,
+# draw the radius through 0 and check need_weights (also in column chunks), and
+# tests/test_normaliser_eps.py's float32 cases of the cpu kernel. A variant
+# this CPU cannot run is a visible skip (cpu_variants.variant_params). (The full tier re-runs
+# all of this file and the op file's accuracy tests per variant.)
 QUICK_VARIANT_SELECTION = (
     "requested or float32_against_oracle or weight_on_one_key or every_power_radius "
-    "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64)"
+    "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64) "
+    "or stored_output or (test_normaliser_eps and cpu_float32) or powers_of_8 or finite_additive_masks "
+    "or column_chunks"
 )
 
 
 @pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
-@pytest.mark.parametrize("isa", OTHER_ISAS)
+@pytest.mark.parametrize("isa", variant_params())
 def test_every_cpu_kernel_variant_quick(isa):
-    op_tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_fourier_attention_op.py")
-    env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa, FOURIERFORMER_FUZZ_STRIDE="7", OMP_NUM_THREADS="1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa, FOURIERFORMER_FUZZ_STRIDE=str(QUICK_STRIDE), OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, op_tests,
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", __file__,
+         os.path.join(here, "test_fourier_attention_op.py"), os.path.join(here, "test_normaliser_eps.py"),
          "-k", QUICK_VARIANT_SELECTION],
         capture_output=True, text=True, timeout=1200, env=env,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout and " skipped" not in result.stdout
+    assert " passed" in result.stdout and "failed" not in result.stdout and " skipped" not in result.stdout.lower()
+    for part in ("test_fuzz_float32_against_oracle[", "test_op_fuzz.py::test_requested_variant_is_in_use",
+                 "test_normaliser_eps.py::test_every_backend_against_the_oracle["):
+        assert part in result.stdout, f"{part} did not run under {isa}"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
-@pytest.mark.parametrize("isa", OTHER_ISAS)
+@pytest.mark.parametrize("isa", variant_params())
 def test_fuzz_every_cpu_kernel_variant(isa):
     env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa)
     result = subprocess.run(

@@ -111,6 +111,8 @@ def test_quickstart_small_mode_end_to_end(tmp_path):
     scores = dict(re.findall(r"^  (fourierformer|softmax)\s+BLEU\s+([0-9.]+)", out, re.M))
     assert set(scores) == {"fourierformer", "softmax"}
     summary = json.loads((out_dir / "summary.json").read_text())
+    import sacrebleu
+
     baselines = corpus_baselines(str(out_dir / "corpus"))
     assert max(baselines.values()) < 2.0, baselines  # the corpus is not translatable by copying or guessing
     for name, bleu in scores.items():
@@ -121,7 +123,12 @@ def test_quickstart_small_mode_end_to_end(tmp_path):
         assert os.path.exists(model["checkpoint"]) and model["checkpoint"] in out
         assert os.path.exists(model["train_log"]) and os.path.exists(model["generate_log"])
         with open(model["translations"]) as f:
-            assert len(f.read().splitlines()) == summary["sizes"]["test"]
+            hypotheses = f.read().splitlines()
+        assert len(hypotheses) == summary["sizes"]["test"]
+        # the score is the translations' own: sacreBLEU of the written hypotheses against the test references
+        with open(out_dir / "corpus" / "test.fx", encoding="utf-8") as f:
+            references = f.read().splitlines()
+        assert abs(sacrebleu.corpus_bleu(hypotheses, [references]).score - float(bleu)) < 0.05, name
     commands = (out_dir / "commands.sh").read_text()
     assert commands.count("fairseq-train") == 2 and commands.count("fairseq-generate") == 2
     assert commands.count(f"--max-update {QUICKSTART_UPDATES}") == 2

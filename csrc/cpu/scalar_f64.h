@@ -77,29 +77,36 @@ struct ScalarSlice {
     }
   }
 
+  // out is not read: Delta_i = sum_j P_ij f_ij dP_ij is summed from the weights recomputed here
+  // (with the null key's share m_i in P), as in the float32 kernels: Delta from the stored
+  // output differs from this by the output's rounding, which rows with their weight on one
+  // key amplify in dq, dk and dradius.
   void backward(const T* out, const double* lse, const T* dout, T* dq, T* dk, T* dv, T* dradius) const {
+    (void)out;
     for (int64_t n = 0; n < M * D; ++n) dk[n] = 0;
     for (int64_t n = 0; n < M * Dv; ++n) dv[n] = 0;
     for (int64_t n = 0; n < N * D; ++n) dq[n] = 0;
     for (int64_t d = 0; d < D; ++d) dradius[d] = 0;
+    std::vector<T> P(M), dP(M);
     for (int64_t i = 0; i < N; ++i) {
       if (!(lse[i] < std::numeric_limits<T>::infinity())) continue;
       const T* dout_i = dout + i * Dv;
-      // Delta from the stored output, which the forward scaled by the null key's share m_i
-      T delta = 0;
-      for (int64_t c = 0; c < Dv; ++c) delta += dout_i[c] * out[i * Dv + c];
       const T share = (T)null_key_share(lse[i], log_eps);
       const int64_t end = visible_end(i);
+      T delta = 0;
       for (int64_t j = 0; j < end; ++j) {
-        const T P = share * std::exp(score(i, j) - lse[i]);  // the weight after the null key
-        if (P == 0) continue;
+        P[j] = share * std::exp(score(i, j) - lse[i]);  // the weight after the null key
+        T dot = 0;
+        if (P[j] != 0)
+          for (int64_t c = 0; c < Dv; ++c) dot += dout_i[c] * v[j * Dv + c];
+        dP[j] = dot;
+        delta += P[j] * dropout_scale(i, j) * dot;
+      }
+      for (int64_t j = 0; j < end; ++j) {
+        if (P[j] == 0) continue;
         const T f = dropout_scale(i, j);
-        T dP = 0;
-        for (int64_t c = 0; c < Dv; ++c) {
-          dP += dout_i[c] * v[j * Dv + c];
-          dv[j * Dv + c] += P * f * dout_i[c];
-        }
-        const T coef = power * P * (dP * f - delta);
+        for (int64_t c = 0; c < Dv; ++c) dv[j * Dv + c] += P[j] * f * dout_i[c];
+        const T coef = power * P[j] * (dP[j] * f - delta);
         for (int64_t d = 0; d < D; ++d) {
           const T diff = q[i * D + d] - k[j * D + d];
           const T x = radius[d] * diff;

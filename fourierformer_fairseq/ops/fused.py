@@ -126,15 +126,21 @@ def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None =
     return out
 
 
+# At most this many key columns per call of fused_weights, on top of the backend's value-width
+# limit; None (the default): that limit alone. Tests set it small so that the CPU kernel, which
+# has no limit, runs the weights in several chunks too.
+WEIGHTS_COLUMNS: int | None = None
+
+
 def fused_weights(inp: AttentionInputs, seed: int, max_head_dim: int | None) -> torch.Tensor:
     """The normalised weights (B, H, N, M), after dropout (same seed, same mask), computed by
     the fused kernel itself: its forward with the identity as the values gives out = P I = P.
-    Columns of at most ``max_head_dim`` keys per call (the kernel's value-width limit); each
-    call recomputes the scores. Differentiable w.r.t. q, k and the radius through the op's
+    Columns of at most ``max_head_dim`` keys per call (the kernel's value-width limit; at most
+    WEIGHTS_COLUMNS when set); each call recomputes the scores. Differentiable w.r.t. q, k and the radius through the op's
     backward. Rows with no visible key give zeros, as the output does."""
     B, H, N, _ = inp.q.shape
     M = inp.k.shape[2]
-    width = M if not max_head_dim else max_head_dim
+    width = min([w for w in (M, max_head_dim, WEIGHTS_COLUMNS) if w] or [1])
     eye = torch.eye(M, dtype=inp.q.dtype, device=inp.q.device)
     parts = [
         fused_forward(inp, seed, eye[:, c0:c0 + width].expand(B, H, M, min(width, M - c0)))

@@ -54,4 +54,5 @@ def gaussian_attention(q, k, v, radius, *, power=4, phi="power", attn_mask=None,
     else:
         P_used = P
     out = P_used @ v
-    return (out, P) if need_weights else out
+    # the weights as applied to v (after dropout), as fourier_attention returns them: out = P_used v
+    return (out, P_used) if need_weights else out
