@@ -1,30 +1,47 @@
 // Backward of the float32 path (float32, float16, bfloat16 inputs), on the tables of
-// tables.cuh and the score tiles of forward_tiled.cuh. Two kernels, as the simple path:
+// tables.cuh and the score tiles of forward_tiled.cuh. Three kernels:
 //
-//   dq   (block of kFwdRows queries, sweeping key tiles): per tile the scores (tile_scores),
-//        P_ij = exp(S_ij - lse_i), dP_ij = dO_i . v_j in the 4 x 4 register tiles, the
-//        coefficients a_ij = p P f dP and b_ij = p P into shared memory; then a second pass
-//        over the features with 4 threads per query row, each owning the features
-//        d = part + 4 t, computes g(x_ijd) per element from the tables and accumulates
-//        sum_j a g, sum_j b g (dq) and the same times u (dradius). Delta_i = sum_j P f dP and
-//        c_i = sum_j P are summed from this kernel's own P (see the comment above
-//        backward_dq_kernel in backward.cuh: the radius gradient needs that), and
-//        dq = |R| (sum a g - Delta sum b g) / c; the dk/dv kernel gets Delta / c and lse + log c.
-//   dk/dv (block of kFwdKeys keys, sweeping query tiles): the scores again, P with the dq
-//        kernel's lse, dS' = p P (f dP - Delta); dv_j += sum_i P f dO_i (4 threads per key) and
-//        dk_jd = -|R_d| sum_i dS'_ij g(x_ijd) (4 threads per key, features part + 4 t).
+//   pre-pass (block of kFwdRows queries, sweeping key tiles): the scores (tile_scores),
+//        P_ij = exp(S_ij - lse_i) and dP_ij = dO_i . v_j in 4 x 4 register tiles; Delta_i =
+//        sum_j P f dP and c_i = sum_j P from this pass's own P (see the comment above
+//        backward_dq_kernel in backward.cuh: the radius gradient needs that). It writes
+//        Delta_i / c_i and lse_i + log c_i (with the null key's share).
+//   main pass (block of kFwdKeys keys, sweeping query tiles): the scores again, P with the
+//        pre-pass's lse, dS' = p P (f dP - Delta / c) kept in the thread's 4 x 4 register tile;
+//        dv_j += sum_i P f dO_i (4 threads per key, kO columns each: 1, 2, 4, 8, 16 or 32, so
+//        Dv = 4, 8, 16 run no predicated-off columns); then the g pass over the features: per
+//        feature each thread computes g(x_ijd) once for its 16 (query, key) pairs and sums
+//        dS' g over its 4 keys (for dq) and its 4 queries (for dk). Those partial sums go, per
+//        group of kGroup features, through shared memory (float4 stores that 8 lanes of distinct
+//        key columns / query rows put in distinct banks; reads by consecutive rows), are summed
+//        over the block's 16 thread columns / rows, and land in the block's dk sums (shared
+//        memory, for the whole sweep) and, one float atomicAdd per (query, feature) and key
+//        block, in p.dq_acc (float32). The features are staged kChunk at a time in the layout
+//        of tile_scores (lanes read float4s of 4 rows or 4 keys: no bank conflicts). The block
+//        then writes dk = -|R| sum_i dS' g and the keys' share of dradius.
+//   dq kernel (block of kFwdRows queries): dq = |R| p.dq_acc and the queries' share of dradius.
+// dradius from dq and dk, without per-element sums: S depends on R_d only through
+// |R_d| (q_id - k_jd), so sum_i q_id dq_id + sum_j k_jd dk_jd = R_d dS/dR_d (see
+// backward_dq_finish_kernel; q and k centred per feature so that a common offset cancels).
 //
 // g from the tables: with s' = t X - Y (as in the forward) and c' = X + t Y = rho cos(x) / cos(a),
 // cot x = c' / s' and g(x) = cot x - 1/x = (c' x - s') / (s' x), or g's Taylor series where
 // |x| < kSincTaylorBound (there c' x - s' cancels); s' is floored at kSinFloor in magnitude (at a
-// zero of sinc, where P is 0 anyway). Per element: u, s' (4), x, c', the fraction (fma, mul, a
-// reciprocal and a mul), the series (5), the select (2) and the accumulation (4 in dq, 1 in dk).
-// The sm_90 SASS of the dq kernel's loop (one key, 4 features): 113 instructions, 28 per element
-// (44 FFMA, 24 FMUL, 8 FADD, 4 MUFU.RCP, 6 LDS, 5 FSETP, ...). The scores cost what they cost in
-// the forward (~9.4 per element), in each of the two kernels.
+// zero of sinc, where P is 0 anyway). Per element: u, s' (3), x, c', the floor (2), the fraction
+// (fma, mul, a reciprocal and a mul), x^2 and the series (5), the select and the two sums (2).
+// SASS counts (sm_90, nvcc 13.0.88 -O3 -lineinfo, 2026-11-27; the static reading of
+// scripts/cuda_sass_report.py, extended to these kernels; per (query, key, feature) element):
+// the g pass loop (4 features x 16 pairs per iteration, the partial sums and their reduction
+// included) 1480 instructions, 23.1 per element (572 FFMA, 256 FMUL, 161 FADD, 64 each of
+// FMNMX, LOP3, MUFU.RCP, FMUL.FTZ, FSETP, 37 LDS, 28 LDS.128, 8 STS.128, ...); the scores
+// ~9.4 per element in each of the two passes. Whole backward (pre-pass + main pass + dq kernel,
+// N = M = 1024): WHOLE16 per element at D = Dv = 16 and WHOLE128 at 128 (the two kernels before
+// this layout: 110.3 and 87.0). Every kernel at 128 registers or fewer (launch bounds (256, 2):
+// 16 warps per SM); what still spills (28-68 bytes, outside the g pass) is tile_scores', as in
+// the forward at the same bounds.
 //
-// Head dims: features up to 4 kF per thread (kF <= 32, so D <= 128) and Dv <= 128; larger ones
-// take the simple path (backward.cuh).
+// Head dims: D <= kBwdMaxFeatures and Dv <= kBwdMaxValueColumns; larger ones take the simple
+// path (backward.cuh).
 #pragma once
 
 #include "forward_tiled.cuh"
@@ -36,7 +53,6 @@ constexpr int kBwdMaxFeatures = 128;  // largest padded D of the tiled backward
 // largest Dv of the tiled backward: its shared memory (about 100 KiB at Dv = 128) then fits
 // every GPU the build targets (sm_80 allows 163 KiB per block)
 constexpr int kBwdMaxValueColumns = 128;
-constexpr int kCoefStride = kFwdKeys + 1;  // coefficient tiles: odd stride, lanes over rows hit distinct banks
 
 // g(x) = d/dx log|sinc x| of one element from the table fields; u = q c - k c through u_out.
 FF_DEV float dlog_sinc_tables(float q, float t, float t_low, float k, float X, float Y, float Y_low, float x_per_u,
@@ -56,6 +72,13 @@ FF_DEV float dlog_sinc_tables(float q, float t, float t_low, float k, float X, f
 FF_DEV float dlog_sinc_g(float q, float t, float t_low, float k, float X, float Y, float Y_low, float x_per_u) {
   float u;
   return dlog_sinc_tables(q, t, t_low, k, X, Y, Y_low, x_per_u, u);
+}
+
+// Value column of a thread's dv accumulator k in the main pass (4 threads per key, `part`):
+// 16 (k / 4) + 4 part + k % 4 with kO >= 4, part kO + k below.
+template <int kO>
+FF_DEV int dv_column(int part, int k) {
+  return kO >= 4 ? 16 * (k >> 2) + 4 * part + (k & 3) : part * kO + k;
 }
 
 // Shared memory of the tiled backward kernels, in floats.
@@ -134,9 +157,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
     const int i = i0 + tid;
     split_lse_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
   }
-  float delta_part[kMicro], psum_part[kMicro];
-#pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii) delta_part[ii] = psum_part[ii] = 0.0f;
+  for (int idx = tid; idx < 4 * kFwdRows; idx += kFwdThreads) row_sums[idx] = 0.0f;
 
   const int last_row = ff_min(N - 1, i0 + kFwdRows - 1);
   const int block_end = visible_end(p, last_row);
@@ -150,11 +171,13 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
       Vt[idx] = j < M ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
     }
     __syncthreads();
-    float dP[kMicro][kMicro];
+    float dP[kMicro][kMicro], delta_part[kMicro], psum_part[kMicro];
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii)
+    for (int ii = 0; ii < kMicro; ++ii) {
+      delta_part[ii] = psum_part[ii] = 0.0f;
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = 0.0f;
+    }
     for (int c = 0; c < Dv; ++c) {
       const float4 o4 = load4(dOt + c * kFwdRows + ty * kMicro), v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
       const float ov[4] = {o4.x, o4.y, o4.z, o4.w}, vv[4] = {v4.x, v4.y, v4.z, v4.w};
@@ -177,26 +200,27 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
           psum_part[ii] += P;
         }
       }
+    // the tile's Delta_i and c_i shares: over the 8 lanes of a warp row (lane & 7), then into the
+    // warp column's slot (one lane owns it; registers stay free while the scores are computed)
+#pragma unroll
+    for (int ii = 0; ii < kMicro; ++ii) {
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) {
+        delta_part[ii] += __shfl_xor_sync(kFullMask, delta_part[ii], o);
+        psum_part[ii] += __shfl_xor_sync(kFullMask, psum_part[ii], o);
+      }
+    }
+    if ((lane & 7) == 0) {
+#pragma unroll
+      for (int ii = 0; ii < kMicro; ++ii) {
+        float* slot = row_sums + ((warp & 1) * kFwdRows + ty * kMicro + ii) * 2;
+        slot[0] += delta_part[ii];
+        slot[1] += psum_part[ii];
+      }
+    }
     // (the next tile_scores starts with a barrier: V^T is consumed before the chunks overwrite it)
   }
 
-  // Delta_i and c_i: over the 8 lanes of a warp row (lane & 7), then over the 2 warp columns.
-#pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii) {
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-      delta_part[ii] += __shfl_xor_sync(kFullMask, delta_part[ii], o);
-      psum_part[ii] += __shfl_xor_sync(kFullMask, psum_part[ii], o);
-    }
-  }
-  if ((lane & 7) == 0) {
-#pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii) {
-      float* slot = row_sums + ((warp & 1) * kFwdRows + ty * kMicro + ii) * 2;
-      slot[0] = delta_part[ii];
-      slot[1] = psum_part[ii];
-    }
-  }
   __syncthreads();
   if (tid < kFwdRows && i0 + tid < N) {
     const int r = tid, i = i0 + r;
@@ -255,9 +279,15 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   const scalar_t* dout = p.dout + bh * N * Dv;
 
   for (int idx = tid; idx < kFwdKeys * Dp; idx += kFwdThreads) dks[idx] = 0.0f;
-  float dv_acc[kO];
+  // dv of key gk: summed per query tile in registers, across tiles in p.dv_acc (float32), which
+  // keeps the registers free while the scores are computed
+  const int nk = ff_min(kFwdKeys, M - j0);
+  float* dv_sum = p.dv_acc + (bh * M + j0 + gk) * Dv;
+  if (gk < nk) {
 #pragma unroll
-  for (int t = 0; t < kO; ++t) dv_acc[t] = 0.0f;
+    for (int k = 0; k < kO; ++k)
+      if (dv_column<kO>(part, k) < Dv) dv_sum[dv_column<kO>(part, k)] = 0.0f;
+  }
   // Query i sees key j iff j <= i + (M - N): the block's first key bounds the first query.
   const int i_begin = p.causal ? ff_max(0, j0 - (M - N)) : 0;
 
@@ -326,6 +356,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     __syncthreads();
     // dv: key gk, columns 16 t + 4 part + (0..3) (kO >= 4) or part * kO + e
     const int nq = ff_min(kFwdRows, N - i0);
+    float dv_acc[kO];
+#pragma unroll
+    for (int t = 0; t < kO; ++t) dv_acc[t] = 0.0f;
     for (int ii = 0; ii < nq; ++ii) {
       const float w = W[ii * kFwdKeys + gk];
       if (w == 0.0f) continue;
@@ -346,6 +379,11 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
 #pragma unroll
         for (int e = 0; e < kO; ++e) dv_acc[e] = fmaf(w, orow[e], dv_acc[e]);
       }
+    }
+    if (gk < nk) {
+#pragma unroll
+      for (int k = 0; k < kO; ++k)
+        if (dv_column<kO>(part, k) < Dv) dv_sum[dv_column<kO>(part, k)] += dv_acc[k];
     }
     // g pass: the thread's 4 x 4 (query, key) pairs, coefficients C; per group of kGroup features
     // the partial sums over its 4 keys (dq) and 4 queries (dk) go through shared memory.
@@ -417,7 +455,6 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   __syncthreads();  // dks complete (also with no query tile)
   // dk = -|R| sum_i dS' g; the keys' share of dradius, sign(R) / c sum_j (k c - m) (-sum_i dS' g)
   // with m = q c of the slice's first query (see backward_dq_finish_kernel).
-  const int nk = ff_min(kFwdKeys, M - j0);
   for (int idx = tid; idx < nk * D; idx += kFwdThreads) {
     const int c = idx / D, d = idx - c * D;
     p.dk[(bh * M + j0 + c) * D + d] = static_cast<scalar_t>(-fabsf(p.radius[(int64_t)h * D + d]) * dks[d * kFwdKeys + c]);
@@ -435,20 +472,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   }
   if (gk >= nk) return;
   scalar_t* dv_j = p.dv + (bh * M + j0 + gk) * Dv;
-  if constexpr (kO >= 4) {
 #pragma unroll
-    for (int t = 0; t < kO / 4; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = 16 * t + 4 * part + e;
-        if (c < Dv) dv_j[c] = static_cast<scalar_t>(dv_acc[4 * t + e]);
-      }
-  } else {
-#pragma unroll
-    for (int e = 0; e < kO; ++e) {
-      const int c = part * kO + e;
-      if (c < Dv) dv_j[c] = static_cast<scalar_t>(dv_acc[e]);
-    }
+  for (int k = 0; k < kO; ++k) {
+    const int c = dv_column<kO>(part, k);
+    if (c < Dv) dv_j[c] = static_cast<scalar_t>(dv_sum[c]);
   }
 }
 

@@ -194,6 +194,8 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
       const at::Tensor tables = build_tables(sh, p, options, launch);
       const at::Tensor dq_acc = at::zeros({sh.B * sh.H * sh.N * p.Dp}, options.dtype(at::kFloat));
       p.dq_acc = dq_acc.data_ptr<float>();
+      const at::Tensor dv_acc = at::empty({sh.B * sh.H * sh.M * sh.Dv}, options.dtype(at::kFloat));
+      p.dv_acc = dv_acc.data_ptr<float>();
       const int64_t row_blocks = grid_blocks(sh, sh.N, kFwdRows);
       if (sh.N > 0)
         launch(backward_delta_tiled_kernel<scalar_t>, row_blocks, kFwdThreads,
