@@ -35,10 +35,12 @@
 // included) 1480 instructions, 23.1 per element (572 FFMA, 256 FMUL, 161 FADD, 64 each of
 // FMNMX, LOP3, MUFU.RCP, FMUL.FTZ, FSETP, 37 LDS, 28 LDS.128, 8 STS.128, ...); the scores
 // ~9.4 per element in each of the two passes. Whole backward (pre-pass + main pass + dq kernel,
-// N = M = 1024): WHOLE16 per element at D = Dv = 16 and WHOLE128 at 128 (the two kernels before
-// this layout: 110.3 and 87.0). Every kernel at 128 registers or fewer (launch bounds (256, 2):
-// 16 warps per SM); what still spills (28-68 bytes, outside the g pass) is tile_scores', as in
-// the forward at the same bounds.
+// N = M = 1024, tables not included): 72.5 per element at D = Dv = 16 (21.1 + 51.4 + 0.1) and
+// 55.6 at 128 (13.2 + 42.3 + 0.1); the dq and dk/dv kernels before this layout: 110.3 and 87.0.
+// Every kernel at 128 registers or fewer (launch bounds (256, 2): 16 warps per SM); what still
+// spills (28-68 bytes, outside the g pass) is tile_scores', as in the forward at the same bounds.
+// dq's sums over key blocks are float atomics, so its last bits depend on their order (as
+// dradius's already did).
 //
 // Head dims: D <= kBwdMaxFeatures and Dv <= kBwdMaxValueColumns; larger ones take the simple
 // path (backward.cuh).
