@@ -1,30 +1,49 @@
 // Backward of the float32 path (float32, float16, bfloat16 inputs), on the tables of
-// tables.cuh and the score tiles of forward_tiled.cuh. Two kernels, as the simple path:
+// tables.cuh and the score tiles of forward_tiled.cuh. Three kernels:
 //
-//   dq   (block of kFwdRows queries, sweeping key tiles): per tile the scores (tile_scores),
-//        P_ij = exp(S_ij - lse_i), dP_ij = dO_i . v_j in the 4 x 4 register tiles, the
-//        coefficients a_ij = p P f dP and b_ij = p P into shared memory; then a second pass
-//        over the features with 4 threads per query row, each owning the features
-//        d = part + 4 t, computes g(x_ijd) per element from the tables and accumulates
-//        sum_j a g, sum_j b g (dq) and the same times u (dradius). Delta_i = sum_j P f dP and
-//        c_i = sum_j P are summed from this kernel's own P (see the comment above
-//        backward_dq_kernel in backward.cuh: the radius gradient needs that), and
-//        dq = |R| (sum a g - Delta sum b g) / c; the dk/dv kernel gets Delta / c and lse + log c.
-//   dk/dv (block of kFwdKeys keys, sweeping query tiles): the scores again, P with the dq
-//        kernel's lse, dS' = p P (f dP - Delta); dv_j += sum_i P f dO_i (4 threads per key) and
-//        dk_jd = -|R_d| sum_i dS'_ij g(x_ijd) (4 threads per key, features part + 4 t).
+//   pre-pass (block of kFwdRows queries, sweeping key tiles): the scores (tile_scores),
+//        P_ij = exp(S_ij - lse_i) and dP_ij = dO_i . v_j in 4 x 4 register tiles; Delta_i =
+//        sum_j P f dP and c_i = sum_j P from this pass's own P (see the comment above
+//        backward_dq_kernel in backward.cuh: the radius gradient needs that). It writes
+//        Delta_i / c_i and lse_i + log c_i (with the null key's share).
+//   main pass (block of kFwdKeys keys, sweeping query tiles): the scores again, P with the
+//        pre-pass's lse, dS' = p P (f dP - Delta / c) kept in the thread's 4 x 4 register tile;
+//        dv_j += sum_i P f dO_i (4 threads per key, kO columns each: 1, 2, 4, 8, 16 or 32, so
+//        Dv = 4, 8, 16 run no predicated-off columns); then the g pass over the features: per
+//        feature each thread computes g(x_ijd) once for its 16 (query, key) pairs and sums
+//        dS' g over its 4 keys (for dq) and its 4 queries (for dk). Those partial sums go, per
+//        group of kGroup features, through shared memory (float4 stores that 8 lanes of distinct
+//        key columns / query rows put in distinct banks; reads by consecutive rows), are summed
+//        over the block's 16 thread columns / rows, and land in the block's dk sums (shared
+//        memory, for the whole sweep) and, one float atomicAdd per (query, feature) and key
+//        block, in p.dq_acc (float32). The features are staged kChunk at a time in the layout
+//        of tile_scores (lanes read float4s of 4 rows or 4 keys: no bank conflicts). The block
+//        then writes dk = -|R| sum_i dS' g and the keys' share of dradius.
+//   dq kernel (block of kFwdRows queries): dq = |R| p.dq_acc and the queries' share of dradius.
+// dradius from dq and dk, without per-element sums: S depends on R_d only through
+// |R_d| (q_id - k_jd), so sum_i q_id dq_id + sum_j k_jd dk_jd = R_d dS/dR_d (see
+// backward_dq_finish_kernel; q and k centred per feature so that a common offset cancels).
 //
 // g from the tables: with s' = t X - Y (as in the forward) and c' = X + t Y = rho cos(x) / cos(a),
 // cot x = c' / s' and g(x) = cot x - 1/x = (c' x - s') / (s' x), or g's Taylor series where
 // |x| < kSincTaylorBound (there c' x - s' cancels); s' is floored at kSinFloor in magnitude (at a
-// zero of sinc, where P is 0 anyway). Per element: u, s' (4), x, c', the fraction (fma, mul, a
-// reciprocal and a mul), the series (5), the select (2) and the accumulation (4 in dq, 1 in dk).
-// The sm_90 SASS of the dq kernel's loop (one key, 4 features): 113 instructions, 28 per element
-// (44 FFMA, 24 FMUL, 8 FADD, 4 MUFU.RCP, 6 LDS, 5 FSETP, ...). The scores cost what they cost in
-// the forward (~9.4 per element), in each of the two kernels.
+// zero of sinc, where P is 0 anyway). Per element: u, s' (3), x, c', the floor (2), the fraction
+// (fma, mul, a reciprocal and a mul), x^2 and the series (5), the select and the two sums (2).
+// SASS counts (sm_90, nvcc 13.0.88 -O3 -lineinfo, 2026-11-27; the static reading of
+// scripts/cuda_sass_report.py, extended to these kernels; per (query, key, feature) element):
+// the g pass loop (4 features x 16 pairs per iteration, the partial sums and their reduction
+// included) 1480 instructions, 23.1 per element (572 FFMA, 256 FMUL, 161 FADD, 64 each of
+// FMNMX, LOP3, MUFU.RCP, FMUL.FTZ, FSETP, 37 LDS, 28 LDS.128, 8 STS.128, ...); the scores
+// ~9.4 per element in each of the two passes. Whole backward (pre-pass + main pass + dq kernel,
+// N = M = 1024, tables not included): 72.5 per element at D = Dv = 16 (21.1 + 51.4 + 0.1) and
+// 55.6 at 128 (13.2 + 42.3 + 0.1); the dq and dk/dv kernels before this layout: 110.3 and 87.0.
+// Every kernel at 128 registers or fewer (launch bounds (256, 2): 16 warps per SM); what still
+// spills (28-68 bytes, outside the g pass) is tile_scores', as in the forward at the same bounds.
+// dq's sums over key blocks are float atomics, so its last bits depend on their order (as
+// dradius's already did).
 //
-// Head dims: features up to 4 kF per thread (kF <= 32, so D <= 128) and Dv <= 128; larger ones
-// take the simple path (backward.cuh).
+// Head dims: D <= kBwdMaxFeatures and Dv <= kBwdMaxValueColumns; larger ones take the simple
+// path (backward.cuh).
 #pragma once
 
 #include "forward_tiled.cuh"
@@ -36,7 +55,6 @@ constexpr int kBwdMaxFeatures = 128;  // largest padded D of the tiled backward
 // largest Dv of the tiled backward: its shared memory (about 100 KiB at Dv = 128) then fits
 // every GPU the build targets (sm_80 allows 163 KiB per block)
 constexpr int kBwdMaxValueColumns = 128;
-constexpr int kCoefStride = kFwdKeys + 1;  // coefficient tiles: odd stride, lanes over rows hit distinct banks
 
 // g(x) = d/dx log|sinc x| of one element from the table fields; u = q c - k c through u_out.
 FF_DEV float dlog_sinc_tables(float q, float t, float t_low, float k, float X, float Y, float Y_low, float x_per_u,
@@ -52,24 +70,49 @@ FF_DEV float dlog_sinc_tables(float q, float t, float t_low, float k, float X, f
   return x2 < kSincTaylorBound * kSincTaylorBound ? dlog_sinc_taylor(x, x2) : big;
 }
 
+// g(x) = d/dx log|sinc x| of one element from the table fields, as dlog_sinc_tables.
+FF_DEV float dlog_sinc_g(float q, float t, float t_low, float k, float X, float Y, float Y_low, float x_per_u) {
+  float u;
+  return dlog_sinc_tables(q, t, t_low, k, X, Y, Y_low, x_per_u, u);
+}
+
+// Value column of a thread's dv accumulator k in the main pass (4 threads per key, `part`):
+// 16 (k / 4) + 4 part + k % 4 with kO >= 4, part kO + k below.
+template <int kO>
+FF_DEV int dv_column(int part, int k) {
+  return kO >= 4 ? 16 * (k >> 2) + 4 * part + (k & 3) : part * kO + k;
+}
+
 // Shared memory of the tiled backward kernels, in floats.
-FF_HD int64_t tiled_dq_region_floats(int Dv) {
+FF_HD int64_t tiled_delta_region_floats(int Dv) {
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
   const int64_t vt = (int64_t)Dv * kFwdKeys;
-  return chunk > vt ? chunk : vt;  // (the g pass's key chunk, kFwdKeys * kChunk * 4, is smaller than chunk)
+  return chunk > vt ? chunk : vt;
 }
-FF_HD int64_t tiled_dq_smem_floats(int Dv) {
-  return tiled_dq_region_floats(Dv) + (int64_t)Dv * kFwdRows + 2 * (int64_t)kFwdRows * kCoefStride +
-         4 * kFwdRows + kBwdMaxFeatures;
+FF_HD int64_t tiled_delta_smem_floats(int Dv) {
+  return tiled_delta_region_floats(Dv) + (int64_t)Dv * kFwdRows + 6 * kFwdRows;
 }
 FF_HD int dkv_out_stride(int Dv) { return padded_value_columns(Dv) + 4; }
-FF_HD int64_t tiled_dkv_region_floats(int Dv) {
+// The main pass's g-pass partial sums per group of kGroup features: dq's (feature, key column tx,
+// query row) at stride kPqStride per (feature, tx), dk's (feature, query row ty, key) at kFwdKeys.
+constexpr int kGroup = 4;
+constexpr int kPqStride = kFwdRows + 4;  // (e * 16 + tx) * 68 + r: float4 stores by 8 lanes of distinct tx hit distinct banks
+FF_HD int64_t main_partials_floats() {
+  return (int64_t)kGroup * 16 * kPqStride + (int64_t)kGroup * 16 * kFwdKeys;
+}
+FF_HD int64_t tiled_main_region_floats(int Dv) {  // score chunks, then dO, then the g pass's chunks
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
   const int64_t ot = (int64_t)kFwdRows * dkv_out_stride(Dv);
   return chunk > ot ? chunk : ot;
 }
-FF_HD int64_t tiled_dkv_smem_floats(int Dv) {
-  return tiled_dkv_region_floats(Dv) + (int64_t)Dv * kFwdKeys + 2 * (int64_t)kFwdKeys * kCoefStride + 3 * kFwdRows;
+FF_HD int64_t tiled_main_union_floats(int Dv) {  // V^T, then P f, then the partial sums
+  int64_t u = (int64_t)Dv * kFwdKeys;
+  const int64_t w = (int64_t)kFwdRows * kFwdKeys;
+  if (w > u) u = w;
+  return main_partials_floats() > u ? main_partials_floats() : u;
+}
+FF_HD int64_t tiled_main_smem_floats(int Dp, int Dv) {
+  return tiled_main_region_floats(Dv) + tiled_main_union_floats(Dv) + (int64_t)kFwdKeys * Dp + 3 * kFwdRows + kChunk;
 }
 
 // lse as two floats, +inf as (+inf, 0) (P = exp((S - high) - low) is then 0).
@@ -83,76 +126,60 @@ FF_DEV void split_lse_or_inf(double L, float& high, float& low) {
 }
 
 // ---------------------------------------------------------------------------------------
-// dq, dradius, Delta / c and lse + log c. Grid: B * H * ceil(N / kFwdRows) blocks of kFwdThreads.
+// Pre-pass: Delta / c and lse + log c per query row (see the comment above backward_dq_kernel
+// in backward.cuh for why from this pass's own P). Grid: B * H * ceil(N / kFwdRows) blocks of
+// kFwdThreads.
 // ---------------------------------------------------------------------------------------
-template <typename scalar_t, int kF>
-FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dq_tiled_kernel(const Params<scalar_t, float> p) {
-  static_assert(kF % 4 == 0 && 4 * kF <= kBwdMaxFeatures, "features per thread");
+template <typename scalar_t>
+FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(const Params<scalar_t, float> p) {
   FF_DYNAMIC_SHARED(smem_raw);
-  const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv, D = p.D;
-  float* region = reinterpret_cast<float*>(smem_raw);  // score chunks, then V^T, then the g pass's key chunks
+  const int N = p.N, M = p.M, Dv = p.Dv;
+  float* region = reinterpret_cast<float*>(smem_raw);  // score chunks, then V^T
   float* Vt = region;                                  // (Dv, kFwdKeys)
-  float* Kg = region;                                  // (kFwdKeys, kChunk, 4)
-  float* dOt = region + tiled_dq_region_floats(Dv);     // (Dv, kFwdRows): the block's dO, transposed
-  float* A = dOt + (int64_t)Dv * kFwdRows;             // (kFwdRows, kCoefStride): p P f dP
-  float* Bc = A + kFwdRows * kCoefStride;              // (kFwdRows, kCoefStride): p P
-  float* row_sums = Bc + kFwdRows * kCoefStride;       // (2, kFwdRows, 2): Delta and c partials per warp column
-  float* dr_sum = row_sums + 4 * kFwdRows;             // (kBwdMaxFeatures,): dradius of the block
+  float* dOt = region + tiled_delta_region_floats(Dv);  // (Dv, kFwdRows): the block's dO, transposed
+  float* row_sums = dOt + (int64_t)Dv * kFwdRows;      // (2, kFwdRows, 2): Delta and c partials per warp column
+  float* Lh = row_sums + 4 * kFwdRows;                 // (kFwdRows,) lse high part
+  float* Ll = Lh + kFwdRows;                           // (kFwdRows,) low part
 
   const int tid = threadIdx.x;
   const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
   const int64_t bh = blockIdx.x / row_blocks;
   const int i0 = (int)(blockIdx.x - bh * row_blocks) * kFwdRows;
-  const int h = (int)(bh % p.H);
   const int warp = tid >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);
-  const int gr = tid >> 2, part = tid & 3;  // g pass: row gr, features part + 4 t
-  const int gi = i0 + gr;
-
-  const float* trows = p.trows + bh * kRowFields * Dp * N;
-  const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
-  const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
   const scalar_t* v = p.v + bh * M * Dv;
 
-  for (int d = tid; d < kBwdMaxFeatures; d += kFwdThreads) dr_sum[d] = 0.0f;
   for (int idx = tid; idx < Dv * kFwdRows; idx += kFwdThreads) {
-    const int c = idx / kFwdRows, r = idx - c * kFwdRows;
+    const int c = idx >> kFwdRowsLog2, r = idx & (kFwdRows - 1);
     const int i = i0 + r;
     dOt[idx] = i < N ? load_as<float>(p.dout, (bh * N + i) * Dv + c) : 0.0f;
   }
-  float L_high[kMicro], L_low[kMicro];
-#pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii) {
-    const int i = i0 + ty * kMicro + ii;
-    split_lse_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, L_high[ii], L_low[ii]);
+  if (tid < kFwdRows) {
+    const int i = i0 + tid;
+    split_lse_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
   }
-  float delta_part[kMicro], psum_part[kMicro];
-#pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii) delta_part[ii] = psum_part[ii] = 0.0f;
-  float dq_a[kF], dq_b[kF], dr_a[kF], dr_b[kF];
-#pragma unroll
-  for (int t = 0; t < kF; ++t) dq_a[t] = dq_b[t] = dr_a[t] = dr_b[t] = 0.0f;
+  for (int idx = tid; idx < 4 * kFwdRows; idx += kFwdThreads) row_sums[idx] = 0.0f;
 
   const int last_row = ff_min(N - 1, i0 + kFwdRows - 1);
   const int block_end = visible_end(p, last_row);
-  const int g_end = gi < N ? visible_end(p, gi) : 0;
-
   for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
     tile_scores(p, bh, i0, j0, tx, ty, region, S);
     __syncthreads();  // the score chunks are consumed
     for (int idx = tid; idx < Dv * kFwdKeys; idx += kFwdThreads) {
-      const int c = idx / kFwdKeys, r = idx - c * kFwdKeys;
+      const int c = idx >> kFwdKeysLog2, r = idx & (kFwdKeys - 1);
       const int j = j0 + r;
       Vt[idx] = j < M ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
     }
     __syncthreads();
-    float dP[kMicro][kMicro];
+    float dP[kMicro][kMicro], delta_part[kMicro], psum_part[kMicro];
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii)
+    for (int ii = 0; ii < kMicro; ++ii) {
+      delta_part[ii] = psum_part[ii] = 0.0f;
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = 0.0f;
+    }
     for (int c = 0; c < Dv; ++c) {
       const float4 o4 = load4(dOt + c * kFwdRows + ty * kMicro), v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
       const float ov[4] = {o4.x, o4.y, o4.z, o4.w}, vv[4] = {v4.x, v4.y, v4.z, v4.w};
@@ -167,137 +194,73 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dq_tiled_kernel(const Para
       for (int jj = 0; jj < kMicro; ++jj) {
         const int i = i0 + ty * kMicro + ii, j = j0 + tx * kMicro + jj;
         const float s = S[ii][jj];
-        const float P = s == -ff_inf<float>() ? 0.0f : ff_exp((s - L_high[ii]) - L_low[ii]);
-        float a = 0.0f, bcoef = 0.0f;
+        const int r = ty * kMicro + ii;
+        const float P = s == -ff_inf<float>() ? 0.0f : ff_exp((s - Lh[r]) - Ll[r]);
         if (P != 0.0f) {
           const float f = p.dropout_p > 0.0f ? dropout_factor(p, (uint32_t)bh, i, j) : 1.0f;
-          const float pfdp = P * f * dP[ii][jj];
-          delta_part[ii] += pfdp;
+          delta_part[ii] += P * f * dP[ii][jj];
           psum_part[ii] += P;
-          a = p.power * pfdp;
-          bcoef = p.power * P;
-        }
-        A[(ty * kMicro + ii) * kCoefStride + tx * kMicro + jj] = a;
-        Bc[(ty * kMicro + ii) * kCoefStride + tx * kMicro + jj] = bcoef;
-      }
-    // g pass: row gr, keys j0 .. j0 + nk, features part + 4 t, kChunk features staged at a time.
-    const int nk = ff_min(kFwdKeys, g_end - j0);
-    const float* arow = A + gr * kCoefStride;
-    const float* brow = Bc + gr * kCoefStride;
-#pragma unroll
-    for (int c4 = 0; c4 < kF / 4; ++c4) {
-      const int d0 = c4 * kChunk;
-      if (d0 >= Dp) break;  // (block-uniform)
-      const int dc = ff_min(kChunk, Dp - d0);
-      __syncthreads();  // V^T or the previous key chunk is consumed; the coefficients are written
-      for (int idx = tid; idx < dc * kFwdKeys; idx += kFwdThreads) {
-        const int c = idx & (kFwdKeys - 1), dd = idx >> kFwdKeysLog2;
-        const int j = j0 + c;
-        const float* src = tkeys + (int64_t)(d0 + dd) * M + j;
-#pragma unroll
-        for (int f = 0; f < kKeyFields; ++f)
-          Kg[(c * kChunk + dd) * 4 + f] = j < M ? src[(int64_t)f * Dp * M] : pad_key_field(f);
-      }
-      __syncthreads();
-      float qf[4], tf[4], tlf[4], xu[4];
-#pragma unroll
-      for (int tt = 0; tt < 4; ++tt) {
-        const int d = d0 + part + 4 * tt;
-        const bool on = gi < N && d < Dp;
-        qf[tt] = on ? trows[((int64_t)kRowQ * Dp + d) * N + gi] : 0.0f;
-        tf[tt] = on ? trows[((int64_t)kRowTan * Dp + d) * N + gi] : 0.0f;
-        tlf[tt] = on ? trows[((int64_t)kRowTanLow * Dp + d) * N + gi] : 0.0f;
-        xu[tt] = d < Dp ? x_per_u[d] : 0.0f;
-      }
-      for (int jj = 0; jj < nk; ++jj) {
-        const float bj = brow[jj];
-        if (bj == 0.0f) continue;  // P_ij = 0
-        const float aj = arow[jj];
-#pragma unroll
-        for (int tt = 0; tt < 4; ++tt) {
-          const float4 k4 = load4(Kg + (jj * kChunk + part + 4 * tt) * 4);
-          float u;
-          const float g = dlog_sinc_tables(qf[tt], tf[tt], tlf[tt], k4.x, k4.y, k4.z, k4.w, xu[tt], u);
-          const float gu = g * u;
-          const int t = 4 * c4 + tt;
-          dq_a[t] = fmaf(aj, g, dq_a[t]);
-          dq_b[t] = fmaf(bj, g, dq_b[t]);
-          dr_a[t] = fmaf(aj, gu, dr_a[t]);
-          dr_b[t] = fmaf(bj, gu, dr_b[t]);
         }
       }
-    }
-  }
-
-  // Delta_i and c_i: over the 8 lanes of a warp row (lane & 7), then over the 2 warp columns.
-#pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii) {
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-      delta_part[ii] += __shfl_xor_sync(kFullMask, delta_part[ii], o);
-      psum_part[ii] += __shfl_xor_sync(kFullMask, psum_part[ii], o);
-    }
-  }
-  if ((lane & 7) == 0) {
+    // the tile's Delta_i and c_i shares: over the 8 lanes of a warp row (lane & 7), then into the
+    // warp column's slot (one lane owns it; registers stay free while the scores are computed)
 #pragma unroll
     for (int ii = 0; ii < kMicro; ++ii) {
-      float* slot = row_sums + ((warp & 1) * kFwdRows + ty * kMicro + ii) * 2;
-      slot[0] = delta_part[ii];
-      slot[1] = psum_part[ii];
-    }
-  }
-  __syncthreads();
-  const float psum = row_sums[gr * 2 + 1] + row_sums[(kFwdRows + gr) * 2 + 1];  // c_i; 0 without a gradient
-  // m_i / c_i: P renormalised, times the real keys' share with the null key (null_key_share)
-  const double L_row = gi < N ? p.lse_in[bh * N + gi] : (double)INFINITY;
-  const double log_share = psum > 0.0f ? null_key_log_share(L_row, p.log_eps) : 0.0;
-  const float inv_c = psum > 0.0f ? (float)exp(log_share) / psum : 0.0f;
-  const float delta = (row_sums[gr * 2] + row_sums[(kFwdRows + gr) * 2]) * inv_c;
-  if (gi < N) {
-    if (part == 0) {
-      p.delta[bh * N + gi] = delta;
-      p.lse_bwd[bh * N + gi] = psum > 0.0f ? L_row + log((double)psum) - log_share : (double)INFINITY;
-    }
-    scalar_t* dq_i = p.dq + (bh * N + gi) * D;
 #pragma unroll
-    for (int t = 0; t < kF; ++t) {
-      const int d = part + 4 * t;
-      if (d < D) dq_i[d] = static_cast<scalar_t>(fabsf(p.radius[(int64_t)h * D + d]) * ((dq_a[t] - delta * dq_b[t]) * inv_c));
+      for (int o = 1; o < 8; o <<= 1) {
+        delta_part[ii] += __shfl_xor_sync(kFullMask, delta_part[ii], o);
+        psum_part[ii] += __shfl_xor_sync(kFullMask, psum_part[ii], o);
+      }
     }
-  }
+    if ((lane & 7) == 0) {
 #pragma unroll
-  for (int t = 0; t < kF; ++t) {
-    const int d = part + 4 * t;
-    const float dr = (dr_a[t] - delta * dr_b[t]) * inv_c;
-    if (d < D && dr != 0.0f) atomicAdd(dr_sum + d, dr);
+      for (int ii = 0; ii < kMicro; ++ii) {
+        float* slot = row_sums + ((warp & 1) * kFwdRows + ty * kMicro + ii) * 2;
+        slot[0] += delta_part[ii];
+        slot[1] += psum_part[ii];
+      }
+    }
+    // (the next tile_scores starts with a barrier: V^T is consumed before the chunks overwrite it)
   }
+
   __syncthreads();
-  for (int d = tid; d < D; d += kFwdThreads) {
-    // sum over the block of p dS g u, u = c (q - k): dradius = sign(R) sum p dS g(|R| (q - k)) (q - k)
-    const float R = p.radius[(int64_t)h * D + d];
-    const float sum = x_per_u[d] == 0.0f ? 0.0f : dr_sum[d] * (x_per_u[d] / R);
-    if (sum != 0.0f) atomicAdd(p.dradius + (int64_t)h * D + d, sum);
+  if (tid < kFwdRows && i0 + tid < N) {
+    const int r = tid, i = i0 + r;
+    const float psum = row_sums[r * 2 + 1] + row_sums[(kFwdRows + r) * 2 + 1];  // c_i; 0 without a gradient
+    // m_i / c_i: P renormalised, times the real keys' share with the null key (null_key_share)
+    const double L_row = p.lse_in[bh * N + i];
+    const double log_share = psum > 0.0f ? null_key_log_share(L_row, p.log_eps) : 0.0;
+    const float inv_c = psum > 0.0f ? (float)exp(log_share) / psum : 0.0f;
+    p.delta[bh * N + i] = (row_sums[r * 2] + row_sums[(kFwdRows + r) * 2]) * inv_c;
+    p.lse_bwd[bh * N + i] = psum > 0.0f ? L_row + log((double)psum) - log_share : (double)INFINITY;
   }
 }
 
 // ---------------------------------------------------------------------------------------
-// dk and dv. Grid: B * H * ceil(M / kFwdKeys) blocks of kFwdThreads (after the dq kernel).
+// Main pass: dk, dv, the dq sums (into p.dq_acc) and the keys' share of dradius. Grid:
+// B * H * ceil(M / kFwdKeys) blocks of kFwdThreads (after the pre-pass). kO value columns per
+// thread (4 threads per key): 1, 2 (Dv <= 4, 8), else 4 per 16 columns.
 // ---------------------------------------------------------------------------------------
-template <typename scalar_t, int kF, int kO>
-FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dkv_tiled_kernel(const Params<scalar_t, float> p) {
-  static_assert(kF % 4 == 0 && 4 * kF <= kBwdMaxFeatures && kO % 4 == 0, "features and columns per thread");
+template <typename scalar_t, int kO>
+FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(const Params<scalar_t, float> p) {
+  static_assert(kO == 1 || kO == 2 || kO % 4 == 0, "value columns per thread");
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv, D = p.D;
   const int ostride = dkv_out_stride(Dv);
-  float* region = reinterpret_cast<float*>(smem_raw);  // score chunks, then dO, then the g pass's query chunks
+  float* region = reinterpret_cast<float*>(smem_raw);  // score chunks, then dO, then the g pass's chunks
   float* Ot = region;                                  // (kFwdRows, ostride): dO of the query tile
-  float* Qg = region;                                  // (kFwdRows, kChunk, 4)
-  float* Vt = region + tiled_dkv_region_floats(Dv);     // (Dv, kFwdKeys): the block's v, transposed
-  float* W = Vt + (int64_t)Dv * kFwdKeys;              // (kFwdKeys, kCoefStride): P f, [key][query]
-  float* C = W + kFwdKeys * kCoefStride;               // (kFwdKeys, kCoefStride): p dS
-  float* Lh = C + kFwdKeys * kCoefStride;              // (kFwdRows,) lse_bwd high part
+  float* Rf = region;                                  // g pass: (kRowFields, kChunk, kFwdRows)
+  float* Kf = region + kRowFields * kChunk * kFwdRows;  // g pass: (kKeyFields, kChunk, kFwdKeys)
+  float* uni = region + tiled_main_region_floats(Dv);
+  float* Vt = uni;                                     // (Dv, kFwdKeys): v of the block, transposed
+  float* W = uni;                                      // (kFwdRows, kFwdKeys): P f, [query][key]
+  float* Pq = uni;                                     // (kGroup, 16, kPqStride): dq partials
+  float* Pk = uni + kGroup * 16 * kPqStride;           // (kGroup, 16, kFwdKeys): dk partials
+  float* dks = uni + tiled_main_union_floats(Dv);      // (Dp, kFwdKeys): sum_i dS' g of the block's keys
+  float* Lh = dks + (int64_t)kFwdKeys * Dp;            // (kFwdRows,) lse_bwd high part
   float* Ll = Lh + kFwdRows;                           // (kFwdRows,) low part
   float* Dl = Ll + kFwdRows;                           // (kFwdRows,) Delta / c
+  float* xus = Dl + kFwdRows;                          // (kChunk,) x / u of the chunk's features
 
   const int tid = threadIdx.x;
   const int key_blocks = (M + kFwdKeys - 1) / kFwdKeys;
@@ -307,32 +270,33 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dkv_tiled_kernel(const Par
   const int warp = tid >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);
-  const int gk = tid >> 2, part = tid & 3;  // dv and g pass: key gk
-  const int gj = j0 + gk;
+  const int gk = tid >> 2, part = tid & 3;              // dv: key gk
+  const int rc = tid & (kFwdKeys - 1), re = tid >> 6;  // reductions: row / key rc, feature re of a group
 
   const float* trows = p.trows + bh * kRowFields * Dp * N;
   const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
   const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
+  float* dq_acc = p.dq_acc + bh * N * Dp;
   const scalar_t* v = p.v + bh * M * Dv;
   const scalar_t* dout = p.dout + bh * N * Dv;
 
-  for (int idx = tid; idx < Dv * kFwdKeys; idx += kFwdThreads) {
-    const int c = idx / kFwdKeys, r = idx - c * kFwdKeys;
-    const int j = j0 + r;
-    Vt[idx] = j < M ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
+  for (int idx = tid; idx < kFwdKeys * Dp; idx += kFwdThreads) dks[idx] = 0.0f;
+  // dv of key gk: summed per query tile in registers, across tiles in p.dv_acc (float32), which
+  // keeps the registers free while the scores are computed
+  const int nk = ff_min(kFwdKeys, M - j0);
+  float* dv_sum = p.dv_acc + (bh * M + j0 + gk) * Dv;
+  if (gk < nk) {
+#pragma unroll
+    for (int k = 0; k < kO; ++k)
+      if (dv_column<kO>(part, k) < Dv) dv_sum[dv_column<kO>(part, k)] = 0.0f;
   }
-  float dk_acc[kF], dv_acc[kO];
-#pragma unroll
-  for (int t = 0; t < kF; ++t) dk_acc[t] = 0.0f;
-#pragma unroll
-  for (int t = 0; t < kO; ++t) dv_acc[t] = 0.0f;
   // Query i sees key j iff j <= i + (M - N): the block's first key bounds the first query.
   const int i_begin = p.causal ? ff_max(0, j0 - (M - N)) : 0;
 
   for (int i0 = i_begin; i0 < N; i0 += kFwdRows) {
     float S[kMicro][kMicro];
     tile_scores(p, bh, i0, j0, tx, ty, region, S);
-    __syncthreads();  // the score chunks are consumed
+    __syncthreads();  // the score chunks and the previous tile's partials are consumed
     for (int idx = tid; idx < kFwdRows * Dv; idx += kFwdThreads) {
       const int r = idx / Dv, c = idx - r * Dv;
       const int i = i0 + r;
@@ -341,6 +305,11 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dkv_tiled_kernel(const Par
     for (int idx = tid; idx < kFwdRows * (ostride - Dv); idx += kFwdThreads) {  // padding columns: 0
       const int r = idx / (ostride - Dv), c = Dv + idx - r * (ostride - Dv);
       Ot[r * ostride + c] = 0.0f;
+    }
+    for (int idx = tid; idx < Dv * kFwdKeys; idx += kFwdThreads) {
+      const int c = idx >> kFwdKeysLog2, r = idx & (kFwdKeys - 1);
+      const int j = j0 + r;
+      Vt[idx] = j < M ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
     }
     if (tid < kFwdRows) {
       const int i = i0 + tid;
@@ -363,6 +332,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dkv_tiled_kernel(const Par
         for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = fmaf(o, vv[jj], dP[ii][jj]);
       }
     }
+    // C = p dS' = p P (f dP - Delta / c), kept in registers for the g pass; P f for dv.
+    float C[kMicro][kMicro], Wr[kMicro][kMicro];
 #pragma unroll
     for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
@@ -376,84 +347,181 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dkv_tiled_kernel(const Par
           w = P * f;
           coef = p.power * P * (dP[ii][jj] * f - Dl[r]);
         }
-        W[(tx * kMicro + jj) * kCoefStride + r] = w;
-        C[(tx * kMicro + jj) * kCoefStride + r] = coef;
+        Wr[ii][jj] = w;
+        C[ii][jj] = coef;
       }
-    __syncthreads();
-    // dv: key gk, columns 16 t + 4 part + (0..3)
-    const int nq = ff_min(kFwdRows, N - i0);
-    const float* wrow = W + gk * kCoefStride;
-    const float* crow = C + gk * kCoefStride;
-    for (int ii = 0; ii < nq; ++ii) {
-      const float w = wrow[ii];
-      if (w == 0.0f) continue;
-      const float* orow = Ot + ii * ostride + part * 4;
+    __syncthreads();  // V^T is consumed (W takes its place)
 #pragma unroll
-      for (int t = 0; t < kO / 4; ++t) {
-        if (16 * t < Dv) {
-          const float4 o4 = load4(orow + 16 * t);
-          dv_acc[4 * t + 0] = fmaf(w, o4.x, dv_acc[4 * t + 0]);
-          dv_acc[4 * t + 1] = fmaf(w, o4.y, dv_acc[4 * t + 1]);
-          dv_acc[4 * t + 2] = fmaf(w, o4.z, dv_acc[4 * t + 2]);
-          dv_acc[4 * t + 3] = fmaf(w, o4.w, dv_acc[4 * t + 3]);
+    for (int ii = 0; ii < kMicro; ++ii)
+      *reinterpret_cast<float4*>(W + (ty * kMicro + ii) * kFwdKeys + tx * kMicro) =
+          make_float4(Wr[ii][0], Wr[ii][1], Wr[ii][2], Wr[ii][3]);
+    __syncthreads();
+    // dv: key gk, columns 16 t + 4 part + (0..3) (kO >= 4) or part * kO + e
+    const int nq = ff_min(kFwdRows, N - i0);
+    float dv_acc[kO];
+#pragma unroll
+    for (int t = 0; t < kO; ++t) dv_acc[t] = 0.0f;
+    for (int ii = 0; ii < nq; ++ii) {
+      const float w = W[ii * kFwdKeys + gk];
+      if (w == 0.0f) continue;
+      if constexpr (kO >= 4) {
+        const float* orow = Ot + ii * ostride + part * 4;
+#pragma unroll
+        for (int t = 0; t < kO / 4; ++t) {
+          if (16 * t < Dv) {
+            const float4 o4 = load4(orow + 16 * t);
+            dv_acc[4 * t + 0] = fmaf(w, o4.x, dv_acc[4 * t + 0]);
+            dv_acc[4 * t + 1] = fmaf(w, o4.y, dv_acc[4 * t + 1]);
+            dv_acc[4 * t + 2] = fmaf(w, o4.z, dv_acc[4 * t + 2]);
+            dv_acc[4 * t + 3] = fmaf(w, o4.w, dv_acc[4 * t + 3]);
+          }
         }
+      } else {
+        const float* orow = Ot + ii * ostride + part * kO;
+#pragma unroll
+        for (int e = 0; e < kO; ++e) dv_acc[e] = fmaf(w, orow[e], dv_acc[e]);
       }
     }
-    // g pass: key gk, queries i0 .. i0 + nq, features part + 4 t
+    if (gk < nk) {
 #pragma unroll
-    for (int c4 = 0; c4 < kF / 4; ++c4) {
-      const int d0 = c4 * kChunk;
-      if (d0 >= Dp) break;  // (block-uniform)
+      for (int k = 0; k < kO; ++k)
+        if (dv_column<kO>(part, k) < Dv) dv_sum[dv_column<kO>(part, k)] += dv_acc[k];
+    }
+    // g pass: the thread's 4 x 4 (query, key) pairs, coefficients C; per group of kGroup features
+    // the partial sums over its 4 keys (dq) and 4 queries (dk) go through shared memory.
+    for (int d0 = 0; d0 < Dp; d0 += kChunk) {
       const int dc = ff_min(kChunk, Dp - d0);
-      __syncthreads();  // dO or the previous query chunk is consumed
-      for (int idx = tid; idx < dc * kFwdRows; idx += kFwdThreads) {
-        const int r = idx & (kFwdRows - 1), dd = idx >> kFwdRowsLog2;
-        const int i = i0 + r;
-        const float* src = trows + (int64_t)(d0 + dd) * N + i;
+      __syncthreads();  // dO and P f, or the previous chunk and partials, are consumed
+      {  // as tile_scores: thread tid stages row / key tid % 64 of features tid / 64 + 4 n
+        const int r = tid & (kFwdRows - 1), dd0 = tid >> kFwdRowsLog2;
+        const bool row_on = i0 + r < N, key_on = j0 + r < M;
+        const float* rsrc = trows + (int64_t)(d0 + dd0) * N + (i0 + r);
+        const float* ksrc = tkeys + (int64_t)(d0 + dd0) * M + (j0 + r);
+        const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
+        for (int dd = dd0; dd < dc; dd += kStageStep, rsrc += kStageStep * (int64_t)N, ksrc += kStageStep * (int64_t)M) {
 #pragma unroll
-        for (int f = 0; f < kRowFields; ++f) Qg[(r * kChunk + dd) * 4 + f] = i < N ? src[(int64_t)f * Dp * N] : 0.0f;
+          for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + r] = row_on ? rsrc[f * rfield] : 0.0f;
+#pragma unroll
+          for (int f = 0; f < kKeyFields; ++f)
+            Kf[(f * kChunk + dd) * kFwdKeys + r] = key_on ? ksrc[f * kfield] : pad_key_field(f);
+        }
+        if (tid < dc) xus[tid] = x_per_u[d0 + tid];
       }
       __syncthreads();
-      float kf[4], Xf[4], Yf[4], Ylf[4], xu[4];
+      for (int dd = 0; dd < dc; dd += kGroup) {
 #pragma unroll
-      for (int tt = 0; tt < 4; ++tt) {
-        const int d = d0 + part + 4 * tt;
-        const bool on = gj < M && d < Dp;
-        kf[tt] = on ? tkeys[((int64_t)kKeyK * Dp + d) * M + gj] : 1.0f;
-        Xf[tt] = on ? tkeys[((int64_t)kKeyCos * Dp + d) * M + gj] : 1.0f;
-        Yf[tt] = on ? tkeys[((int64_t)kKeySin * Dp + d) * M + gj] : -1.0f;
-        Ylf[tt] = on ? tkeys[((int64_t)kKeySinLow * Dp + d) * M + gj] : 0.0f;
-        xu[tt] = d < Dp ? x_per_u[d] : 0.0f;
-      }
-      for (int ii = 0; ii < nq; ++ii) {
-        const float ci = crow[ii];
-        if (ci == 0.0f) continue;
+        for (int e = 0; e < kGroup; ++e) {
+          const float* rf = Rf + (dd + e) * kFwdRows + ty * kMicro;
+          const float* kf = Kf + (dd + e) * kFwdKeys + tx * kMicro;
+          const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
+          const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
+                       Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
+          const float xu = xus[dd + e];
+          const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
+                      tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
+          const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
+                      Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
+          float dqp[kMicro], dkp[kMicro];  // over the thread's 4 keys (dq) and 4 queries (dk)
 #pragma unroll
-        for (int tt = 0; tt < 4; ++tt) {
-          const float4 q4 = load4(Qg + (ii * kChunk + part + 4 * tt) * 4);
-          float u;
-          const float g = dlog_sinc_tables(q4.x, q4.y, q4.z, kf[tt], Xf[tt], Yf[tt], Ylf[tt], xu[tt], u);
-          dk_acc[4 * c4 + tt] = fmaf(ci, g, dk_acc[4 * c4 + tt]);
+          for (int t = 0; t < kMicro; ++t) dqp[t] = dkp[t] = 0.0f;
+#pragma unroll
+          for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+            for (int jj = 0; jj < kMicro; ++jj) {
+              const float g = dlog_sinc_g(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], xu);
+              dqp[ii] = fmaf(C[ii][jj], g, dqp[ii]);
+              dkp[jj] = fmaf(C[ii][jj], g, dkp[jj]);
+            }
+          *reinterpret_cast<float4*>(Pq + (e * 16 + tx) * kPqStride + ty * kMicro) =
+              make_float4(dqp[0], dqp[1], dqp[2], dqp[3]);
+          *reinterpret_cast<float4*>(Pk + (e * 16 + ty) * kFwdKeys + tx * kMicro) =
+              make_float4(dkp[0], dkp[1], dkp[2], dkp[3]);
         }
+        __syncthreads();
+        {  // thread: query row / key rc, feature d0 + dd + re
+          float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+          for (int t = 0; t < 16; ++t) {
+            sq += Pq[(re * 16 + t) * kPqStride + rc];
+            sk += Pk[(re * 16 + t) * kFwdKeys + rc];
+          }
+          const int d = d0 + dd + re;
+          dks[d * kFwdKeys + rc] += sk;
+          if (sq != 0.0f && i0 + rc < N) atomicAdd(dq_acc + (int64_t)(i0 + rc) * Dp + d, sq);
+        }
+        __syncthreads();  // the partials are consumed
       }
     }
   }
 
-  if (gj >= M) return;  // after the last __syncthreads
-  scalar_t* dk_j = p.dk + (bh * M + gj) * D;
-  scalar_t* dv_j = p.dv + (bh * M + gj) * Dv;
-#pragma unroll
-  for (int t = 0; t < kF; ++t) {
-    const int d = part + 4 * t;
-    if (d < D) dk_j[d] = static_cast<scalar_t>(-fabsf(p.radius[(int64_t)h * D + d]) * dk_acc[t]);
+  __syncthreads();  // dks complete (also with no query tile)
+  // dk = -|R| sum_i dS' g; the keys' share of dradius, sign(R) / c sum_j (k c - m) (-sum_i dS' g)
+  // with m = q c of the slice's first query (see backward_dq_finish_kernel).
+  for (int idx = tid; idx < nk * D; idx += kFwdThreads) {
+    const int c = idx / D, d = idx - c * D;
+    p.dk[(bh * M + j0 + c) * D + d] = static_cast<scalar_t>(-fabsf(p.radius[(int64_t)h * D + d]) * dks[d * kFwdKeys + c]);
   }
-#pragma unroll
-  for (int t = 0; t < kO / 4; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = 16 * t + 4 * part + e;
-      if (c < Dv) dv_j[c] = static_cast<scalar_t>(dv_acc[4 * t + e]);
+  if (N > 0) {
+    for (int d = tid; d < D; d += kFwdThreads) {
+      const float m = trows[((int64_t)kRowQ * Dp + d) * N];
+      const float* kc = tkeys + ((int64_t)kKeyK * Dp + d) * M + j0;
+      float sum = 0.0f;
+      for (int c = 0; c < nk; ++c) sum = fmaf(kc[c] - m, dks[d * kFwdKeys + c], sum);
+      const float R = p.radius[(int64_t)h * D + d];
+      const float dr = x_per_u[d] == 0.0f ? 0.0f : -sum * (x_per_u[d] / R);
+      if (dr != 0.0f) atomicAdd(p.dradius + (int64_t)h * D + d, dr);
     }
+  }
+  if (gk >= nk) return;
+  scalar_t* dv_j = p.dv + (bh * M + j0 + gk) * Dv;
+#pragma unroll
+  for (int k = 0; k < kO; ++k) {
+    const int c = dv_column<kO>(part, k);
+    if (c < Dv) dv_j[c] = static_cast<scalar_t>(dv_sum[c]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// dq = |R| sum_j dS' g from p.dq_acc, and the queries' share of dradius. Grid:
+// B * H * ceil(N / kFwdRows) blocks of kFwdThreads (after the main pass).
+//
+// dradius from dq and dk: S depends on R_d only through x = |R_d| (q - k), so
+// dS/dR_d = sign(R_d) sum_ij dS_ij g(x_ijd) (q_id - k_jd) = (sum_i q_id dq_id + sum_j k_jd dk_jd) / R_d,
+// with dq = |R| sum_j dS g and dk = -|R| sum_i dS g. It is exact for any constant m_d subtracted
+// from q and k (sum_i dq_id + sum_j dk_jd = 0): m_d = q c of the slice's first query keeps the
+// products at the size of q - k (inputs with a large common offset would otherwise cancel).
+// In table units (q c, k c, sums without |R|): dradius_d = sign(R) / c (sum_i (q c - m) A_i - sum_j
+// (k c - m) B_j) = x_per_u / R (...), 0 where x_per_u is 0 (R = 0, as before).
+// ---------------------------------------------------------------------------------------
+template <typename scalar_t>
+FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dq_finish_kernel(const Params<scalar_t, float> p) {
+  FF_DYNAMIC_SHARED(smem_raw);
+  float* dr_sum = reinterpret_cast<float*>(smem_raw);  // (kBwdMaxFeatures,)
+  const int N = p.N, Dp = p.Dp, D = p.D;
+  const int tid = threadIdx.x;
+  const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
+  const int64_t bh = blockIdx.x / row_blocks;
+  const int i0 = (int)(blockIdx.x - bh * row_blocks) * kFwdRows;
+  const int h = (int)(bh % p.H);
+  const float* qc = p.trows + bh * kRowFields * Dp * N;  // field kRowQ
+  const float* acc = p.dq_acc + bh * N * Dp;
+  for (int d = tid; d < kBwdMaxFeatures; d += kFwdThreads) dr_sum[d] = 0.0f;
+  __syncthreads();
+  const int nr = ff_min(kFwdRows, N - i0);
+  for (int idx = tid; idx < nr * D; idx += kFwdThreads) {
+    const int r = idx / D, d = idx - r * D;
+    const int i = i0 + r;
+    const float a = acc[(int64_t)i * Dp + d];
+    p.dq[(bh * N + i) * D + d] = static_cast<scalar_t>(fabsf(p.radius[(int64_t)h * D + d]) * a);
+    if (a != 0.0f) atomicAdd(dr_sum + d, (qc[(int64_t)d * N + i] - qc[(int64_t)d * N]) * a);
+  }
+  __syncthreads();
+  for (int d = tid; d < D; d += kFwdThreads) {
+    const float xu = p.x_per_u[(int64_t)h * Dp + d];
+    const float R = p.radius[(int64_t)h * D + d];
+    const float dr = xu == 0.0f ? 0.0f : dr_sum[d] * (xu / R);
+    if (dr != 0.0f) atomicAdd(p.dradius + (int64_t)h * D + d, dr);
+  }
 }
 
 }  // namespace cuda

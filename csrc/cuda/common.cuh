@@ -65,6 +65,8 @@ struct Params {
   float* row_log_low;
   float* key_log;       // (B*H, M): -sum_d log(X / cos(|R_d| k_d))
   float* x_per_u;       // (H, Dp): |R_d| / c_d, 0 for a flat feature: x = u times this
+  float* dq_acc;        // (B*H, N, Dp): the tiled backward's dq sums (float32, zeroed, atomicAdd)
+  float* dv_acc;        // (B*H, M, Dv): the tiled backward's dv sums (float32, one key block each)
   int Dp;               // D rounded up to a multiple of kRenormEvery (padding features are flat)
   int B, H, N, M, D, Dv;
   acc_t power;

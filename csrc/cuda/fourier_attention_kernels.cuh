@@ -12,8 +12,11 @@
 //                       renormalisation, the shared-memory loads and the loop, counted in the
 //                       SASS of the sm_90 build), the rare exact path for |x| < 2^-14, online
 //                       softmax and P V with 4 threads per row.
-//   backward_tiled.cuh  dq (with Delta and c from its own P) and dk/dv, the same score tiles,
-//                       g(x) per element from the tables (~28 instructions per element).
+//   backward_tiled.cuh  a pre-pass (Delta and c from its own P), then a key-stationary main pass
+//                       on the same score tiles that computes g(x) once per element from the
+//                       tables and feeds dk, dv and dq (~23 instructions per element with the
+//                       reductions of dq and dk), and a small kernel that writes dq; dradius
+//                       from dq and dk.
 //   Head dims above 128 take the simple backward below.
 //
 // Simple path (float64, and the float32 backward for D > 128): every warp owns one row (a

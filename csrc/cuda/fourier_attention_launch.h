@@ -164,46 +164,45 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   return {out, lse};
 }
 
-// The tiled dq kernel for features up to 4 kF per thread.
+// The main pass of the tiled backward, by value columns per thread (4 threads per key).
 template <typename scalar_t, typename Launcher>
-void launch_dq_tiled(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
-  const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
-  const size_t smem = sizeof(float) * tiled_dq_smem_floats(p.Dv);
-  if (p.Dp <= 16)
-    launch(backward_dq_tiled_kernel<scalar_t, 4>, blocks, kFwdThreads, smem, p);
-  else if (p.Dp <= 64)
-    launch(backward_dq_tiled_kernel<scalar_t, 16>, blocks, kFwdThreads, smem, p);
-  else
-    launch(backward_dq_tiled_kernel<scalar_t, 32>, blocks, kFwdThreads, smem, p);
-}
-
-template <typename scalar_t, int kO, typename Launcher>
-void launch_dkv_tiled_with(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
+void launch_main_tiled(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
   const int64_t blocks = grid_blocks(sh, sh.M, kFwdKeys);
-  const size_t smem = sizeof(float) * tiled_dkv_smem_floats(p.Dv);
-  if (p.Dp <= 16)
-    launch(backward_dkv_tiled_kernel<scalar_t, 4, kO>, blocks, kFwdThreads, smem, p);
-  else if (p.Dp <= 64)
-    launch(backward_dkv_tiled_kernel<scalar_t, 16, kO>, blocks, kFwdThreads, smem, p);
+  const size_t smem = sizeof(float) * tiled_main_smem_floats(p.Dp, p.Dv);
+  if (p.Dv <= 4)
+    launch(backward_main_tiled_kernel<scalar_t, 1>, blocks, kFwdThreads, smem, p);
+  else if (p.Dv <= 8)
+    launch(backward_main_tiled_kernel<scalar_t, 2>, blocks, kFwdThreads, smem, p);
+  else if (p.Dv <= 16)
+    launch(backward_main_tiled_kernel<scalar_t, 4>, blocks, kFwdThreads, smem, p);
+  else if (p.Dv <= 32)
+    launch(backward_main_tiled_kernel<scalar_t, 8>, blocks, kFwdThreads, smem, p);
+  else if (p.Dv <= 64)
+    launch(backward_main_tiled_kernel<scalar_t, 16>, blocks, kFwdThreads, smem, p);
   else
-    launch(backward_dkv_tiled_kernel<scalar_t, 32, kO>, blocks, kFwdThreads, smem, p);
+    launch(backward_main_tiled_kernel<scalar_t, 32>, blocks, kFwdThreads, smem, p);
 }
 
 // float64 and head dims above kBwdMaxFeatures / kBwdMaxValueColumns: the simple path
-// (backward.cuh); the rest: the tables, then the tiled dq and dk/dv kernels (backward_tiled.cuh).
+// (backward.cuh); the rest: the tables, then the tiled pre-pass, main pass and dq kernels
+// (backward_tiled.cuh).
 template <typename scalar_t, typename acc_t, typename Launcher>
 void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
                      const Launcher& launch) {
   if constexpr (!std::is_same_v<acc_t, double>) {
     if (padded_features(p.D) <= kBwdMaxFeatures && p.Dv <= kBwdMaxValueColumns) {
       const at::Tensor tables = build_tables(sh, p, options, launch);
-      if (sh.N > 0) launch_dq_tiled(sh, p, launch);
-      if (sh.M > 0) {  // with N = 0 this writes zero dk and dv
-        if (p.Dv <= 64)
-          launch_dkv_tiled_with<scalar_t, 16>(sh, p, launch);
-        else
-          launch_dkv_tiled_with<scalar_t, 32>(sh, p, launch);
-      }
+      const at::Tensor dq_acc = at::zeros({sh.B * sh.H * sh.N * p.Dp}, options.dtype(at::kFloat));
+      p.dq_acc = dq_acc.data_ptr<float>();
+      const at::Tensor dv_acc = at::empty({sh.B * sh.H * sh.M * sh.Dv}, options.dtype(at::kFloat));
+      p.dv_acc = dv_acc.data_ptr<float>();
+      const int64_t row_blocks = grid_blocks(sh, sh.N, kFwdRows);
+      if (sh.N > 0)
+        launch(backward_delta_tiled_kernel<scalar_t>, row_blocks, kFwdThreads,
+               sizeof(float) * tiled_delta_smem_floats(p.Dv), p);
+      if (sh.M > 0) launch_main_tiled(sh, p, launch);  // with N = 0 this writes zero dk and dv
+      if (sh.N > 0)
+        launch(backward_dq_finish_kernel<scalar_t>, row_blocks, kFwdThreads, sizeof(float) * kBwdMaxFeatures, p);
       return;
     }
   }
