@@ -71,7 +71,7 @@ the register counts. The two disassemblers come as PyPI wheels (not needed by th
     python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
 
 They are found on PATH, next to nvcc, under $CUDA_HOME/bin, or in those wheels (nvidia/cu*/bin).
-On 2 shared cores a cold run at the default head dims (7 instances) took 80-134 s, a cached one 4-6 s
+On 2 shared cores a cold run at the default head dims (7 instances) took 80-102 s, a cached one 4-6 s
 (2026-11-27).
 """
 import argparse
@@ -205,15 +205,16 @@ def setup_nvcc_flags():
 # Constants of the headers that the loop model uses; the host program below prints them.
 CONSTANTS = ["kMicro", "kRenormEvery", "kChunk", "kFwdRows", "kFwdKeys", "kFwdThreads", "kStageStep",
              "kRowFields", "kKeyFields", "kTableThreads", "kBwdMaxFeatures", "kBwdMaxValueColumns",
-             "kCoefStride"]
+             "kGroup"]
 # Head-dim dependent sizes (functions of the headers), per D = Dv.
 SIZES = {
     "Dp": "padded_features(D)",
     "Dvs": "padded_value_columns(Dv)",
     "ostride": "dkv_out_stride(Dv)",
     "fwd_smem_floats": "tiled_forward_smem_floats(Dv)",
-    "dq_smem_floats": "tiled_dq_smem_floats(Dv)",
-    "dkv_smem_floats": "tiled_dkv_smem_floats(Dv)",
+    "delta_smem_floats": "tiled_delta_smem_floats(Dv)",
+    "main_smem_floats": "tiled_main_smem_floats(padded_features(D), Dv)",
+    "finish_smem_floats": "kBwdMaxFeatures",
 }
 
 
@@ -259,29 +260,22 @@ def launcher_instances(D, Dv, c):
     out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}>", {"kO": kO}, "kFwdThreads",
                         "fwd_smem_floats", "kFwdRows"))
     if Dp <= c["kBwdMaxFeatures"] and Dv <= c["kBwdMaxValueColumns"]:
-        kF = 4 if Dp <= 16 else (16 if Dp <= 64 else 32)
-        out.append(Instance("dq", f"backward_dq_tiled_kernel<float, {kF}>", {"kF": kF}, "kFwdThreads",
-                            "dq_smem_floats", "kFwdRows"))
-        kOk = 16 if Dv <= 64 else 32
-        out.append(Instance("dkv", f"backward_dkv_tiled_kernel<float, {kF}, {kOk}>", {"kF": kF, "kO": kOk},
-                            "kFwdThreads", "dkv_smem_floats", "kFwdKeys"))
+        out.append(Instance("delta", "backward_delta_tiled_kernel<float>", {}, "kFwdThreads",
+                            "delta_smem_floats", "kFwdRows"))
+        kOk = 1 if Dv <= 4 else 2 if Dv <= 8 else 4 if Dv <= 16 else 8 if Dv <= 32 else 16 if Dv <= 64 else 32
+        out.append(Instance("main", f"backward_main_tiled_kernel<float, {kOk}>", {"kO": kOk},
+                            "kFwdThreads", "main_smem_floats", "kFwdKeys"))
+        out.append(Instance("finish", "backward_dq_finish_kernel<float>", {}, "kFwdThreads",
+                            "finish_smem_floats", "kFwdRows"))
     return out
 
 
 # The launcher's lines that launcher_instances mirrors: if one is gone, the mirror is stale.
 LAUNCHER_LINES = [
     r"if \(p\.Dv <= 16\)\s*launch\(forward_tiled_kernel<scalar_t, 4>",
-    r"else if \(p\.Dv <= 64\)\s*launch\(forward_tiled_kernel<scalar_t, 16>",
-    r"else\s*launch\(forward_tiled_kernel<scalar_t, 64>",
-    r"if \(p\.Dp <= 16\)\s*launch\(backward_dq_tiled_kernel<scalar_t, 4>",
-    r"else if \(p\.Dp <= 64\)\s*launch\(backward_dq_tiled_kernel<scalar_t, 16>",
-    r"else\s*launch\(backward_dq_tiled_kernel<scalar_t, 32>",
-    r"if \(p\.Dp <= 16\)\s*launch\(backward_dkv_tiled_kernel<scalar_t, 4, kO>",
-    r"else if \(p\.Dp <= 64\)\s*launch\(backward_dkv_tiled_kernel<scalar_t, 16, kO>",
-    r"else\s*launch\(backward_dkv_tiled_kernel<scalar_t, 32, kO>",
-    r"if \(p\.Dv <= 64\)\s*launch_dkv_tiled_with<scalar_t, 16>",
-    r"else\s*launch_dkv_tiled_with<scalar_t, 32>",
-    r"padded_features\(p\.D\) <= kBwdMaxFeatures && p\.Dv <= kBwdMaxValueColumns",
+    r"launch\(backward_delta_tiled_kernel<scalar_t>",
+    r"launch\(backward_dq_finish_kernel<scalar_t>",
+    r"if \(p\.Dv <= 4\)\s*launch\(backward_main_tiled_kernel<scalar_t, 1>",
     r"launch\(table_kernel<scalar_t>",
 ]
 
@@ -349,6 +343,22 @@ LOOP_SPECS = [
          chunks="ceil(Dp / kChunk)"),
     dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < D; d \+= kFwdThreads\)",
          name="dradius sums", step="kFwdThreads", trips="D / kFwdThreads"),
+    # backward_main_tiled_kernel / backward_dq_finish_kernel (the restructured backward)
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* Dp; idx \+= kFwdThreads\)",
+         name="dk sums zeroing", step="kFwdThreads", trips="kFwdKeys * Dp / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int d0 = 0; d0 < Dp; d0 \+= kChunk\)",
+         name="g-pass chunks", step="kChunk", trips="ceil(Dp / kChunk)"),
+    dict(file="backward_tiled.cuh", text=r"for \(int dd = dd0; dd < dc; dd \+= kStageStep",
+         name="g-pass staging", step="kStageStep", trips="chunk_dc / kStageStep"),
+    dict(file="backward_tiled.cuh", text=r"for \(int dd = 0; dd < dc; dd \+= kGroup\)",
+         name="g pass (dq, dk)", step="kGroup", trips="chunk_dc / kGroup",
+         elems="kMicro * kMicro * kGroup", unit="qkd"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nk \* D; idx \+= kFwdThreads\)",
+         name="dk store", step="kFwdThreads", trips="kFwdKeys * D / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int c = 0; c < nk; \+\+c\)",
+         name="dradius key sum", step="1", trips="kFwdKeys"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nr \* D; idx \+= kFwdThreads\)",
+         name="dq store", step="kFwdThreads", trips="kFwdRows * D / kFwdThreads"),
     # atomicAdd's compare-and-swap retry loop (shared memory float): once without contention
     dict(file="sm_20_atomic_functions.hpp", text=None, name="atomicAdd CAS loop", step="1", trips="1"),
     # table_kernel
@@ -839,7 +849,7 @@ def whole_per_element(inst, per_thread, names, c):
     if inst.kind == "tables":
         threads_total = N + M  # one thread per row (the rest of the last block returns at once)
     else:
-        rows = N if inst.kind in ("forward", "dq") else M
+        rows = N if inst.kind in ("forward", "dq", "delta", "finish") else M
         blocks = math.ceil(rows / c[inst.grid_rows])
         threads_total = blocks * c[inst.threads]
     return per_thread * threads_total / (N * M * D)
@@ -971,7 +981,8 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                 names.update(N=n, M=n, D=hd, Dv=hd,
                              chunk_dc=Dp / math.ceil(Dp / c["kChunk"]),
                              fwd_cols=4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < sizes["Dvs"]),
-                             dkv_cols=4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < hd))
+                             dkv_cols=(inst.params.get("kO", 0) if inst.params.get("kO", 0) < 4 else
+                                       4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < hd)))
                 per_thread, loop_rows, top, outside = analyse(inst, fn, names, sources)
                 scale = whole_per_element(inst, 1.0, names, c)
                 row["shapes"][str(n)] = dict(per_thread=round(per_thread), per_element=round(per_thread * scale, 2),
@@ -991,7 +1002,7 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
         totals = {}
         for n in shapes:
             by = {r["kind"]: r["shapes"][str(n)]["per_element"] for r in rows}
-            bwd = by["dq"] + by["dkv"] if "dq" in by else None
+            bwd = by["delta"] + by["main"] + by["finish"] if "delta" in by else None
             totals[str(n)] = dict(forward=by["forward"], forward_with_tables=round(by["tables"] + by["forward"], 2),
                                   backward=None if bwd is None else round(bwd, 2),
                                   backward_with_tables=None if bwd is None else round(by["tables"] + bwd, 2))
