@@ -545,7 +545,7 @@ def test_fairseq_log_records_reads_the_tagged_json_lines_only():
     """The shared reader of training logs: the tag and the JSON of train_inner, train and valid
     lines, in order, nulls kept; other lines (progress text, a broken JSON, another logger's
     JSON) skipped."""
-    from fourierformer_fairseq.recipes import fairseq_log_records
+    from fourierformer_fairseq.fairseq_runs import fairseq_log_records
 
     lines = [
         "2026-01-01 00:00:00 | INFO | fairseq_cli.train | begin training",
