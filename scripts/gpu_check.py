@@ -40,7 +40,7 @@ twin's, or more overflow-skipped updates than the twin by more than OVERFLOW_SLA
 are reported, never judged. Every step has a time limit (STEP_SECONDS), cut to what is left of
 --budget (default 570 s), so the table is complete before a ten-minute limit. Exit status 1 on a failure.
 
-Data: --data-bin (default OUT/data-bin; --offline DIR: DIR/data-bin) holds multi30k.de-en/ and
+Data: --data-bin (default OUT/data-bin; --offline DIR: unpacked from DIR/data-bin.tar.xz) holds multi30k.de-en/ and
 wikitext-2/, binarised by the recipes' prepare scripts; missing, they are prepared from --raw
 (default ../shared/data: multi30k/*.xz, wikitext-2/*.xz; decompressed with Python's lzma).
 """
@@ -630,6 +630,12 @@ def prepare_wheels(folder: str) -> list[str]:
             continue
         done.add(name)
         spec = str(req.specifier) if req.specifier else ""
+        present = [p for p in glob.glob(os.path.join(folder, "*.whl"))
+                   if canonical(wheel_requirements(p)[0]) == name
+                   and req.specifier.contains(wheel_requirements(p)[1], prereleases=True)]
+        if present:  # downloaded by an earlier run
+            queue += [r for r in map(needed, wheel_requirements(present[0])[2]) if r is not None]
+            continue
         log(f"wheels: {name}{spec}")
         before = set(glob.glob(os.path.join(folder, "*.whl")))
         got = subprocess.run(pip + ["download", "--no-deps", "--only-binary=:all:", *OFFLINE_PLATFORM, "-d", folder,
@@ -671,25 +677,55 @@ def unpack_wheels(archive: str, folder: str) -> str:
     return folder
 
 
+def pack_data(data_bin: str, archive: str) -> None:
+    """The binarised data and dictionaries the check reads, in one tar.xz (the prepare scripts'
+    text/ and raw/ copies left out)."""
+    part = archive + ".part"
+    with tarfile.open(part, "w:xz", preset=6) as tar:
+        for root, dirs, files in os.walk(data_bin):
+            dirs[:] = sorted(d for d in dirs if d not in ("text", "raw"))
+            for f in sorted(files):
+                path = os.path.join(root, f)
+                tar.add(path, arcname=os.path.join("data-bin", os.path.relpath(path, data_bin)), recursive=False)
+    os.replace(part, archive)
+
+
+def unpack_data(archive: str, folder: str) -> str:
+    """Unpacks pack_data's archive into folder; returns folder/data-bin."""
+    with tarfile.open(archive, "r:xz") as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if not member.isfile() or parts[0] != "data-bin" or ".." in parts:
+                raise ValueError(f"{archive}: {member.name} is not a data-bin file")
+            tar.extract(member, folder)
+    return os.path.join(folder, "data-bin")
+
+
 def prepare_offline(args) -> int:
-    """DIR/data-bin and DIR/wheels.tar.xz, what --offline DIR needs; the wheels themselves are
-    downloaded to DIR.wheels/ (kept, so a second run downloads nothing new)."""
+    """DIR/data-bin.tar.xz and DIR/wheels.tar.xz, what --offline DIR needs; the data-bin and the
+    wheels themselves are written to DIR.work/ (kept, so a second run redoes nothing)."""
     out = os.path.abspath(args.prepare_offline)
+    work = out.rstrip("/") + ".work"
     os.makedirs(out, exist_ok=True)
-    args.data_bin = os.path.join(out, "data-bin")
-    ok, what = prepare_data(args, out)
+    os.makedirs(work, exist_ok=True)
+    args.data_bin = os.path.join(work, "data-bin")
+    ok, what = prepare_data(args, work)
     log(f"data: {what}")
-    folder = out.rstrip("/") + ".wheels"
+    if ok:
+        pack_data(args.data_bin, os.path.join(out, "data-bin.tar.xz"))
+    folder = os.path.join(work, "wheels")
     problems = prepare_wheels(folder)
     for p in problems:
         log(f"wheels: {p}")
-    if not problems:
-        log(f"packing {folder} into {out}/wheels.tar.xz (a few minutes)")
-        pack_wheels(folder, os.path.join(out, "wheels.tar.xz"))
-    mib = {"wheels": folder_mib(folder), "data": folder_mib(args.data_bin), "all": folder_mib(out)}
-    log(f"{folder}: {len(glob.glob(os.path.join(folder, '*.whl')))} wheels, {mib['wheels']:.1f} MiB; {out}: "
-        f"{mib['all']:.1f} MiB in all (data-bin {mib['data']:.1f} MiB, wheels.tar.xz "
-        f"{mib['all'] - mib['data']:.1f} MiB)")
+    archive = os.path.join(out, "wheels.tar.xz")
+    newest = max((os.path.getmtime(p) for p in glob.glob(os.path.join(folder, "*.whl"))), default=0)
+    if not problems and (not os.path.exists(archive) or os.path.getmtime(archive) < newest):
+        log(f"packing {folder} into {archive} (a few minutes)")
+        pack_wheels(folder, archive)
+    mib = lambda path: os.path.getsize(path) / 2 ** 20 if os.path.exists(path) else 0.0  # noqa: E731
+    log(f"{folder}: {len(glob.glob(os.path.join(folder, '*.whl')))} wheels, {folder_mib(folder):.1f} MiB; {out}: "
+        f"{folder_mib(out):.1f} MiB in all (wheels.tar.xz {mib(os.path.join(out, 'wheels.tar.xz')):.1f} MiB, "
+        f"data-bin.tar.xz {mib(os.path.join(out, 'data-bin.tar.xz')):.1f} MiB)")
     return 0 if ok and not problems else 1
 
 
@@ -714,13 +750,13 @@ def describe_machine(gpu: bool) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(REPO, "runs", "gpu_check"), help="logs, results, runs")
-    p.add_argument("--offline", metavar="DIR", help="DIR/wheels and DIR/data-bin, as --prepare-offline DIR made them")
+    p.add_argument("--offline", metavar="DIR", help="DIR/wheels.tar.xz and DIR/data-bin.tar.xz, as --prepare-offline DIR made them")
     p.add_argument("--data-bin", help="folder with multi30k.de-en/ and wikitext-2/ (default OUT/data-bin)")
     p.add_argument("--raw", default=os.path.join(os.path.dirname(REPO), "shared", "data"),
                    help="raw data to prepare the data-bin from when it is missing (multi30k/*.xz, wikitext-2/*.xz)")
     p.add_argument("--wheels", help="install offline from the wheels in this folder")
     p.add_argument("--prepare-offline", metavar="DIR",
-                   help="on a machine with a network: write DIR/wheels and DIR/data-bin for --offline DIR, then stop")
+                   help="on a machine with a network: write DIR/wheels.tar.xz and DIR/data-bin.tar.xz for --offline DIR, then stop")
     p.add_argument("--updates", type=int, default=None, help="updates of each training (default 300; --dry-run 12)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds for the whole check; each step's limit is cut to what is left (default 570; "
@@ -738,12 +774,11 @@ def main(argv=None) -> int:
     args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     if args.offline:
-        archive = os.path.join(args.offline, "wheels.tar.xz")
-        args.data_bin = args.data_bin or os.path.join(args.offline, "data-bin")
-        if not args.wheels and os.path.exists(archive):
-            args.wheels = unpack_wheels(archive, os.path.join(args.out, "wheels"))
-        if not args.wheels or not os.path.isdir(args.data_bin):
-            p.error(f"--offline {args.offline}: needs wheels.tar.xz and data-bin/ (made by --prepare-offline)")
+        wheels, data = (os.path.join(args.offline, f) for f in ("wheels.tar.xz", "data-bin.tar.xz"))
+        if not os.path.exists(wheels) or not os.path.exists(data):
+            p.error(f"--offline {args.offline}: needs wheels.tar.xz and data-bin.tar.xz (made by --prepare-offline)")
+        args.wheels = args.wheels or unpack_wheels(wheels, os.path.join(args.out, "wheels"))
+        args.data_bin = args.data_bin or unpack_data(data, args.out)
     args.data_bin = os.path.abspath(args.data_bin or os.path.join(args.out, "data-bin"))
     args.updates = args.updates or (12 if args.dry_run else 300)
     args.gpu = not args.dry_run

@@ -230,3 +230,20 @@ def test_unpack_refuses_what_is_not_a_wheel(gc, tmp_path):
         tar.add(str(tmp_path / "evil.sh"), arcname="../evil.sh")
     with pytest.raises(ValueError, match="not a wheel"):
         gc.unpack_wheels(archive, str(tmp_path / "out"))
+
+
+def test_packed_data_bin_keeps_the_binaries_and_dictionaries_only(gc, tmp_path):
+    src = tmp_path / "data-bin"
+    files = {"wikitext-2/dict.txt": b"the 5\n", "wikitext-2/train.bin": bytes(range(256)) * 4,
+             "multi30k.de-en/dict.de.txt": b"und 3\n", "multi30k.de-en/text/train.de": b"text copy\n",
+             "wikitext-2/raw/wiki.train.tokens": b"raw copy\n"}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    archive = str(tmp_path / "data-bin.tar.xz")
+    gc.pack_data(str(src), archive)
+    back = gc.unpack_data(archive, str(tmp_path / "out"))
+    got = {os.path.relpath(os.path.join(d, f), back) for d, _, fs in os.walk(back) for f in fs}
+    assert got == {"wikitext-2/dict.txt", "wikitext-2/train.bin", "multi30k.de-en/dict.de.txt"}
+    for rel in got:
+        assert open(os.path.join(back, rel), "rb").read() == files[rel]

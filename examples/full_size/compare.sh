@@ -54,6 +54,7 @@ recipe_of() {  # recipe_of TASK
 }
 declare -A ARCH_OF
 for task in $TASKS; do
+    recipe_of "$task" >/dev/null  # (an unknown task stops here)
     eval "$(recipe "$(recipe_of "$task")" --shell | grep '^R_ARCH=')"
     ARCH_OF[$task:fourier]=$R_ARCH
     ARCH_OF[$task:softmax]=$(softmax_twin "$R_ARCH")
