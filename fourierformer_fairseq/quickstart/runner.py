@@ -297,13 +297,13 @@ def run_quickstart(cfg: QuickstartConfig, console: Optional[Console] = None) -> 
     commands: List[str] = []
 
     mode = "small (test) mode" if cfg.small else "full mode"
-    console.say(f"FourierFormer quickstart, {mode}: English -> Fourieran (synthetic), fourierformer_iwslt_de_en vs "
-                f"its softmax twin transformer_iwslt_de_en")
+    MODELS = models()
+    console.say(f"FourierFormer quickstart, {mode}: English -> Fourieran (synthetic), {MODELS[0][1]} vs "
+                f"its softmax twin {MODELS[1][1]}")
     console.say(f"  output: {out}")
     console.say(f"  models: {sizes.layers}+{sizes.layers} layers, d {sizes.embed_dim}, {sizes.heads} heads, "
                 f"ffn {sizes.ffn_dim}; up to {sizes.max_epoch} epochs or {cfg.time_budget_minutes:g} min each; "
                 f"{jobs} training job(s) at a time, {threads} thread(s) each")
-    MODELS = models()
     for name, arch, extra in MODELS:
         if extra:
             console.say(f"  {name}: {arch} {' '.join(extra)}")
