@@ -31,6 +31,8 @@ from collections import defaultdict
 
 from fourierformer_fairseq.fairseq_runs import options_given
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 TASKS = ("iwslt14", "wikitext103")
 # A run's options are the --fourier-* arguments it gave fairseq-train (meta.json's "fourier",
 # written by examples/lib.sh's write_meta with fourierformer_fairseq.fairseq_runs.options_given); an
