@@ -15,8 +15,8 @@ need() {  # need CMD HINT
 # write_meta FILE key=value ... [-- extra args]: a meta.json describing a run, for make_tables.py
 write_meta() {
     local file="$1"; shift
-    REPO_ROOT="$REPO_ROOT" "$PYTHON" - "$file" "$@" <<'PY'
-import json, os, sys
+    "$PYTHON" - "$file" "$@" <<'PY'
+import json, sys
 path, rest = sys.argv[1], sys.argv[2:]
 meta, extra = {}, []
 if "--" in rest:
@@ -27,8 +27,7 @@ for kv in rest:
     meta[k] = int(v) if v.lstrip("-").isdigit() else v
 meta["extra_args"] = extra
 # the --fourier-* options among them, as make_tables.py reads them
-sys.path.insert(0, os.environ["REPO_ROOT"])
-from fourierformer_fairseq.recipes import options_given
+from fourierformer_fairseq.fairseq_runs import options_given
 meta["fourier"] = options_given(extra)
 with open(path, "w") as fh:
     json.dump(meta, fh, indent=1, sort_keys=True)
@@ -50,6 +49,16 @@ fourier_suffix() {
         esac
     done
     echo "${out//-/_}"
+}
+
+# recipe NAME [--shell | --set OPTION VALUE ... --drop OPTION ...]: a task's fairseq-train
+# hyper-parameters from their one table (fourierformer_fairseq/training_recipes.py, run as a file)
+recipe() { "$PYTHON" "$REPO_ROOT/fourierformer_fairseq/training_recipes.py" "$@"; }
+
+# softmax_twin ARCH: the softmax twin of a Fourier architecture (fourierformer_fairseq.models.SOFTMAX_TWINS)
+softmax_twin() {
+    "$PYTHON" -c "import sys; from fourierformer_fairseq.models import SOFTMAX_TWINS; print(SOFTMAX_TWINS[sys.argv[1]])" "$1" \
+        2>/dev/null | tail -1 | grep . || die "no softmax twin of $1 (is the package installed? pip install -e .)"
 }
 
 # has_cuda: 0 when torch sees a GPU

@@ -1,73 +1,127 @@
 #!/usr/bin/env python3
-"""The GPU check: everything a user does on a GPU, in one run, with one summary table.
+"""The GPU check: everything a user does on a GPU, in one run of under ten minutes, with one table.
 
-    bash scripts/gpu_check.sh [--out DIR] [--data-bin DIR] [--raw DIR] [--wheels DIR]
-                              [--updates N] [--steps install,tests,attention,table9,train,evaluate]
-    bash scripts/gpu_check.sh --dry-run     # on a machine without a GPU: every step but the GPU's
+    bash scripts/gpu_check.sh [--out DIR] [--offline DIR | --wheels DIR --data-bin DIR] [--raw DIR]
+                              [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,train]
+    bash scripts/gpu_check.sh --dry-run [--offline DIR]   # without a GPU: every step but the GPU's
+    python scripts/gpu_check.py --prepare-offline DIR     # with a network: the wheels and data for --offline DIR
 
-Steps (each logs to OUT/<step>*.log; the table at the end says what each measured):
+Steps (each logs to OUT/<name>.log; each row of the table is written to OUT/summary.md and printed
+as soon as its step ends; the table's head names the card, torch and CUDA):
 
-  install    scripts/install.sh (with --wheels DIR: offline, from the wheels in DIR), then
-             `python -m fourierformer_fairseq.info`, which must say the cuda backend is available
+  install    scripts/install.sh, or with --offline / --wheels: fairseq-fixed and what the check needs
+             from the wheels folder (no network), then this package (`pip install -e .`, which builds
+             the extension); then `python -m fourierformer_fairseq.info` must say the cuda backend is
+             available. CXX is preset to /usr/bin/g++ when the environment's compiler is another g++
+             (such a wrapper has been seen to build an extension whose exceptions crash the process,
+             and install.sh would then build it twice). --dry-run installs nothing: it checks the
+             wheels folder's dependency closure and runs `info`.
   tests      the CUDA tests: tests/test_cuda_kernels.py, tests/test_cuda_fuzz.py (seeded fuzz against
-             the float64 oracle, every dtype), tests/test_cuda_module.py (half-precision parameters,
-             autocast, incremental decoding, dropout seed)
-  attention  scripts/benchmark_attention.py --device cuda --quick (the WikiText-103 small, IWSLT and
-             N 256 / 1024 / 4096 shapes, fused against sdpa), with the forward's elements/s
-  table9     scripts/benchmark_model.py: training and inference ms per sequence and peak memory,
-             Fourier against its softmax twin, the LM and the IWSLT model, fp32, fp16 and bf16
-  train      stock fairseq-train with --fp16 and with --amp: the IWSLT'14 architecture on Multi30k
-             and the WikiText-103 small LM on WikiText-2, Fourier and its softmax twin, --updates
-             updates each at full size (stock fairseq's --bf16 means a TPU: fairseq/options.py sets
-             --tpu with it, so bfloat16 is checked by the tests and Table 9, not by fairseq-train)
-  evaluate   fairseq-generate --fp16 (beam 5, BLEU; incremental decoding) and fairseq-eval-lm --fp16
-             (perplexity) on the GPU, on the --fp16 runs
+             the float64 oracle, every dtype), tests/test_cuda_module.py; in parallel (pytest -n, when
+             pytest-xdist is installed), side by side with
+  cpu        the CPU op tests and fuzz (tests/test_fourier_attention_op.py, tests/test_op_fuzz.py,
+             fast tier) under the avx512 kernel variant (FOURIERFORMER_CPU_ISA=avx512), which no CI
+             host has; SKIP on a CPU without AVX-512
+  attention  scripts/benchmark_attention.py --device cuda --quick: fused against sdpa
+  table9     scripts/benchmark_model.py: training ms per sequence and peak memory, Fourier against its
+             softmax twin, the LM and the IWSLT model, fp32, fp16 and bf16
+  train      stock fairseq-train, the recipes of fourierformer_fairseq/training_recipes.py at full size
+             for --updates updates: the IWSLT'14 architecture on Multi30k and the WikiText-103 small LM
+             on WikiText-2, Fourier and its softmax twin; the --fp16 set and the --amp set side by side
+             (fairseq's --bf16 means a TPU, so bfloat16 is checked by the tests and Table 9); then the
+             --fp16 runs are evaluated: fairseq-generate --fp16 (beam 5, BLEU) and fairseq-eval-lm --fp16
+  GPU-hours  from the --fp16 runs' ms per update: what each of the paper's tables costs on this card
 
-What fails the check: a step's command failing, any CUDA test failing, the cuda backend not
-available after the install, and per trained pair: the Fourier loss not falling like the twin's
-(its drop from the first to the last logged update below 0.8 times the twin's, or its best
-validation loss above the twin's by more than 5 %), more overflow-skipped updates than the twin.
-Timings (ms per update: the median over the logged intervals after the first third of fairseq's
-own updates per second) and scores are reported, never judged. Exit status 1 if anything failed.
+What fails the check: a step's command failing or running past its time limit, any test failing,
+the cuda backend not available after the install, and per trained pair (judge_pair): the softmax
+twin's loss not falling by MIN_TWIN_LOSS_DROP (nothing trained), the Fourier loss not falling like the
+twin's (less than LOSS_DROP_FRACTION of its drop), its best validation loss above VALID_SLACK times the
+twin's, or more overflow-skipped updates than the twin by more than OVERFLOW_SLACK. Timings and scores
+are reported, never judged. Every step has a time limit (STEP_SECONDS), cut to what is left of
+--budget (default 570 s), so the table is complete before a ten-minute limit. Exit status 1 on a failure.
 
-Data: OUT/data-bin (or --data-bin) holds multi30k.de-en/ and wikitext-2/, binarised by the recipes'
-prepare scripts (examples/iwslt14/prepare.sh, examples/wikitext103/prepare.sh); when they are
-missing they are prepared from --raw (default ../shared/data: multi30k/*.xz, wikitext-2/*.xz).
---dry-run runs on the CPU: the install and the tests as they are (the CUDA tests skip), the
-benchmarks at small sizes, and the trainings with tiny models for a few updates in float32
-(fairseq's --fp16 needs a GPU, and it takes --bf16 --cpu for a TPU).
+Data: --data-bin (default OUT/data-bin; --offline DIR: unpacked from DIR/data-bin.tar.xz) holds multi30k.de-en/ and
+wikitext-2/, binarised by the recipes' prepare scripts; missing, they are prepared from --raw
+(default ../shared/data: multi30k/*.xz, wikitext-2/*.xz; decompressed with Python's lzma).
 """
 from __future__ import annotations
 
 import argparse
+import glob
+import importlib
 import json
+import lzma
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import threading
 import time
+import zipfile
+
+from fourierformer_fairseq.fairseq_runs import TIMED_OUT, fairseq_command, fairseq_log_records, run_logged
+from fourierformer_fairseq.training_recipes import (PAPER_SEEDS, PAPER_TABLE_RUNS, passes_per_update, recipe,
+                                                    recipe_args, recipe_value, updates_per_run)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # this checkout's package (its log reader, once the install has run)
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
-STEPS = ("install", "tests", "attention", "table9", "train", "evaluate")
+STEPS = ("install", "tests", "cpu", "attention", "table9", "train")
 CUDA_TESTS = ("tests/test_cuda_kernels.py", "tests/test_cuda_fuzz.py", "tests/test_cuda_module.py")
+CPU_OP_TESTS = ("tests/test_fourier_attention_op.py", "tests/test_op_fuzz.py")
+CPU_VARIANT = "avx512"  # the variant no CI host runs (tests/cpu_variants.py: FOURIERFORMER_CPU_ISA)
 
-# The trained pairs: (task, Fourier arch, softmax twin)
-PAIRS = {
-    "mt": ("fourierformer_iwslt_de_en", "transformer_iwslt_de_en"),
-    "lm": ("fourierformer_lm_wiki103_small", "softmax_lm_wiki103_small"),
+# Time limits of the steps in seconds (each is also cut to what is left of --budget). On an H200 the
+# build took 61 s and the CUDA tests 187 s serially on a shared GPU; 300 updates of a full-size model
+# take well under a minute there.
+# A dry run runs the same test selections on a CPU, far slower: its limits are this many times longer
+DRY_RUN_SCALE = 4
+STEP_SECONDS = {"install": 200, "tests": 200, "cpu": 200, "attention": 90, "table9": 120, "training": 100,
+                "evaluate": 60}
+
+# The trained tasks: the recipe (training_recipes.py) and the data-bin folder of each
+TASKS = {"mt": ("iwslt14", "multi30k.de-en"), "lm": ("wikitext103", "wikitext-2")}
+# What the check's short runs change in the recipes: warm-up over the first third, no epoch limit;
+# the LM takes 16 sequences an update (one pass of the recipe's 6) at lr 1e-3, as the full-size
+# comparison does (examples/full_size/compare.sh), so a few hundred updates show learning
+CHECK_CHANGES = {"mt": ({}, ("--max-epoch",)), "lm": ({"--lr": "1e-3"}, ("--update-freq", "--max-update"))}
+TINY = {  # --dry-run model sizes and batches
+    "mt": {"--encoder-layers": "1", "--decoder-layers": "1", "--encoder-embed-dim": "32", "--decoder-embed-dim": "32",
+           "--encoder-ffn-embed-dim": "64", "--decoder-ffn-embed-dim": "64", "--encoder-attention-heads": "2",
+           "--decoder-attention-heads": "2", "--max-tokens": "1024"},
+    # (a tiny LM learns nothing in a dozen updates at the full size's lr: 1e-2 shows it learning)
+    "lm": {"--decoder-layers": "2", "--decoder-embed-dim": "32", "--decoder-ffn-embed-dim": "64",
+           "--decoder-attention-heads": "2", "--tokens-per-sample": "32", "--batch-size": "16", "--lr": "1e-2"},
 }
-TINY = {  # --dry-run model sizes
-    "mt": ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-           "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
-           "--decoder-attention-heads", "2"],
-    "lm": ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-           "--decoder-attention-heads", "2"],
-}
+
+# Verdicts on a trained pair (fairseq logs the loss in bits)
+MIN_TWIN_LOSS_DROP = {True: 1.0, False: 0.05}  # GPU / dry run: the twin must learn, or the pair says nothing
 LOSS_DROP_FRACTION = 0.8  # the Fourier loss must drop at least this fraction of the twin's drop
-VALID_SLACK = 1.05  # and end no more than 5 % above the twin's validation loss
+VALID_SLACK = 1.05  # and its best validation loss end no more than 5 % above the twin's
+# One overflow-skipped update more than the twin is not a failure: fp16's loss scaler starts at
+# 2^7 and halves on each overflow, so which of two runs hits its first overflow one update earlier
+# is noise of the scale search; a range problem shows as overflows that keep coming.
+OVERFLOW_SLACK = 1
+OVERFLOW_LINES = ("gradient overflow detected", "AMP: overflow detected", "OverflowError")
+
+# The offline bundle (--prepare-offline): what the check installs, for a CPython 3.12 manylinux x86-64
+# machine that already has torch, sacrebleu, sentencepiece and pytest (and what they require)
+OFFLINE_ROOTS = ("fairseq-fixed==0.12.3.1", "sacremoses==0.2.0", "subword-nmt==0.3.8", "pytest-xdist", "ninja",
+                 "cython", "setuptools>=64", "wheel", "numpy", "sacrebleu>=2.0", "sentencepiece", "pytest")
+ON_THE_MACHINE = {  # never in the wheels folder: torch (a CUDA build is there) and what the image has
+    "torch", "triton", "filelock", "typing-extensions", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",
+    "fsspec", "setuptools", "sacrebleu", "portalocker", "regex", "tabulate", "numpy", "colorama", "lxml",
+    "sentencepiece", "pytest", "iniconfig", "packaging", "pluggy", "pygments",
+}
+OFFLINE_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+                    "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
+TARGET_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+              "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+RAW_FILES = ("multi30k/train.de", "multi30k/train.en", "multi30k/val.de", "multi30k/val.en",
+             "multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en",
+             "wikitext-2/wiki.train.tokens", "wikitext-2/wiki.valid.tokens")
 
 
 def log(msg: str) -> None:
@@ -75,77 +129,195 @@ def log(msg: str) -> None:
 
 
 class Check:
-    def __init__(self, out: str):
+    """Runs the steps' commands with time limits and writes the table row by row."""
+
+    def __init__(self, out: str, budget: float, scale: float = 1.0):
         self.out = out
+        self.scale = scale  # of every step's limit
+        self.start = time.monotonic()
+        self.budget = budget
         self.rows: list[tuple[str, str, float, str]] = []  # (step, PASS/FAIL/SKIP, seconds, what)
+        self.lock = threading.Lock()
+        self.summary = os.path.join(out, "summary.md")
+        with open(self.summary, "w") as fh:
+            fh.write("")
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.start)
+
+    def head(self, lines: list[str]) -> None:
+        with self.lock, open(self.summary, "a") as fh:
+            fh.write("\n".join(lines) + "\n\n| step | status | seconds | result |\n|---|---|---|---|\n")
+        print("\n".join(lines), flush=True)
 
     def record(self, step: str, status: str, seconds: float, what: str) -> None:
-        self.rows.append((step, status, seconds, what))
-        log(f"{step}: {status} ({seconds:.0f} s) {what}")
+        row = f"| {step} | {status} | {seconds:.0f} | {what} |"
+        with self.lock:
+            self.rows.append((step, status, seconds, what))
+            with open(self.summary, "a") as fh:
+                fh.write(row + "\n")
+            print(f"[gpu_check {time.strftime('%H:%M:%S')}] {row}", flush=True)
 
-    def run(self, name: str, cmd: list[str], env: dict | None = None) -> tuple[int, str]:
-        """Runs cmd, output to OUT/name.log; returns (exit status, output)."""
+    def run(self, name: str, cmd: list[str], limit: float, env: dict | None = None) -> tuple[int, str]:
+        """Runs cmd (output to OUT/name.log) for at most min(limit, what is left of the budget)
+        seconds; returns (exit status, output)."""
+        seconds = max(1.0, min(limit * self.scale, self.left()))
         path = os.path.join(self.out, f"{name}.log")
-        log(f"{name}: {' '.join(cmd)}  (log: {path})")
-        lines: list[str] = []
-        with open(path, "w") as fh:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), bufsize=1)
-            for line in proc.stdout:
-                fh.write(line)
-                fh.flush()  # (tail -f OUT/name.log follows a step)
-                lines.append(line)
-            rc = proc.wait()
-        return rc, "".join(lines)
+        log(f"{name}: {' '.join(cmd)}  (log: {path}, limit {seconds:.0f} s)")
+        rc = run_logged(cmd, path, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), timeout=seconds,
+                        cwd=REPO)
+        with open(path, errors="replace") as fh:
+            text = fh.read()
+        return rc, text
 
 
-# ------------------------------------------------------------------------------------- steps
+def failure(rc: int, text: str) -> str:
+    if rc == TIMED_OUT:
+        return "ran past its time limit: " + tail(text)
+    return f"exit {rc}: {tail(text)}"
+
+
+def tail(text: str, n: int = 3) -> str:
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    return " | ".join(lines[-n:])[-600:].replace("|", "/")
+
+
+def pytest_summary(text: str) -> str:
+    lines = [l.strip("= ").strip() for l in text.strip().splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", l)]
+    return lines[-1] if lines else ""
+
+
+def pytest_parallel(workers: int) -> list[str]:
+    """-n N when pytest-xdist is installed (run in parallel), nothing otherwise (serially)."""
+    importlib.invalidate_caches()
+    have = subprocess.run([sys.executable, "-c", "import xdist"], capture_output=True).returncode == 0
+    return ["-n", str(max(1, workers))] if have and workers > 1 else []
+
+
+# ------------------------------------------------------------------------------------- install
+
+def compiler_preset() -> dict:
+    """CXX=/usr/bin/g++ (and CC) when the compiler the build would use is another g++: such a
+    wrapper has been seen to link its own libstdc++ into the extension, whose exceptions then
+    crash the process (install.sh would notice and build again with /usr/bin/g++)."""
+    system = "/usr/bin/g++"
+    if not os.path.exists(system):
+        return {}
+    chosen = os.environ.get("CXX") or shutil.which("g++") or system
+    chosen_path = shutil.which(chosen.split()[0]) or chosen.split()[0]
+    if os.path.realpath(chosen_path) == os.path.realpath(system):
+        return {}
+    return {"CXX": system, "CC": "/usr/bin/gcc"}
+
 
 def step_install(check: Check, args) -> None:
     t0 = time.perf_counter()
-    env = {"WHEELS": os.path.abspath(args.wheels)} if args.wheels else {}
-    rc, text = check.run("install", ["bash", "scripts/install.sh"], env=env)
+    if args.dry_run:
+        problems = verify_wheels(args.wheels) if args.wheels else []
+        rc, text = check.run("install", [sys.executable, "-m", "fourierformer_fairseq.info"], 60)
+        info = text[text.find("extension:"):] if "extension:" in text else text
+        what = (info.splitlines() or ["?"])[0] + " (dry run: nothing installed"
+        what += f"; {args.wheels}: complete for Python 3.12, {folder_mib(args.wheels):.1f} MiB)" if args.wheels else ")"
+        status = "FAIL" if rc != 0 or problems else "PASS"
+        check.record("install", status, time.perf_counter() - t0, what + ("; " + "; ".join(problems) if problems else ""))
+        return
+    env = compiler_preset()
+    if env:
+        log(f"install: building with {env['CXX']} instead of {os.environ.get('CXX') or shutil.which('g++')}")
+    env["MAX_JOBS"] = str(os.cpu_count() or 1)
+    if args.wheels:
+        # offline: what the check needs (scripts/install.sh installs requirements.txt, plots included)
+        wheels = os.path.abspath(args.wheels)
+        pip = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--find-links", wheels]
+        cap = subprocess.run([sys.executable, "-c", "import torch; print('%d.%d' % torch.cuda.get_device_capability(0))"],
+                             capture_output=True, text=True, cwd=REPO)
+        if cap.returncode == 0 and "TORCH_CUDA_ARCH_LIST" not in os.environ:
+            env["TORCH_CUDA_ARCH_LIST"] = cap.stdout.strip()
+        script = " && ".join([
+            " ".join(pip + [f"'{r}'" for r in OFFLINE_ROOTS]),
+            " ".join(pip + ["--no-build-isolation", "--no-deps", "-e", "."]),
+            f"{sys.executable} -m fourierformer_fairseq.info",
+        ])
+        cmd = ["bash", "-c", script]
+    else:
+        cmd = ["bash", "scripts/install.sh"]
+    rc, text = check.run("install", cmd, STEP_SECONDS["install"], env=env)
+    importlib.invalidate_caches()
     if rc != 0:
-        check.record("install", "FAIL", time.perf_counter() - t0, f"scripts/install.sh exited {rc}: {tail(text)}")
+        check.record("install", "FAIL", time.perf_counter() - t0, failure(rc, text))
         return
     info = text[text.find("extension:"):] if "extension:" in text else text
     first = info.splitlines()[0] if info else "?"
     cuda_ok = re.search(r"^\s*cuda\s+available", info, re.M) is not None
-    if args.gpu and not cuda_ok:
+    built = f"built with {env['CXX']}" if "CXX" in env else "built with the environment's compiler"
+    if not cuda_ok:
         check.record("install", "FAIL", time.perf_counter() - t0, f"the cuda backend is not available: {first}")
     else:
-        check.record("install", "PASS", time.perf_counter() - t0, first + ("; cuda backend available" if cuda_ok else ""))
+        check.record("install", "PASS", time.perf_counter() - t0, f"{first}; cuda backend available; {built}")
 
 
-def step_tests(check: Check, args) -> None:
-    t0 = time.perf_counter()
-    rc, text = check.run("tests", [sys.executable, "-m", "pytest", "-q", "-rfEs", *CUDA_TESTS])
+# ------------------------------------------------------------------------------------- tests
+
+def tests_command(files, workers: int, selection: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *pytest_parallel(workers), *files]
+    return cmd + (["-m", selection] if selection else [])
+
+
+def judge_tests(name: str, rc: int, text: str, need_passed: bool) -> tuple[str, str]:
     summary = pytest_summary(text)
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
     bad = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    if rc == TIMED_OUT:
+        return "FAIL", failure(rc, text)
     if rc not in (0, 5) or bad:
-        check.record("tests", "FAIL", time.perf_counter() - t0, summary or f"pytest exited {rc}")
-    elif not args.gpu:
-        check.record("tests", "SKIP" if counts.get("passed", 0) == 0 else "PASS", time.perf_counter() - t0,
-                     f"{summary} (no GPU: the CUDA tests skip)")
-    elif counts.get("passed", 0) == 0:
-        check.record("tests", "FAIL", time.perf_counter() - t0, f"nothing ran on the GPU: {summary}")
-    else:
-        check.record("tests", "PASS", time.perf_counter() - t0, summary)
+        return "FAIL", summary or failure(rc, text)
+    if counts.get("passed", 0) == 0:
+        return ("FAIL" if need_passed else "SKIP"), f"nothing ran: {summary}"
+    return "PASS", summary
 
+
+def step_tests(check: Check, args, workers: int) -> None:
+    t0 = time.perf_counter()
+    rc, text = check.run("tests", tests_command(CUDA_TESTS, workers), STEP_SECONDS["tests"])
+    status, what = judge_tests("tests", rc, text, need_passed=args.gpu)
+    if not args.gpu and status != "FAIL":
+        what += " (no GPU: the CUDA tests skip)"
+    check.record("tests (CUDA)", status, time.perf_counter() - t0, what)
+
+
+def cpu_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+def step_cpu(check: Check, args, workers: int) -> None:
+    t0 = time.perf_counter()
+    step = f"tests (CPU op + fuzz, {CPU_VARIANT})"
+    if "avx512f" not in cpu_flags():
+        check.record(step, "SKIP", 0, "this CPU has no AVX-512")
+        return
+    env = {"FOURIERFORMER_CPU_ISA": CPU_VARIANT, "OMP_NUM_THREADS": "1"}
+    rc, text = check.run("cpu", tests_command(CPU_OP_TESTS, workers, "not slow"), STEP_SECONDS["cpu"], env=env)
+    status, what = judge_tests("cpu", rc, text, need_passed=True)
+    check.record(step, status, time.perf_counter() - t0, what)
+
+
+# ------------------------------------------------------------------------------------- benchmarks
 
 def step_attention(check: Check, args) -> None:
     t0 = time.perf_counter()
     path = os.path.join(check.out, "attention.json")
     cmd = [sys.executable, "scripts/benchmark_attention.py", "--quick", "--impls", "fused,sdpa", "--json", path]
     cmd += ["--device", "cuda"] if args.gpu else ["--device", "cpu", "--shapes", "WikiText-103 small,sweep N=256", "--no-memory"]
-    rc, text = check.run("attention", cmd)
+    rc, text = check.run("attention", cmd, STEP_SECONDS["attention"])
     if rc != 0 or not os.path.exists(path):
-        check.record("attention", "FAIL", time.perf_counter() - t0, f"exit {rc}: {tail(text)}")
+        check.record("attention", "FAIL", time.perf_counter() - t0, failure(rc, text))
         return
-    rows = json.load(open(path))["rows"]
     parts = []
-    for r in rows:
+    for r in json.load(open(path))["rows"]:
         if r["impl"] != "fused" or not r["sdpa_fwd_bwd_ms"]:
             continue
         rate = r["elements"] / (r["fwd_ms"] / 1e3) / (2 if r["causal"] else 1)
@@ -158,13 +330,11 @@ def step_table9(check: Check, args) -> None:
     t0 = time.perf_counter()
     path = os.path.join(check.out, "table9.json")
     cmd = [sys.executable, "scripts/benchmark_model.py", "--shapes", "lm,mt", "--out", path]
-    if args.gpu:
-        cmd += ["--device", "cuda", "--precision", "fp32,fp16,bf16"]
-    else:
-        cmd += ["--device", "cpu", "--small", "--precision", "fp32,bf16"]
-    rc, text = check.run("table9", cmd)
+    cmd += (["--device", "cuda", "--precision", "fp32,fp16,bf16"] if args.gpu
+            else ["--device", "cpu", "--small", "--precision", "fp32,bf16"])
+    rc, text = check.run("table9", cmd, STEP_SECONDS["table9"])
     if rc != 0 or not os.path.exists(path):
-        check.record("table9", "FAIL", time.perf_counter() - t0, f"exit {rc}: {tail(text)}")
+        check.record("table9", "FAIL", time.perf_counter() - t0, failure(rc, text))
         return
     res = json.load(open(path))
     parts = [f"{r['name']}: train {r['train_vs_softmax']:.2f}x softmax ({r['train_ms_per_sample']:.2f} ms/seq, "
@@ -172,45 +342,49 @@ def step_table9(check: Check, args) -> None:
     check.record("table9", "PASS", time.perf_counter() - t0, "; ".join(parts))
 
 
+# ------------------------------------------------------------------------------------- training
+
+def softmax_twin(arch: str) -> str:
+    """The softmax twin (fourierformer_fairseq.models.SOFTMAX_TWINS; imports fairseq)."""
+    importlib.invalidate_caches()
+    from fourierformer_fairseq.models import SOFTMAX_TWINS
+
+    return SOFTMAX_TWINS[arch]
+
+
 def train_command(args, task: str, arch: str, precision: str, save_dir: str) -> list[str]:
-    data = os.path.join(args.data_bin, "multi30k.de-en" if task == "mt" else "wikitext-2")
-    cmd = [*fairseq_tool("fairseq-train"), data, "--user-dir", USER_DIR, "--arch", arch, "--seed", "1",
-           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
-           "--warmup-updates", str(max(10, args.updates // 3)), "--max-update", str(args.updates),
-           "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "json",
-           "--log-interval", str(max(1, args.updates // 30)), "--num-workers", "0"]
-    if task == "mt":
-        cmd += ["--lr", "5e-4", "--share-decoder-input-output-embed", "--clip-norm", "0.0", "--dropout", "0.3",
-                "--weight-decay", "0.0001", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-                "--max-tokens", "4096" if args.gpu else "1024"]
-    else:
-        cmd += ["--lr", "1e-3", "--task", "language_modeling", "--tokens-per-sample", "256" if args.gpu else "32",
-                "--sample-break-mode", "none", "--clip-norm", "0.25", "--weight-decay", "0.01", "--dropout", "0.1",
-                "--warmup-init-lr", "1e-07", "--batch-size", "16" if args.gpu else "4"]
+    name, folder = TASKS[task]
+    changes, dropped = CHECK_CHANGES[task]
+    changes = {**changes, "--warmup-updates": str(max(1, args.updates // 3))}
+    if not args.gpu:
+        changes.update(TINY[task])
+    cmd = [*fairseq_command("fairseq-train"), os.path.join(args.data_bin, folder), "--user-dir", USER_DIR,
+           "--arch", arch, *recipe_args(name, changes, drop=dropped), "--seed", "1",
+           "--max-update", str(args.updates), "--save-dir", save_dir, "--no-epoch-checkpoints",
+           "--log-format", "json", "--log-interval", str(max(1, args.updates // 30)), "--num-workers", "0"]
     cmd += {"fp16": ["--fp16"], "amp": ["--amp"], "fp32": []}[precision]
     # only the runs that are evaluated keep a checkpoint, written once at the end
     cmd += ["--save-interval", "1000000"] if evaluated(args, precision) else ["--no-save"]
     if not args.gpu:
-        cmd += ["--cpu", "--max-valid-steps", "5"] + TINY[task]
+        cmd += ["--cpu", "--max-valid-steps", "5"]
     return cmd
 
 
 def evaluated(args, precision: str) -> bool:
-    """The runs the evaluate step uses: --fp16 on a GPU, float32 in a dry run."""
+    """The runs the evaluation uses: --fp16 on a GPU, float32 in a dry run."""
     return precision == ("fp16" if args.gpu else "fp32")
 
 
-def parse_training(lines: list[str]) -> dict:
-    """Losses by update, overflow-skipped updates, validation losses and ms per update (the
-    median of fairseq's updates per second over the logged intervals, the first third left out)."""
-    from fourierformer_fairseq.recipes import fairseq_log_records
-
+def parse_training(lines) -> dict:
+    """Losses by update, overflow-skipped updates (fp16's and --amp's messages), validation losses
+    and ms per update (the median of fairseq's updates per second over the logged intervals, the
+    first third left out)."""
     lines = list(lines)
-    overflows = sum(1 for line in lines if "gradient overflow detected" in line or "OverflowError" in line)
+    overflows = sum(1 for line in lines if any(m in line for m in OVERFLOW_LINES))
     train, valid = [], []
     for tag, rec in fairseq_log_records(lines):
         if tag == "train_inner":
-            train.append((float(rec.get("ups", "nan")), int(rec["num_updates"]), float(rec["loss"])))
+            train.append((float(rec.get("ups") or "nan"), int(rec["num_updates"]), float(rec["loss"])))
         elif tag == "valid" and "valid_loss" in rec:
             valid.append(float(rec["valid_loss"]))
     res = {"overflows": overflows, "train": [(u, l) for _, u, l in train], "valid": valid}
@@ -220,41 +394,16 @@ def parse_training(lines: list[str]) -> dict:
     return res
 
 
-def step_train(check: Check, args) -> dict:
-    runs = {}
-    precisions = ("fp16", "amp") if args.gpu else ("fp32",)  # (fairseq's --bf16 means a TPU)
-    for precision in precisions:
-        for task, pair in PAIRS.items():
-            results = {}
-            t0 = time.perf_counter()
-            failed = None
-            for arch in pair:
-                name = f"train_{task}_{precision}_{arch}"
-                save = os.path.join(check.out, "runs", name)
-                shutil.rmtree(save, ignore_errors=True)
-                rc, text = check.run(name, train_command(args, task, arch, precision, save))
-                if rc != 0:
-                    failed = f"{arch} exited {rc}: {tail(text)}"
-                    break
-                results[arch] = parse_training(text.splitlines())
-                results[arch]["checkpoint"] = os.path.join(save, "checkpoint_last.pt")
-            step = f"train {task} {precision}"
-            if failed:
-                check.record(step, "FAIL", time.perf_counter() - t0, failed)
-                continue
-            runs[(task, precision)] = results
-            status, what = judge_pair(results[pair[0]], results[pair[1]], precision)
-            check.record(step, status, time.perf_counter() - t0, what)
-    return runs
-
-
-def judge_pair(fourier: dict, twin: dict, precision: str) -> tuple[str, str]:
+def judge_pair(fourier: dict, twin: dict, gpu: bool = True) -> tuple[str, str]:
     problems = []
 
     def drop(r):
         return r["train"][0][1] - r["train"][-1][1] if len(r["train"]) >= 2 else float("nan")
 
     fd, td = drop(fourier), drop(twin)
+    min_drop = MIN_TWIN_LOSS_DROP[gpu]
+    if not td >= min_drop:
+        problems.append(f"the twin's loss dropped {td:.2f}, less than {min_drop}: neither model's training is shown")
     if not fd >= LOSS_DROP_FRACTION * td:
         problems.append(f"Fourier loss dropped {fd:.2f}, less than {LOSS_DROP_FRACTION} x the twin's {td:.2f}")
     # the best validation loss (what checkpoint_best keeps): a few hundred updates at full size
@@ -263,94 +412,140 @@ def judge_pair(fourier: dict, twin: dict, precision: str) -> tuple[str, str]:
     tv = min(twin["valid"]) if twin["valid"] else float("nan")
     if not fv <= VALID_SLACK * tv:
         problems.append(f"Fourier best valid loss {fv:.3f} > {VALID_SLACK} x the twin's {tv:.3f}")
-    if fourier["overflows"] > twin["overflows"]:
-        problems.append(f"{fourier['overflows']} overflow-skipped updates against the twin's {twin['overflows']}")
+    if fourier["overflows"] > twin["overflows"] + OVERFLOW_SLACK:
+        problems.append(f"{fourier['overflows']} overflow-skipped updates against the twin's {twin['overflows']} "
+                        f"(more than {OVERFLOW_SLACK} apart)")
     fm, tm = fourier.get("ms_per_update"), twin.get("ms_per_update")
     timing = f"{fm:.1f} vs {tm:.1f} ms/update ({fm / tm:.2f}x)" if fm and tm else "ms/update not measured"
-    what = (f"loss {fourier['train'][0][1]:.2f} -> {fourier['train'][-1][1]:.2f} (twin {twin['train'][0][1]:.2f} -> "
-            f"{twin['train'][-1][1]:.2f}), best valid {fv:.3f} vs {tv:.3f}, overflows {fourier['overflows']} vs "
-            f"{twin['overflows']}, {timing}")
+
+    def losses(r):
+        return f"{r['train'][0][1]:.2f} -> {r['train'][-1][1]:.2f}" if r["train"] else "no loss logged"
+
+    what = (f"loss {losses(fourier)} (twin {losses(twin)}), best valid {fv:.3f} vs {tv:.3f}, overflows "
+            f"{fourier['overflows']} vs {twin['overflows']}, {timing}")
     if problems:
         return "FAIL", what + ": " + "; ".join(problems)
     return "PASS", what
 
 
-def step_evaluate(check: Check, args, runs: dict) -> None:
-    for (task, precision), results in runs.items():
-        if not evaluated(args, precision):
-            continue
+def train_set(check: Check, args, precision: str, results: dict) -> None:
+    """One precision's trainings, task by task (Fourier, then its twin), each pair judged and, for
+    the evaluated precision, evaluated as soon as it is trained."""
+    for task, (name, _) in TASKS.items():
+        fourier = recipe(name)["arch"]
+        pair = (fourier, softmax_twin(fourier))
         t0 = time.perf_counter()
-        scores, failed = {}, None
-        data = os.path.join(args.data_bin, "multi30k.de-en" if task == "mt" else "wikitext-2")
-        for arch, r in results.items():
-            common = [data, "--user-dir", USER_DIR, "--path", r["checkpoint"]]
-            common += ["--fp16"] if precision == "fp16" else []
-            common += [] if args.gpu else ["--cpu", "--max-valid-steps", "5"]
-            if task == "mt":
-                cmd = [*fairseq_tool("fairseq-generate"), *common, "--gen-subset", "test", "--beam", "5", "--remove-bpe",
-                       "--batch-size", "128" if args.gpu else "64", "--quiet"]
-                # the recipe's validation lengths (an early model would otherwise run to 200 tokens);
-                # in a dry run, a tiny model barely trained: short hypotheses
-                cmd += ["--max-len-a", "1.2", "--max-len-b", "10"] if args.gpu else ["--max-len-a", "0", "--max-len-b", "6"]
-            else:
-                cmd = [*fairseq_tool("fairseq-eval-lm"), *common, "--gen-subset", "valid", "--tokens-per-sample",
-                       "256" if args.gpu else "32", "--context-window", "128" if args.gpu else "16",
-                       "--batch-size", "16"]
-            name = f"eval_{task}_{precision}_{arch}"
-            rc, text = check.run(name, cmd)
-            m = re.search(r"BLEU4? = ([0-9.]+)", text) if task == "mt" else re.search(r"Perplexity: ([0-9.]+)", text)
-            if rc != 0 or not m:
-                failed = f"{arch}: exit {rc}: {tail(text)}"
+        runs, failed = {}, None
+        for arch in pair:
+            run_name = f"train_{task}_{precision}_{arch}"
+            save = os.path.join(check.out, "runs", run_name)
+            shutil.rmtree(save, ignore_errors=True)
+            rc, text = check.run(run_name, train_command(args, task, arch, precision, save), STEP_SECONDS["training"])
+            if rc != 0:
+                failed = f"{arch}: {failure(rc, text)}"
                 break
-            scores[arch] = float(m.group(1))
-        step = f"evaluate {task} {precision}"
+            runs[arch] = parse_training(text.splitlines())
+            runs[arch]["checkpoint"] = os.path.join(save, "checkpoint_last.pt")
+        step = f"train {task} {precision}"
         if failed:
             check.record(step, "FAIL", time.perf_counter() - t0, failed)
             continue
-        metric = "BLEU" if task == "mt" else "perplexity"
-        fourier, twin = PAIRS[task]
-        check.record(step, "PASS", time.perf_counter() - t0,
-                     f"{metric} Fourier {scores[fourier]:.2f}, softmax {scores[twin]:.2f}")
+        results[(task, precision)] = runs
+        status, what = judge_pair(runs[pair[0]], runs[pair[1]], gpu=args.gpu)
+        check.record(step, status, time.perf_counter() - t0, what)
+        if evaluated(args, precision):
+            evaluate_pair(check, args, task, precision, pair, runs)
 
 
-# ------------------------------------------------------------------------------------- helpers
+def evaluate_pair(check: Check, args, task: str, precision: str, pair, runs: dict) -> None:
+    t0 = time.perf_counter()
+    data = os.path.join(args.data_bin, TASKS[task][1])
+    scores = {}
+    for arch in pair:
+        common = [data, "--user-dir", USER_DIR, "--path", runs[arch]["checkpoint"]]
+        common += ["--fp16"] if precision == "fp16" else []
+        common += [] if args.gpu else ["--cpu", "--max-valid-steps", "5"]
+        if task == "mt":
+            cmd = [*fairseq_command("fairseq-generate"), *common, "--gen-subset", "test", "--beam", "5", "--remove-bpe",
+                   "--batch-size", "128" if args.gpu else "64", "--quiet"]
+            # the recipe's validation lengths (an early model would otherwise run to 200 tokens);
+            # in a dry run, a tiny model barely trained: short hypotheses
+            cmd += ["--max-len-a", "1.2", "--max-len-b", "10"] if args.gpu else ["--max-len-a", "0", "--max-len-b", "6"]
+        else:
+            context = recipe_value("wikitext103", "--tokens-per-sample") if args.gpu else TINY["lm"]["--tokens-per-sample"]
+            cmd = [*fairseq_command("fairseq-eval-lm"), *common, "--gen-subset", "valid", "--tokens-per-sample",
+                   context, "--context-window", str(int(context) // 2), "--batch-size", "16"]
+            # in a dry run, a fiftieth of the validation set (eval-lm reads it all otherwise: minutes on a CPU)
+            cmd += [] if args.gpu else ["--num-shards", "50", "--shard-id", "0"]
+        rc, text = check.run(f"eval_{task}_{precision}_{arch}", cmd, STEP_SECONDS["evaluate"])
+        m = re.search(r"BLEU4? = ([0-9.]+)", text) if task == "mt" else re.search(r"Perplexity: ([0-9.]+)", text)
+        if rc != 0 or not m:
+            check.record(f"evaluate {task} {precision}", "FAIL", time.perf_counter() - t0, f"{arch}: {failure(rc, text)}")
+            return
+        scores[arch] = float(m.group(1))
+    metric = "BLEU" if task == "mt" else "perplexity"
+    check.record(f"evaluate {task} {precision}", "PASS", time.perf_counter() - t0,
+                 f"{metric} Fourier {scores[pair[0]]:.2f}, softmax {scores[pair[1]]:.2f}")
 
-def fairseq_tool(name: str) -> list[str]:
-    """fairseq's console script (fairseq-train, ...), or the same entry point through this Python
-    where the environment's bin folder is not on PATH."""
-    path = shutil.which(name)
-    if path:
-        return [path]
-    return [sys.executable, "-m", "fairseq_cli." + name.split("-", 1)[1].replace("-", "_")]
+
+def step_train(check: Check, args) -> dict:
+    """The precision sets side by side (one thread each); returns {(task, precision): runs}."""
+    results: dict = {}
+    precisions = ("fp16", "amp") if args.gpu else ("fp32",)
+    threads = [threading.Thread(target=train_set, args=(check, args, p, results), name=p) for p in precisions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
-def tail(text: str, n: int = 3) -> str:
-    lines = [l for l in text.strip().splitlines() if l.strip()]
-    return " | ".join(lines[-n:])[-600:]
+def gpu_hours(results: dict, precision: str) -> list[str]:
+    """What each paper table's training costs on this card: for every run of it (training_recipes.
+    PAPER_TABLE_RUNS, PAPER_SEEDS seeds), the recipe's updates x the measured ms per update of its
+    model (an LM update of the recipe is --update-freq of the check's 16-sequence updates)."""
+    ms = {}
+    for (task, prec), runs in results.items():
+        if prec != precision:
+            continue
+        name = TASKS[task][0]
+        fourier = recipe(name)["arch"]
+        for arch, r in runs.items():
+            if r.get("ms_per_update"):
+                ms[(name, "fourier" if arch == fourier else "softmax")] = r["ms_per_update"] * passes_per_update(name)
+    lines = []
+    for table, entries in PAPER_TABLE_RUNS.items():
+        hours, missing = 0.0, []
+        for name, size, kinds in entries:
+            for kind, count in kinds.items():
+                if size not in (None, "small") or (name, kind) not in ms:
+                    missing.append(f"{name} {size or ''} {kind}".replace("  ", " "))
+                    continue
+                hours += count * PAPER_SEEDS * updates_per_run(name) * ms[(name, kind)] / 3.6e6
+        line = f"{table}: {hours:.1f} GPU-hours"
+        if missing:
+            line += f" + what is not measured here ({', '.join(sorted(set(missing)))})"
+        lines.append(line)
+    per_run = [f"{name} {kind}: {updates_per_run(name)} updates x {v:.1f} ms = {updates_per_run(name) * v / 3.6e6:.2f} h a run"
+               for (name, kind), v in sorted(ms.items())]
+    return per_run + lines
 
 
-def pytest_summary(text: str) -> str:
-    lines = [l.strip("= ").strip() for l in text.strip().splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", l)]
-    return lines[-1] if lines else ""
+# ------------------------------------------------------------------------------------- data and wheels
 
-
-def prepare_data(check: Check, args) -> bool:
+def prepare_data(args, log_to: str) -> tuple[bool, str]:
+    """The data-bin the trainings read, from the raw archives (Python's lzma: xz may be absent)."""
     need = {"multi30k.de-en": "dict.de.txt", "wikitext-2": "dict.txt"}
     if all(os.path.exists(os.path.join(args.data_bin, d, f)) for d, f in need.items()):
-        return True
-    t0 = time.perf_counter()
-    raw = os.path.join(check.out, "raw")
-    files = ["multi30k/train.de", "multi30k/train.en", "multi30k/val.de", "multi30k/val.en",
-             "multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en",
-             "wikitext-2/wiki.train.tokens", "wikitext-2/wiki.valid.tokens"]
-    for f in files:
+        return True, f"{args.data_bin} (prepared)"
+    raw = os.path.join(log_to, "raw")
+    for f in RAW_FILES:
         src = os.path.join(args.raw, f + ".xz")
         if not os.path.exists(src):
-            check.record("data", "FAIL", 0, f"{src} not found: pass --raw DIR (multi30k/, wikitext-2/) or --data-bin")
-            return False
+            return False, f"{src} not found: pass --raw DIR (multi30k/, wikitext-2/) or --data-bin / --offline"
         os.makedirs(os.path.dirname(os.path.join(raw, f)), exist_ok=True)
-        with open(os.path.join(raw, f), "wb") as fh:
-            subprocess.run(["xz", "-dc", src], stdout=fh, check=True)
+        with lzma.open(src) as fin, open(os.path.join(raw, f), "wb") as fout:
+            shutil.copyfileobj(fin, fout)
     steps = [
         ("data_multi30k", ["bash", "examples/iwslt14/prepare.sh", "--text-train", f"{raw}/multi30k/train",
                            "--text-valid", f"{raw}/multi30k/val", "--text-test", f"{raw}/multi30k/test_2016_flickr",
@@ -359,22 +554,216 @@ def prepare_data(check: Check, args) -> bool:
                             "--out", os.path.join(args.data_bin, "wikitext-2")]),
     ]
     for name, cmd in steps:
-        rc, text = check.run(name, cmd)
+        path = os.path.join(log_to, f"{name}.log")
+        log(f"{name}: {' '.join(cmd)} (log: {path})")
+        rc = run_logged(cmd, path, env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=REPO)
         if rc != 0:
-            check.record("data", "FAIL", time.perf_counter() - t0, f"{name}: exit {rc}: {tail(text)}")
-            return False
-    check.record("data", "PASS", time.perf_counter() - t0, f"prepared {args.data_bin} from {args.raw}")
-    return True
+            return False, f"{name}: exit {rc}: {tail(open(path, errors='replace').read())}"
+    shutil.rmtree(raw, ignore_errors=True)
+    return True, f"prepared {args.data_bin} from {args.raw}"
+
+
+def wheel_requirements(path: str) -> tuple[str, str, list[str]]:
+    """(name, version, Requires-Dist lines) of a wheel, from its METADATA."""
+    with zipfile.ZipFile(path) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode("utf-8", "replace")
+    head = text.split("\n\n", 1)[0]
+    field = lambda k: [l.split(":", 1)[1].strip() for l in head.splitlines() if l.startswith(k + ":")]  # noqa: E731
+    return field("Name")[0], field("Version")[0], field("Requires-Dist")
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def needed(requirement: str):
+    """The Requirement when it applies on the target machine (its marker, no extras), else None."""
+    from packaging.requirements import Requirement
+
+    req = Requirement(requirement)
+    if req.marker is not None and not req.marker.evaluate(TARGET_ENV):
+        return None
+    return req
+
+
+def verify_wheels(folder: str) -> list[str]:
+    """Problems of a wheels folder: a requirement of a wheel in it that no wheel there satisfies
+    and that is not on the machine already (ON_THE_MACHINE), a wheel torch, or a root missing."""
+    from packaging.requirements import Requirement
+
+    have = {}
+    for path in glob.glob(os.path.join(folder, "*.whl")):
+        name, version, requires = wheel_requirements(path)
+        have[canonical(name)] = (version, requires)
+    problems = [f"torch is in {folder} (the machine's CUDA build must be kept)"] if "torch" in have else []
+    wanted = [Requirement(r) for r in OFFLINE_ROOTS]
+    for version, requires in have.values():
+        wanted += [r for r in map(needed, requires) if r is not None]
+    for req in wanted:
+        name = canonical(req.name)
+        if name in ON_THE_MACHINE:
+            continue
+        if name not in have:
+            problems.append(f"{req} is missing")
+        elif req.specifier and not req.specifier.contains(have[name][0], prereleases=True):
+            problems.append(f"{req} is not satisfied by {name} {have[name][0]}")
+    return sorted(set(problems))
+
+
+def folder_mib(folder: str) -> float:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs) / 2 ** 20
+
+
+def prepare_wheels(folder: str) -> list[str]:
+    """Downloads (pip download, binary wheels for CPython 3.12 manylinux x86-64, one package at a
+    time without its dependencies) the closure of OFFLINE_ROOTS minus ON_THE_MACHINE into folder,
+    building a wheel here (pip wheel) for a package that PyPI has as source only; returns problems."""
+    from packaging.requirements import Requirement
+
+    os.makedirs(folder, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    queue = [Requirement(r) for r in OFFLINE_ROOTS]
+    specs: dict[str, Requirement] = {}
+    done: set[str] = set()
+    while queue:
+        req = queue.pop(0)
+        name = canonical(req.name)
+        if name in ON_THE_MACHINE or name in done:
+            continue
+        done.add(name)
+        spec = str(req.specifier) if req.specifier else ""
+        present = [p for p in glob.glob(os.path.join(folder, "*.whl"))
+                   if canonical(wheel_requirements(p)[0]) == name
+                   and req.specifier.contains(wheel_requirements(p)[1], prereleases=True)]
+        if present:  # downloaded by an earlier run
+            queue += [r for r in map(needed, wheel_requirements(present[0])[2]) if r is not None]
+            continue
+        log(f"wheels: {name}{spec}")
+        before = set(glob.glob(os.path.join(folder, "*.whl")))
+        got = subprocess.run(pip + ["download", "--no-deps", "--only-binary=:all:", *OFFLINE_PLATFORM, "-d", folder,
+                                    f"{name}{spec}"], capture_output=True, text=True)
+        if got.returncode != 0:  # source only on PyPI: a pure-Python wheel built here
+            got = subprocess.run(pip + ["wheel", "--no-deps", "-w", folder, f"{name}{spec}"], capture_output=True, text=True)
+        new = sorted(set(glob.glob(os.path.join(folder, "*.whl"))) - before) or sorted(
+            p for p in glob.glob(os.path.join(folder, "*.whl")) if canonical(os.path.basename(p).split("-")[0]) == name)
+        if got.returncode != 0 or not new:
+            return [f"{name}{spec}: {got.stderr.strip().splitlines()[-1] if got.stderr.strip() else 'no wheel'}"]
+        _, _, requires = wheel_requirements(new[-1])
+        queue += [r for r in map(needed, requires) if r is not None]
+    return verify_wheels(folder)
+
+
+def pack_wheels(folder: str, archive: str) -> None:
+    """folder's wheels in one tar.xz, each stored uncompressed inside (xz then compresses their
+    contents, about a third smaller than the wheels' own deflate: scipy's 33.7 MiB wheel packs
+    to 22.3 MiB); unpack_wheels gives back wheels pip installs (the same files, the same RECORD)."""
+    part = archive + ".part"
+    with tarfile.open(part, "w:xz", preset=6) as tar:
+        for path in sorted(glob.glob(os.path.join(folder, "*.whl"))):
+            stored = os.path.join(os.path.dirname(archive), ".stored.whl")
+            with zipfile.ZipFile(path) as zin, zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as zout:
+                for info in zin.infolist():
+                    zout.writestr(info, zin.read(info.filename), compress_type=zipfile.ZIP_STORED)
+            tar.add(stored, arcname=os.path.basename(path))
+            os.remove(stored)
+    os.replace(part, archive)
+
+
+def unpack_wheels(archive: str, folder: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    with tarfile.open(archive, "r:xz") as tar:
+        for member in tar.getmembers():
+            if not member.isfile() or "/" in member.name or not member.name.endswith(".whl"):
+                raise ValueError(f"{archive}: {member.name} is not a wheel")
+            tar.extract(member, folder)
+    return folder
+
+
+def pack_data(data_bin: str, archive: str) -> None:
+    """The binarised data and dictionaries the check reads, in one tar.xz (the prepare scripts'
+    text/ and raw/ copies left out)."""
+    part = archive + ".part"
+    with tarfile.open(part, "w:xz", preset=6) as tar:
+        for root, dirs, files in os.walk(data_bin):
+            dirs[:] = sorted(d for d in dirs if d not in ("text", "raw"))
+            for f in sorted(files):
+                path = os.path.join(root, f)
+                tar.add(path, arcname=os.path.join("data-bin", os.path.relpath(path, data_bin)), recursive=False)
+    os.replace(part, archive)
+
+
+def unpack_data(archive: str, folder: str) -> str:
+    """Unpacks pack_data's archive into folder; returns folder/data-bin."""
+    with tarfile.open(archive, "r:xz") as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if not member.isfile() or parts[0] != "data-bin" or ".." in parts:
+                raise ValueError(f"{archive}: {member.name} is not a data-bin file")
+            tar.extract(member, folder)
+    return os.path.join(folder, "data-bin")
+
+
+def prepare_offline(args) -> int:
+    """DIR/data-bin.tar.xz and DIR/wheels.tar.xz, what --offline DIR needs; the data-bin and the
+    wheels themselves are written to DIR.work/ (kept, so a second run redoes nothing)."""
+    out = os.path.abspath(args.prepare_offline)
+    work = out.rstrip("/") + ".work"
+    os.makedirs(out, exist_ok=True)
+    os.makedirs(work, exist_ok=True)
+    args.data_bin = os.path.join(work, "data-bin")
+    ok, what = prepare_data(args, work)
+    log(f"data: {what}")
+    if ok:
+        pack_data(args.data_bin, os.path.join(out, "data-bin.tar.xz"))
+    folder = os.path.join(work, "wheels")
+    problems = prepare_wheels(folder)
+    for p in problems:
+        log(f"wheels: {p}")
+    archive = os.path.join(out, "wheels.tar.xz")
+    newest = max((os.path.getmtime(p) for p in glob.glob(os.path.join(folder, "*.whl"))), default=0)
+    if not problems and (not os.path.exists(archive) or os.path.getmtime(archive) < newest):
+        log(f"packing {folder} into {archive} (a few minutes)")
+        pack_wheels(folder, archive)
+    mib = lambda path: os.path.getsize(path) / 2 ** 20 if os.path.exists(path) else 0.0  # noqa: E731
+    log(f"{folder}: {len(glob.glob(os.path.join(folder, '*.whl')))} wheels, {folder_mib(folder):.1f} MiB; {out}: "
+        f"{folder_mib(out):.1f} MiB in all (wheels.tar.xz {mib(os.path.join(out, 'wheels.tar.xz')):.1f} MiB, "
+        f"data-bin.tar.xz {mib(os.path.join(out, 'data-bin.tar.xz')):.1f} MiB)")
+    return 0 if ok and not problems else 1
+
+
+# ------------------------------------------------------------------------------------- main
+
+def describe_machine(gpu: bool) -> list[str]:
+    probe = ("import torch, json; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
+             "'cuda': torch.version.cuda, 'device': torch.cuda.get_device_name(0) if c else None}))")
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
+    info = json.loads(got.stdout.strip().splitlines()[-1]) if got.returncode == 0 else {}
+    smi = ""
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().splitlines()
+        smi = smi[0] if smi else ""
+    card = info.get("device") or "no GPU"
+    return [f"## GPU check{' (dry run, CPU)' if not gpu else ''}, {time.strftime('%Y-%m-%d %H:%M %Z')}",
+            f"card: {card}" + (f" (nvidia-smi: {smi})" if smi else "") + f"; {os.cpu_count()} CPU cores",
+            f"torch {info.get('torch', '?')}, CUDA {info.get('cuda') or 'none'}, Python {sys.version.split()[0]}"]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(REPO, "runs", "gpu_check"), help="logs, results, runs")
+    p.add_argument("--offline", metavar="DIR", help="DIR/wheels.tar.xz and DIR/data-bin.tar.xz, as --prepare-offline DIR made them")
     p.add_argument("--data-bin", help="folder with multi30k.de-en/ and wikitext-2/ (default OUT/data-bin)")
     p.add_argument("--raw", default=os.path.join(os.path.dirname(REPO), "shared", "data"),
-                   help="raw data to prepare the data-bin from, when it is missing (multi30k/*.xz, wikitext-2/*.xz)")
-    p.add_argument("--wheels", help="install offline from the wheels in this folder (fairseq-fixed and its dependencies)")
-    p.add_argument("--updates", type=int, default=300, help="updates of each training (default 300; --dry-run 12)")
+                   help="raw data to prepare the data-bin from when it is missing (multi30k/*.xz, wikitext-2/*.xz)")
+    p.add_argument("--wheels", help="install offline from the wheels in this folder")
+    p.add_argument("--prepare-offline", metavar="DIR",
+                   help="on a machine with a network: write DIR/wheels.tar.xz and DIR/data-bin.tar.xz for --offline DIR, then stop")
+    p.add_argument("--updates", type=int, default=None, help="updates of each training (default 300; --dry-run 12)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds for the whole check; each step's limit is cut to what is left (default 570; "
+                        f"--dry-run: {DRY_RUN_SCALE} times that, and every step's limit {DRY_RUN_SCALE} times its own)")
     p.add_argument("--steps", default=",".join(STEPS), help=f"any of {','.join(STEPS)} (default all)")
     p.add_argument("--dry-run", action="store_true", help="on the CPU: everything but the GPU steps, at small sizes")
     args = p.parse_args(argv)
@@ -382,52 +771,67 @@ def main(argv=None) -> int:
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         p.error(f"unknown steps {unknown}; choose from {', '.join(STEPS)}")
-    if "evaluate" in steps and "train" not in steps:
-        p.error("evaluate needs train (it evaluates the runs train makes)")
+    args.raw = os.path.abspath(args.raw)
+    if args.prepare_offline:
+        return prepare_offline(args)
     args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
+    if args.offline:
+        wheels, data = (os.path.join(args.offline, f) for f in ("wheels.tar.xz", "data-bin.tar.xz"))
+        if not os.path.exists(wheels) or not os.path.exists(data):
+            p.error(f"--offline {args.offline}: needs wheels.tar.xz and data-bin.tar.xz (made by --prepare-offline)")
+        args.wheels = args.wheels or unpack_wheels(wheels, os.path.join(args.out, "wheels"))
+        args.data_bin = args.data_bin or unpack_data(data, args.out)
     args.data_bin = os.path.abspath(args.data_bin or os.path.join(args.out, "data-bin"))
-    if args.dry_run and "--updates" not in " ".join(argv if argv is not None else sys.argv):
-        args.updates = 12
-    check = Check(args.out)
-    t_start = time.perf_counter()
+    args.updates = args.updates or (12 if args.dry_run else 300)
+    args.gpu = not args.dry_run
+    scale = DRY_RUN_SCALE if args.dry_run else 1.0
+    check = Check(args.out, args.budget or 570 * scale, scale)
+    workers = os.cpu_count() or 1
 
+    check.head(describe_machine(not args.dry_run))
     if "install" in steps:
-        args.gpu = not args.dry_run  # what the install must give
         step_install(check, args)
     gpu_seen = subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
                               cwd=REPO).returncode == 0
     if not args.dry_run and not gpu_seen:
         check.record("gpu", "FAIL", 0, "torch sees no GPU (use --dry-run on a machine without one)")
     args.gpu = gpu_seen and not args.dry_run
-    if args.gpu:
-        name = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0), torch.__version__)"],
-                              capture_output=True, text=True, cwd=REPO).stdout.strip()
-        log(f"GPU: {name}")
+    results: dict = {}
     if args.gpu or args.dry_run:
-        if "tests" in steps:
-            step_tests(check, args)
+        # the CUDA tests and the CPU variant's tests side by side, half the cores each
+        side = [threading.Thread(target=fn, args=(check, args, max(1, workers // 2)))
+                for s, fn in (("tests", step_tests), ("cpu", step_cpu)) if s in steps]
+        for t in side:
+            t.start()
+        for t in side:
+            t.join()
         if "attention" in steps:
             step_attention(check, args)
         if "table9" in steps:
             step_table9(check, args)
-        if "train" in steps and prepare_data(check, args):
-            runs = step_train(check, args)
-            if "evaluate" in steps:
-                step_evaluate(check, args, runs)
+        if "train" in steps:
+            t0 = time.perf_counter()
+            ok, what = prepare_data(args, check.out)
+            check.record("data", "PASS" if ok else "FAIL", time.perf_counter() - t0, what)
+            if ok:
+                results = step_train(check, args)
+                precision = "fp16" if args.gpu else "fp32"
+                lines = gpu_hours(results, precision)
+                if lines:
+                    card = "this card" if args.gpu else "this CPU (dry run: tiny models, not a budget)"
+                    check.record("GPU-hours", "INFO", 0, f"the paper's tables on {card}, --{precision} ms/update: "
+                                 + "; ".join(lines))
 
-    total = time.perf_counter() - t_start
-    lines = ["| step | status | seconds | result |", "|---|---|---|---|"]
-    lines += [f"| {s} | {st} | {sec:.0f} | {what} |" for s, st, sec, what in check.rows]
-    table = "\n".join(lines)
-    print("\n## GPU check" + (" (dry run, CPU)" if args.dry_run else "") + f": {total:.0f} s\n\n" + table, flush=True)
-    with open(os.path.join(args.out, "summary.md"), "w") as fh:
-        fh.write(table + "\n")
+    total = time.monotonic() - check.start
+    with open(check.summary, "a") as fh:
+        fh.write(f"\ntotal: {total:.0f} s\n")
+    print(f"\n## GPU check: {total:.0f} s in all; the table: {check.summary}", flush=True)
     failed = [s for s, st, _, _ in check.rows if st == "FAIL"]
     if failed:
-        print(f"\nFAILED: {', '.join(failed)} (logs in {args.out})")
+        print(f"FAILED: {', '.join(failed)} (logs in {args.out})")
         return 1
-    print(f"\nall steps passed (logs in {args.out})")
+    print(f"all steps passed (logs in {args.out})")
     return 0
 
 

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check: install and build, the CUDA tests and fuzz, the op and model benchmarks, and
-# stock fairseq-train with --fp16 and --amp, generate and eval-lm with --fp16, one summary table at the
-# end; exits non-zero on any failure. Options and what each step checks: scripts/gpu_check.py.
+# The GPU check: install and build, the CUDA tests and fuzz, the CPU op tests under AVX-512, the op
+# and model benchmarks, stock fairseq-train with --fp16 and --amp side by side, generate / eval-lm,
+# and what the paper's tables cost in GPU-hours on this card; one table written row by row
+# (OUT/summary.md); exits non-zero on any failure. Options and what each step checks: scripts/gpu_check.py.
 #
-#   bash scripts/gpu_check.sh                      # on a GPU machine (8-9 minutes on an H200, estimated)
-#   bash scripts/gpu_check.sh --wheels DIR         # offline: fairseq and its dependencies from DIR
-#   bash scripts/gpu_check.sh --dry-run            # without a GPU: everything but the GPU steps
+#   python scripts/gpu_check.py --prepare-offline runs/offline   # with a network: wheels and data for offline
+#   bash scripts/gpu_check.sh --offline runs/offline             # on a GPU machine without a network
+#   bash scripts/gpu_check.sh                                    # on a GPU machine with one
+#   bash scripts/gpu_check.sh --dry-run [--offline DIR]          # without a GPU: everything but the GPU steps
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the check installs this package: until it has, its Python reads the package from this checkout
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec "${PYTHON:-python3}" scripts/gpu_check.py "$@"

@@ -29,14 +29,13 @@ import re
 import sys
 from collections import defaultdict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # the package of this checkout, installed or not
+from fourierformer_fairseq.fairseq_runs import options_given
 
-from fourierformer_fairseq.recipes import options_given  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 TASKS = ("iwslt14", "wikitext103")
 # A run's options are the --fourier-* arguments it gave fairseq-train (meta.json's "fourier",
-# written by examples/lib.sh's write_meta with fourierformer_fairseq.recipes.options_given); an
+# written by examples/lib.sh's write_meta with fourierformer_fairseq.fairseq_runs.options_given); an
 # option it did not give is at its architecture's default. Runs that gave none are the default
 # rows; the others get rows of their own, named by what they gave. Options that do not change the
 # model are not settings:

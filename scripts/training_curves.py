@@ -17,12 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import sys
 from collections import defaultdict
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package
-from fourierformer_fairseq.recipes import fairseq_log_records  # noqa: E402
+from fourierformer_fairseq.fairseq_runs import fairseq_log_records
 
 # importing the package imports fairseq, which leaves the root logger at DEBUG: without this,
 # matplotlib would print its font search

@@ -545,7 +545,7 @@ def test_fairseq_log_records_reads_the_tagged_json_lines_only():
     """The shared reader of training logs: the tag and the JSON of train_inner, train and valid
     lines, in order, nulls kept; other lines (progress text, a broken JSON, another logger's
     JSON) skipped."""
-    from fourierformer_fairseq.recipes import fairseq_log_records
+    from fourierformer_fairseq.fairseq_runs import fairseq_log_records
 
     lines = [
         "2026-01-01 00:00:00 | INFO | fairseq_cli.train | begin training",
@@ -643,3 +643,27 @@ def test_full_size_compare_end_to_end_on_the_cpu(wiki_runs, tmp_path):
         assert entropy["points"][0]["num_updates"] == common
     assert "past_zero/dec" in json.loads((runs / "lm_published" / f"entropy_{common}.json").read_text())["points"][0]["entropy"]
     assert "## lm: valid perplexity" in r.stdout and "| published |" in r.stdout
+
+
+def test_recipe_table_changes_options_in_place_appends_new_ones_and_refuses_unknown_drops():
+    """fourierformer_fairseq/training_recipes.py, the one home of the recipes' hyper-parameters."""
+    from fourierformer_fairseq.training_recipes import main, recipe_args, recipe_value
+
+    base = recipe_args("iwslt14")
+    changed = recipe_args("iwslt14", {"--lr": "1e-3", "--share-all-embeddings": None}, drop=("--max-epoch",))
+    assert changed.index("--lr") == base.index("--lr") and changed[changed.index("--lr") + 1] == "1e-3"
+    assert changed[-1] == "--share-all-embeddings" and "--max-epoch" not in changed
+    assert base[base.index("--adam-betas") + 1] == recipe_value("iwslt14", "--adam-betas") == "(0.9, 0.98)"
+    with pytest.raises(ValueError, match="no option --frobnicate"):
+        recipe_args("iwslt14", drop=("--frobnicate",))
+    assert main(["wikitext103", "--drop", "frobnicate"]) == 2
+
+
+def test_train_scripts_read_their_defaults_from_the_recipe_table():
+    """The help of each train.sh shows the table's values (a default written in the script would not follow it)."""
+    from fourierformer_fairseq.training_recipes import recipe_value
+
+    for script, name in (("iwslt14/train.sh", "iwslt14"), ("wikitext103/train.sh", "wikitext103")):
+        r = run(["bash", os.path.join(REPO, "examples", script), "--help"])
+        assert r.returncode == 0, r.stderr
+        assert f"lr {recipe_value(name, '--lr')}" in r.stdout and "$R_" not in r.stdout

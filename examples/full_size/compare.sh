@@ -48,14 +48,19 @@ fourier_flags() {  # fourier_flags CONFIG: the options that make a configuration
         *) die "unknown configuration '$1' (softmax defaults gaussian paper_exact published)" ;;
     esac
 }
+# each task's recipe (fourierformer_fairseq/training_recipes.py), its Fourier architecture and its softmax twin
+recipe_of() {  # recipe_of TASK
+    case "$1" in mt) echo iwslt14 ;; lm) echo wikitext103 ;; *) die "unknown task '$1' (mt lm)" ;; esac
+}
+declare -A ARCH_OF
+for task in $TASKS; do
+    recipe_of "$task" >/dev/null  # (an unknown task stops here)
+    eval "$(recipe "$(recipe_of "$task")" --shell | grep '^R_ARCH=')"
+    ARCH_OF[$task:fourier]=$R_ARCH
+    ARCH_OF[$task:softmax]=$(softmax_twin "$R_ARCH")
+done
 arch_of() {  # arch_of TASK CONFIG
-    case "$1:$2" in
-        mt:softmax) echo transformer_iwslt_de_en ;;
-        mt:*) echo fourierformer_iwslt_de_en ;;
-        lm:softmax) echo softmax_lm_wiki103_small ;;
-        lm:*) echo fourierformer_lm_wiki103_small ;;
-        *) die "unknown task '$1' (mt lm)" ;;
-    esac
+    if [[ $2 == softmax ]]; then echo "${ARCH_OF[$1:softmax]}"; else echo "${ARCH_OF[$1:fourier]}"; fi
 }
 for task in $TASKS; do
     data=$DATA_MT; [[ $task == lm ]] && data=$DATA_LM
@@ -66,6 +71,13 @@ done
 STOP_HOURS=$("$PYTHON" -c "print($MINUTES / 60)")
 mkdir -p "$RUNS"
 
+# The recipes with this comparison's budget: the translation models share all embeddings (a joined
+# dictionary) and warm up over 400 updates; the language models take 16 sequences an update at
+# lr 1e-3 with 200 warm-up updates; both stop at MAX_UPDATE or the wall-clock budget.
+mapfile -t RECIPE_MT < <(recipe iwslt14 --drop share-decoder-input-output-embed --drop max-epoch --drop clip-norm \
+    --set warmup-updates 400 --flag share-all-embeddings --set required-batch-size-multiple 1)
+mapfile -t RECIPE_LM < <(recipe wikitext103 --set lr 1e-3 --set warmup-updates 200 --drop update-freq --drop max-update)
+
 train() {  # train TASK CONFIG
     local task=$1 config=$2 dir="$RUNS/$1_$2" arch flags log_flag=""
     arch=$(arch_of "$task" "$config"); flags=$(fourier_flags "$config")
@@ -73,18 +85,12 @@ train() {  # train TASK CONFIG
     mkdir -p "$dir"
     # shellcheck disable=SC2086
     if [[ $task == mt ]]; then
-        "$PYTHON" -m fairseq_cli.train "$DATA_MT" --user-dir "$USER_DIR" $DEVICE_ARGS --arch "$arch" $flags \
-            --share-all-embeddings --dropout 0.3 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 \
-            --lr-scheduler inverse_sqrt --warmup-updates 400 --criterion label_smoothed_cross_entropy \
-            --label-smoothing 0.1 --weight-decay 0.0001 --max-tokens 4096 --required-batch-size-multiple 1 \
+        "$PYTHON" -m fairseq_cli.train "$DATA_MT" --user-dir "$USER_DIR" $DEVICE_ARGS --arch "$arch" $flags "${RECIPE_MT[@]}" \
             --validate-interval-updates "$EVERY_MT" --save-interval-updates $((2 * EVERY_MT)) --no-epoch-checkpoints \
             --no-save-optimizer-state --max-update "$MAX_UPDATE" --stop-time-hours "$STOP_HOURS" --seed "$SEED" \
             --log-format json --log-interval 10 --num-workers 0 $log_flag --save-dir "$dir/ckpt" $SIZE_MT > "$dir/train.log" 2>&1
     else
-        "$PYTHON" -m fairseq_cli.train "$DATA_LM" --user-dir "$USER_DIR" $DEVICE_ARGS --task language_modeling \
-            --arch "$arch" $flags --tokens-per-sample 256 --sample-break-mode none --optimizer adam \
-            --adam-betas '(0.9, 0.98)' --clip-norm 0.25 --weight-decay 0.01 --dropout 0.1 --lr 1e-3 \
-            --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-07 --batch-size 16 \
+        "$PYTHON" -m fairseq_cli.train "$DATA_LM" --user-dir "$USER_DIR" $DEVICE_ARGS --arch "$arch" $flags "${RECIPE_LM[@]}" \
             --validate-interval-updates "$EVERY_LM" --save-interval-updates "$EVERY_LM" --no-epoch-checkpoints \
             --no-save-optimizer-state --max-update "$MAX_UPDATE" --stop-time-hours "$STOP_HOURS" --seed "$SEED" \
             --log-format json --log-interval 10 --num-workers 0 $log_flag --save-dir "$dir/ckpt" $SIZE_LM > "$dir/train.log" 2>&1

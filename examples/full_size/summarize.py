@@ -17,16 +17,13 @@ import json
 import os
 import re
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's package
+from fourierformer_fairseq.fairseq_runs import detokenised_bleu, fairseq_log_records, generate_hypotheses
 
 CONFIG_ORDER = ["softmax", "defaults", "gaussian", "paper_exact", "published"]
 
 
 def parse_log(path: str) -> dict:
-    from fourierformer_fairseq.recipes import fairseq_log_records
-
     with open(path, errors="replace") as fh:
         lines = fh.read().splitlines()
     stop = None
@@ -45,26 +42,22 @@ def parse_log(path: str) -> dict:
 
 
 def bleu(gen_path: str, refs: str) -> float | None:
+    """The recipes' BLEU (fourierformer_fairseq.fairseq_runs.detokenised_bleu) of a fairseq-generate
+    output against the raw references; None without sacrebleu / sacremoses or when they do not align."""
     try:
-        import sacrebleu
-        from sacremoses import MosesDetokenizer
+        import sacrebleu  # noqa: F401
+        import sacremoses  # noqa: F401
     except ImportError:
         return None
-    hyps = {}
     with open(gen_path, errors="replace") as fh:
-        for line in fh:
-            if line.startswith("H-"):
-                idx, _, text = line.rstrip("\n").split("\t", 2)
-                hyps[int(idx[2:])] = text
+        hyps = generate_hypotheses(fh)
     if not hyps:
         return None
     with open(refs) as fh:
         ref_lines = [l.rstrip("\n") for l in fh]
     if len(hyps) != len(ref_lines):
         return None
-    md = MosesDetokenizer(lang="en")
-    out = [md.detokenize(hyps[i].split()) for i in range(len(ref_lines))]
-    return sacrebleu.corpus_bleu(out, [ref_lines], lowercase=True).score
+    return detokenised_bleu([hyps[i] for i in range(len(ref_lines))], ref_lines)[0]
 
 
 def summarize(runs: str, refs: str | None) -> dict:

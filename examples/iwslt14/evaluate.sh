@@ -96,27 +96,22 @@ for RUN in "${RUNS_ARGS[@]}"; do
     "$PYTHON" - "$OUTF" "$RAWREF" "$RUN/results-$SUBSET.json" "$MODEL" "$SUBSET" "$BEAM" <<'PY'
 import json, os, re, sys
 gen, rawref, out, model, subset, beam = sys.argv[1:]
-from sacremoses import MosesDetokenizer
-import sacrebleu
+from fourierformer_fairseq.fairseq_runs import detokenised_bleu, generate_hypotheses
 
-hyps, refs, bleu_tok = {}, {}, None
+refs, bleu_tok = {}, None
 text = open(gen, encoding="utf-8").read()
 log = gen[:-4] + ".log"
 if os.path.exists(log):
     text += "\n" + open(log, encoding="utf-8").read()
+hyps = generate_hypotheses(text.splitlines())
 for line in text.splitlines():
-    if line.startswith("H-"):
-        i, _, hyp = line.split("\t", 2)
-        hyps[int(i[2:])] = hyp
-    elif line.startswith("T-"):
+    if line.startswith("T-"):
         i, _, ref = line.partition("\t")
         refs[int(i[2:])] = ref
     m = re.search(r"BLEU4? = ([0-9.]+)", line)
     if m and "Generate" in line:
         bleu_tok = float(m.group(1))
 ids = sorted(hyps)
-md = MosesDetokenizer(lang="en")
-detok = [md.detokenize(hyps[i].split()) for i in ids]
 if os.path.exists(rawref):
     raw = open(rawref, encoding="utf-8").read().split("\n")[:-1]
     if len(raw) == len(ids) and ids == list(range(len(ids))):
@@ -128,18 +123,18 @@ else:
 if os.path.exists(rawref) and ref is None:
     print(f"  WARNING: {len(ids)} hypotheses for {len(raw)} references: fairseq left sentences out", file=sys.stderr)
 if ref is None:  # fall back: the detokenised tokenised references
+    from sacremoses import MosesDetokenizer
+    md = MosesDetokenizer(lang="en")
     ref = [md.detokenize(refs[i].split()) for i in ids]
     refsrc = "detokenised tokenised references (raw references not found or not aligned)"
-metric = sacrebleu.metrics.BLEU(lowercase=True)
-score = metric.corpus_score(detok, [ref])
-sig = str(metric.get_signature())
+score, sig, detok = detokenised_bleu([hyps[i] for i in ids], ref)
 res = {"subset": subset, "checkpoint": model, "beam": int(beam), "sentences": len(ids),
-       "bleu_tok": bleu_tok, "sacrebleu": round(score.score, 2), "sacrebleu_signature": sig,
+       "bleu_tok": bleu_tok, "sacrebleu": round(score, 2), "sacrebleu_signature": sig,
        "sacrebleu_references": refsrc}
 json.dump(res, open(out, "w"), indent=1)
 with open(gen[:-4] + ".detok.en", "w", encoding="utf-8") as fh:
     fh.writelines(x + "\n" for x in detok)
-print(f"  sacreBLEU (detokenised, lowercase) = {score.score:.2f}  {sig}  [{refsrc}]", file=sys.stderr)
+print(f"  sacreBLEU (detokenised, lowercase) = {score:.2f}  {sig}  [{refsrc}]", file=sys.stderr)
 print(f"  tokenised BLEU4 = {bleu_tok}", file=sys.stderr)
 PY
     say "$RUN: results in $RUN/results-$SUBSET.json"

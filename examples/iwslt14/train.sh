@@ -3,18 +3,20 @@
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/lib.sh"
 
+# the recipe's hyper-parameters: R_LR, R_MAX_TOKENS, ... (fourierformer_fairseq/training_recipes.py)
+eval "$(recipe iwslt14 --shell)"
 MODEL=fourier
 SEEDS="1"
 DATA="data-bin/iwslt14.tokenized.de-en"
 RUNS="runs/iwslt14"
 NAME=""
-MAX_EPOCH=50
+MAX_EPOCH=$R_MAX_EPOCH
 MAX_UPDATE=0
 KEEP_LAST=10
 EVAL_BLEU=1
 SMALL=0
-MAX_TOKENS=4096
-LR=5e-4
+MAX_TOKENS=$R_MAX_TOKENS
+LR=$R_LR
 WARMUP=""
 EXTRA=()
 
@@ -23,14 +25,14 @@ usage() {
 Usage: examples/iwslt14/train.sh [options] [-- extra fairseq-train arguments]
 
 Trains on IWSLT'14 De-En (prepared by examples/iwslt14/prepare.sh) with fairseq's IWSLT
-recipe: Adam (0.9, 0.98), lr 5e-4, inverse_sqrt with 4,000 warm-up updates, dropout 0.3,
-weight decay 1e-4, label smoothing 0.1, 4,096 tokens a batch, shared decoder in/out
+recipe: Adam $R_ADAM_BETAS, lr $R_LR, $R_LR_SCHEDULER with $R_WARMUP_UPDATES warm-up updates, dropout $R_DROPOUT,
+weight decay $R_WEIGHT_DECAY, label smoothing $R_LABEL_SMOOTHING, $R_MAX_TOKENS tokens a batch, shared decoder in/out
 embeddings, BLEU (beam 5) on valid for the best checkpoint. One run per seed:
 RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/.
 
 Options:
-  --model fourier|softmax|ARCH  fourier = fourierformer_iwslt_de_en (p=2; --fourier-paper-exact after -- for the paper's formulation),
-                           softmax = transformer_iwslt_de_en; or any registered arch (default: $MODEL)
+  --model fourier|softmax|ARCH  fourier = $R_ARCH (p=2; --fourier-paper-exact after -- for the paper's formulation),
+                           softmax = its softmax twin; or any registered arch (default: $MODEL)
   --seeds "1 2 3"          seeds, one run each, in turn (default: $SEEDS)
   --data DIR               binarised data (default: $DATA)
   --runs DIR               runs folder (default: $RUNS)
@@ -40,7 +42,7 @@ Options:
   --keep-last N            epoch checkpoints kept (default: $KEEP_LAST)
   --max-tokens N           tokens a batch (default: $MAX_TOKENS)
   --lr X                   peak learning rate (default: $LR)
-  --warmup N               warm-up updates (default: 4000)
+  --warmup N               warm-up updates (default: $R_WARMUP_UPDATES)
   --no-eval-bleu           pick the best checkpoint by valid loss (no beam search each epoch)
   --small                  small mode: a 1-layer, 32-dim model, 3 epochs (minutes on a CPU)
   -h, --help               this help
@@ -75,8 +77,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 case "$MODEL" in
-    fourier) ARCH=fourierformer_iwslt_de_en ;;
-    softmax) ARCH=transformer_iwslt_de_en ;;
+    fourier) ARCH="$R_ARCH" ;;
+    softmax) ARCH=$(softmax_twin "$R_ARCH") ;;
     *) ARCH="$MODEL" ;;
 esac
 if [[ -z "$NAME" ]]; then
@@ -96,9 +98,11 @@ if [[ $SMALL == 1 ]]; then
     MAX_EPOCH=3 KEEP_LAST=3 EVAL_BLEU=0 MAX_TOKENS=2048
     WARMUP="${WARMUP:-10}"
 fi
-WARMUP="${WARMUP:-4000}"
-STOP=(--max-epoch "$MAX_EPOCH")
+WARMUP="${WARMUP:-$R_WARMUP_UPDATES}"
+STOP=()
 [[ $MAX_UPDATE != 0 ]] && STOP+=(--max-update "$MAX_UPDATE")
+mapfile -t RECIPE < <(recipe iwslt14 --set lr "$LR" --set warmup-updates "$WARMUP" --set max-tokens "$MAX_TOKENS" \
+                      --set max-epoch "$MAX_EPOCH")
 
 BLEU=()
 if [[ $EVAL_BLEU == 1 ]]; then
@@ -118,12 +122,7 @@ for SEED in $SEEDS; do
     start=$(date +%s)
     set +e
     fairseq-train "$DATA" --user-dir "$USER_DIR" \
-        --arch "$ARCH" --share-decoder-input-output-embed "${SIZE[@]}" \
-        --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
-        --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
-        --dropout 0.3 --weight-decay 0.0001 \
-        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-        --max-tokens "$MAX_TOKENS" "${STOP[@]}" "${BLEU[@]}" "${DEVICE[@]}" \
+        --arch "$ARCH" "${SIZE[@]}" "${RECIPE[@]}" "${STOP[@]}" "${BLEU[@]}" "${DEVICE[@]}" \
         --seed "$SEED" --save-dir "$RUN/checkpoints" --keep-last-epochs "$KEEP_LAST" \
         --log-format simple --log-interval 50 "${EXTRA[@]}" 2>&1 | tee "$RUN/train.log" \
         | grep --line-buffered -E "valid on|done training|Error|error:|Traceback" >&2

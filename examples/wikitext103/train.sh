@@ -3,17 +3,19 @@
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/lib.sh"
 
+# the recipe's hyper-parameters: R_LR, R_MAX_UPDATE, ... (fourierformer_fairseq/training_recipes.py)
+eval "$(recipe wikitext103 --shell)"
 MODEL=fourier
 SIZE=small
 SEEDS="1"
 DATA="data-bin/wikitext-103"
 RUNS="runs/wikitext103"
 NAME=""
-MAX_UPDATE=120000
-BATCH=96          # sequences an update
-MAX_SEQS=16       # sequences a forward pass (BATCH / MAX_SEQS = gradient accumulation)
-LR=5e-4
-WARMUP=4000
+MAX_UPDATE=$R_MAX_UPDATE
+MAX_SEQS=$R_BATCH_SIZE                    # sequences a forward pass (BATCH / MAX_SEQS = gradient accumulation)
+BATCH=$(( R_BATCH_SIZE * R_UPDATE_FREQ ))  # sequences an update
+LR=$R_LR
+WARMUP=$R_WARMUP_UPDATES
 CONTEXT=""
 SMALL=0
 KEEP=5
@@ -30,9 +32,9 @@ Models (registered by the plugin, --user-dir fourierformer_fairseq):
   fourier medium  fourierformer_lm_wiki103_medium  d 256, R0=0.36
   softmax small   softmax_lm_wiki103_small         the same shapes with dot-product attention
   softmax medium  softmax_lm_wiki103_medium
-Training context (tokens-per-sample): 256 (small) / 384 (medium), sample-break-mode none.
-Optimisation (our defaults, all overridable): Adam (0.9, 0.98), lr $LR, inverse_sqrt with
-$WARMUP warm-up updates, clip-norm 0.25, dropout 0.1, weight decay 0.01, $BATCH sequences an
+Training context (tokens-per-sample): $R_CONTEXT_SMALL (small) / $R_CONTEXT_MEDIUM (medium), sample-break-mode $R_SAMPLE_BREAK_MODE.
+Optimisation (our defaults, all overridable): Adam $R_ADAM_BETAS, lr $LR, $R_LR_SCHEDULER with
+$WARMUP warm-up updates, clip-norm $R_CLIP_NORM, dropout $R_DROPOUT, weight decay $R_WEIGHT_DECAY, $BATCH sequences an
 update ($MAX_SEQS a pass, the rest by --update-freq), $MAX_UPDATE updates. One run per seed:
 RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/.
 
@@ -43,7 +45,7 @@ Options:
   --data DIR               (default: $DATA)
   --runs DIR               (default: $RUNS)
   --name NAME              run name (default: MODEL_SIZE plus the Fourier options given)
-  --context N              tokens per sample (default: 256 small, 384 medium)
+  --context N              tokens per sample (default: $R_CONTEXT_SMALL small, $R_CONTEXT_MEDIUM medium)
   --max-update N           (default: $MAX_UPDATE)
   --batch N                sequences an update (default: $BATCH)
   --max-seqs N             sequences a forward pass (default: $MAX_SEQS)
@@ -84,12 +86,12 @@ done
 
 case "$SIZE" in small|medium) ;; *) die "--size must be small or medium, got '$SIZE'" ;; esac
 case "$MODEL" in
-    fourier) ARCH="fourierformer_lm_wiki103_$SIZE" ;;
-    softmax) ARCH="softmax_lm_wiki103_$SIZE" ;;
+    fourier) ARCH_OF_SIZE="R_ARCH_${SIZE^^}"; ARCH="${!ARCH_OF_SIZE}" ;;
+    softmax) ARCH_OF_SIZE="R_ARCH_${SIZE^^}"; ARCH=$(softmax_twin "${!ARCH_OF_SIZE}") ;;
     *) ARCH="$MODEL" ;;
 esac
 if [[ -z "$CONTEXT" ]]; then
-    [[ $SIZE == small ]] && CONTEXT=256 || CONTEXT=384
+    [[ $SIZE == small ]] && CONTEXT=$R_CONTEXT_SMALL || CONTEXT=$R_CONTEXT_MEDIUM
 fi
 DIMS=()
 if [[ $SMALL == 1 ]]; then
@@ -103,6 +105,8 @@ if [[ -z "$NAME" ]]; then
 fi
 (( BATCH % MAX_SEQS == 0 )) || die "--batch ($BATCH) must be a multiple of --max-seqs ($MAX_SEQS)"
 UPDATE_FREQ=$(( BATCH / MAX_SEQS ))
+mapfile -t RECIPE < <(recipe wikitext103 --set tokens-per-sample "$CONTEXT" --set lr "$LR" --set warmup-updates "$WARMUP" \
+                      --set batch-size "$MAX_SEQS" --set update-freq "$UPDATE_FREQ" --set max-update "$MAX_UPDATE")
 
 need fairseq-train "pip install fairseq-fixed==0.12.3.1"
 [[ -f "$DATA/dict.txt" ]] || die "no binarised data in $DATA: run examples/wikitext103/prepare.sh first"
@@ -118,12 +122,7 @@ for SEED in $SEEDS; do
     say "training $ARCH (context $CONTEXT, $BATCH seqs/update) seed $SEED -> $RUN (log: $RUN/train.log)"
     start=$(date +%s)
     set +e
-    fairseq-train "$DATA" --user-dir "$USER_DIR" --task language_modeling \
-        --arch "$ARCH" "${DIMS[@]}" \
-        --tokens-per-sample "$CONTEXT" --sample-break-mode none \
-        --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.25 --weight-decay 0.01 --dropout 0.1 \
-        --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
-        --batch-size "$MAX_SEQS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE" \
+    fairseq-train "$DATA" --user-dir "$USER_DIR" --arch "$ARCH" "${DIMS[@]}" "${RECIPE[@]}" \
         --save-interval-updates "$SAVE_EVERY" --keep-interval-updates "$KEEP" --no-epoch-checkpoints \
         --seed "$SEED" --save-dir "$RUN/checkpoints" "${DEVICE[@]}" \
         --log-format simple --log-interval 100 "${EXTRA[@]}" 2>&1 | tee "$RUN/train.log" \

@@ -19,26 +19,29 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, TextIO
 
+from ..fairseq_runs import fairseq_command, fairseq_log_records, run_logged, shell_line
+from ..training_recipes import recipe_args
 from .corpus import SOURCE_LANG, TARGET_LANG, write_corpus
 
 MARKER = ".fourierformer-quickstart"
 OWN_ENTRIES = ("corpus", "data-bin", "checkpoints", "logs", "translations", "commands.sh", "summary.json", MARKER)
 
-# (name, --arch, extra options); the two models differ only in the attention, and both run with
-# their architecture's defaults.
-MODELS = (
-    ("fourierformer", "fourierformer_iwslt_de_en", ()),
-    ("softmax", "transformer_iwslt_de_en", ()),
-)
+ARCH = "fourierformer_iwslt_de_en"
+
+
+def models():
+    """(name, --arch, extra options) of the two models: they differ only in the attention, and both
+    run with their architecture's defaults (the twin: fourierformer_fairseq.models.SOFTMAX_TWINS)."""
+    from ..models import SOFTMAX_TWINS
+
+    return (("fourierformer", ARCH, ()), ("softmax", SOFTMAX_TWINS[ARCH], ()))
 
 
 @dataclass
@@ -108,18 +111,6 @@ class QuickstartError(RuntimeError):
 # --------------------------------------------------------------------------- commands
 
 
-def fairseq_command(tool: str) -> List[str]:
-    """The stock console script (fairseq-train, ...), next to this Python, else on PATH, else -m."""
-    candidate = os.path.join(os.path.dirname(sys.executable), tool)
-    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-        return [candidate]
-    found = shutil.which(tool)
-    if found:
-        return [found]
-    module = {"fairseq-preprocess": "preprocess", "fairseq-train": "train", "fairseq-generate": "generate"}[tool]
-    return [sys.executable, "-c", f"from fairseq_cli.{module} import cli_main; cli_main()"]
-
-
 def user_dir() -> str:
     import fourierformer_fairseq
 
@@ -134,9 +125,18 @@ def preprocess_command(corpus: Dict[str, str], data_bin: str) -> List[str]:
     ]
 
 
+# The IWSLT'14 recipe (training_recipes.py) with what a small model on a small synthetic corpus
+# needs instead: less dropout, gradient clipping, no weight decay
+RECIPE_CHANGES = {"--dropout": "0.1", "--clip-norm": "1.0"}
+RECIPE_DROPPED = ("--weight-decay",)
+
+
 def train_command(arch: str, extra: Sequence[str], data_bin: str, save_dir: str, sizes: Sizes,
                   cfg: QuickstartConfig) -> List[str]:
     s = sizes
+    recipe = recipe_args("iwslt14", {**RECIPE_CHANGES, "--lr": str(s.lr), "--warmup-updates": str(s.warmup),
+                                     "--max-tokens": str(s.max_tokens), "--max-epoch": str(s.max_epoch)},
+                         drop=RECIPE_DROPPED)
     return fairseq_command("fairseq-train") + [
         data_bin, "--user-dir", user_dir(), "--task", "translation",
         "--source-lang", SOURCE_LANG, "--target-lang", TARGET_LANG,
@@ -145,11 +145,7 @@ def train_command(arch: str, extra: Sequence[str], data_bin: str, save_dir: str,
         "--encoder-embed-dim", str(s.embed_dim), "--decoder-embed-dim", str(s.embed_dim),
         "--encoder-ffn-embed-dim", str(s.ffn_dim), "--decoder-ffn-embed-dim", str(s.ffn_dim),
         "--encoder-attention-heads", str(s.heads), "--decoder-attention-heads", str(s.heads),
-        "--share-decoder-input-output-embed", "--dropout", "0.1",
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
-        "--lr", str(s.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", str(s.max_tokens), "--max-epoch", str(s.max_epoch),
+        *recipe,
         *(["--max-update", str(cfg.max_update)] if cfg.max_update else []),
         "--stop-time-hours", f"{cfg.time_budget_minutes / 60:.6f}",
         "--save-dir", save_dir, "--no-epoch-checkpoints", "--seed", str(cfg.seed),
@@ -168,10 +164,6 @@ def generate_command(data_bin: str, checkpoint: str, cfg: QuickstartConfig) -> L
         # fairseq drops a last batch whose size is not a multiple of this (default 8): score every sentence
         "--required-batch-size-multiple", "1",
     ]
-
-
-def shell_line(cmd: Sequence[str]) -> str:
-    return " ".join(shlex.quote(c) for c in cmd)
 
 
 # --------------------------------------------------------------------------- running
@@ -194,37 +186,11 @@ class Console:
         return f"{time.monotonic() - self.start:6.0f}s"
 
 
-def _fairseq_json(line: str, tag: str) -> Optional[dict]:
-    """The JSON payload of a fairseq '--log-format json' line ``... | INFO | <tag> | {...}``."""
-    marker = f"| {tag} | "
-    at = line.find(marker)
-    if at < 0:
-        return None
-    try:
-        return json.loads(line[at + len(marker):])
-    except ValueError:
-        return None
-
-
 def _number(value) -> Optional[float]:
     try:
         return float(value)
     except (TypeError, ValueError):
         return None
-
-
-def run_logged(cmd: Sequence[str], log_path: str, env: Dict[str, str], on_line=None) -> int:
-    """Runs cmd, writes its output to log_path, calls on_line(line) for each line; returns the exit code."""
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write("$ " + shell_line(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            if on_line is not None:
-                on_line(line.rstrip("\n"))
-        return proc.wait()
 
 
 def _tail(path: str, n: int = 15) -> str:
@@ -248,13 +214,14 @@ def train_model(result: ModelResult, cmd: List[str], env: Dict[str, str], consol
     started = time.monotonic()
 
     def on_line(line: str) -> None:
-        inner = _fairseq_json(line, "train_inner")
+        tag, record = next(fairseq_log_records([line]), (None, None))
+        inner = record if tag == "train_inner" else None
         if inner is not None:
             result.updates = int(_number(inner.get("num_updates")) or result.updates)
             console.say(f"[{console.elapsed()}] {label}  epoch {inner.get('epoch', '?'):>2}  update {result.updates:>5}"
                         f"  train loss {inner.get('loss', '?')}")
             return
-        valid = _fairseq_json(line, "valid")
+        valid = record if tag == "valid" else None
         if valid is not None:
             result.epochs = int(_number(valid.get("epoch")) or result.epochs)
             result.updates = int(_number(valid.get("valid_num_updates")) or result.updates)
@@ -330,8 +297,9 @@ def run_quickstart(cfg: QuickstartConfig, console: Optional[Console] = None) -> 
     commands: List[str] = []
 
     mode = "small (test) mode" if cfg.small else "full mode"
-    console.say(f"FourierFormer quickstart, {mode}: English -> Fourieran (synthetic), fourierformer_iwslt_de_en vs "
-                f"its softmax twin transformer_iwslt_de_en")
+    MODELS = models()
+    console.say(f"FourierFormer quickstart, {mode}: English -> Fourieran (synthetic), {MODELS[0][1]} vs "
+                f"its softmax twin {MODELS[1][1]}")
     console.say(f"  output: {out}")
     console.say(f"  models: {sizes.layers}+{sizes.layers} layers, d {sizes.embed_dim}, {sizes.heads} heads, "
                 f"ffn {sizes.ffn_dim}; up to {sizes.max_epoch} epochs or {cfg.time_budget_minutes:g} min each; "

@@ -1,0 +1,145 @@
+"""Running the stock fairseq tools and reading what they write, for the recipes (``examples/``),
+the quickstart and the scripts that read runs (``scripts/``).
+
+- ``fairseq_command``: the console script of a fairseq tool (fairseq-train, ...) to run.
+- ``run_logged``: runs a command, its output into a log file line by line (the tee), with an
+  optional time limit.
+- ``fairseq_log_records``: the records of a fairseq-train ``--log-format json`` log.
+- ``options_given``: the ``--fourier-*`` options among a run's fairseq-train arguments
+  (``examples/lib.sh``'s ``write_meta`` records them; ``scripts/make_tables.py`` groups runs by them).
+- ``generate_hypotheses`` and ``detokenised_bleu``: the BLEU protocol of the translation recipes,
+  sacreBLEU (lowercase) on the Moses-detokenised hypotheses of ``fairseq-generate``
+  (``examples/iwslt14/evaluate.sh``, ``examples/full_size/summarize.py``).
+
+Nothing here imports fairseq or torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+__all__ = ["fairseq_command", "run_logged", "shell_line", "fairseq_log_records", "options_given",
+           "generate_hypotheses", "detokenised_bleu"]
+
+# "... | INFO | train_inner | {...}": the progress bar's tag, then the interval's metrics
+_LOG_RECORD = re.compile(r"\|\s*(train_inner|train|valid)\s*\|\s*(\{.*\})\s*$")
+
+#: exit status run_logged returns for a command it stopped at its time limit (as timeout(1) does)
+TIMED_OUT = 124
+
+
+def fairseq_command(tool: str) -> list[str]:
+    """The stock console script of a fairseq tool (fairseq-train, fairseq-generate, ...): the one
+    next to this Python, else the one on PATH, else its entry point run through this Python."""
+    candidate = os.path.join(os.path.dirname(sys.executable), tool)
+    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        return [candidate]
+    found = shutil.which(tool)
+    if found:
+        return [found]
+    module = tool.split("-", 1)[1].replace("-", "_")  # fairseq-eval-lm -> fairseq_cli.eval_lm
+    return [sys.executable, "-c", f"from fairseq_cli.{module} import cli_main; cli_main()"]
+
+
+def shell_line(cmd) -> str:
+    return " ".join(shlex.quote(str(c)) for c in cmd)
+
+
+def run_logged(cmd, log_path: str, env: dict | None = None, on_line=None, timeout: float | None = None,
+               cwd: str | None = None) -> int:
+    """Runs cmd with its output (stdout and stderr) written to log_path as it comes, after a
+    "$ command" line; calls on_line(line) for each line. With a timeout (seconds), the command and
+    every process it started are stopped when it runs longer, a line saying so ends the log, and
+    the exit status is TIMED_OUT. Returns the command's exit status."""
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write("$ " + shell_line(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd, text=True,
+                                bufsize=1, errors="replace", start_new_session=timeout is not None)
+        expired = threading.Event()
+        timer = None
+        if timeout is not None:
+            def stop():
+                expired.set()
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            timer = threading.Timer(timeout, stop)
+            timer.daemon = True
+            timer.start()
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()  # (tail -f follows a running command)
+            if on_line is not None:
+                on_line(line.rstrip("\n"))
+        code = proc.wait()
+        if timer is not None:
+            timer.cancel()
+        if expired.is_set():
+            log.write(f"[stopped: ran past its time limit of {timeout:.0f} s]\n")
+            return TIMED_OUT
+        return code
+
+
+def fairseq_log_records(lines):
+    """The (tag, record) pairs of a fairseq-train ``--log-format json`` log, in order: tag is
+    "train_inner" (every --log-interval updates), "train" (an epoch's end) or "valid"; record is
+    the JSON object as fairseq writes it (values as strings; a metric that was not logged in the
+    interval, such as one of ``--fourier-log-interval``, as None). Other lines are skipped."""
+    for line in lines:
+        m = _LOG_RECORD.search(line)
+        if not m:
+            continue
+        try:
+            yield m.group(1), json.loads(m.group(2))
+        except json.JSONDecodeError:
+            continue
+
+
+def options_given(extra_args) -> dict:
+    """Every --fourier-* option among fairseq-train arguments, named as its FourierAttentionConfig
+    field without the prefix (--fourier-radius-init 1.0 -> {"radius_init": "1.0"}; a flag
+    without a value -> 1). No option is listed here: a new one is recorded as it is."""
+    out = {}
+    for i, a in enumerate(extra_args):
+        name, eq, val = str(a).partition("=")
+        if not name.startswith("--fourier-"):
+            continue
+        if not eq:
+            nxt = str(extra_args[i + 1]) if i + 1 < len(extra_args) else "--"
+            val = 1 if nxt.startswith("--") else nxt
+        out[name[len("--fourier-"):].replace("-", "_")] = val
+    return out
+
+
+def generate_hypotheses(lines) -> dict:
+    """{sentence id: hypothesis} from fairseq-generate's output (its "H-<id>\\tscore\\ttext" lines)."""
+    hyps = {}
+    for line in lines:
+        if line.startswith("H-"):
+            ident, _, text = line.rstrip("\n").split("\t", 2)
+            hyps[int(ident[2:])] = text
+    return hyps
+
+
+def detokenised_bleu(hypotheses, references, lang: str = "en"):
+    """The recipes' BLEU: sacreBLEU, case-insensitive, on the hypotheses detokenised with the Moses
+    detokeniser (sacremoses), against references as they are (raw text). Returns (score,
+    sacreBLEU's signature, the detokenised hypotheses)."""
+    import sacrebleu
+    from sacremoses import MosesDetokenizer
+
+    md = MosesDetokenizer(lang=lang)
+    detok = [md.detokenize(h.split()) for h in hypotheses]
+    metric = sacrebleu.metrics.BLEU(lowercase=True)
+    score = metric.corpus_score(detok, [list(references)])
+    return score.score, str(metric.get_signature()), detok
