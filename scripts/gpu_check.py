@@ -22,7 +22,8 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
   cpu        the CPU op tests and fuzz (tests/test_fourier_attention_op.py, tests/test_op_fuzz.py,
              fast tier) under the avx512 kernel variant (FOURIERFORMER_CPU_ISA=avx512), which no CI
              host has; SKIP on a CPU without AVX-512
-  attention  scripts/benchmark_attention.py --device cuda --quick: fused against sdpa
+  attention  scripts/benchmark_attention.py --device cuda --quick --profile: fused against sdpa, and the
+             op's time outside its kernels
   table9     scripts/benchmark_model.py: training ms per sequence and peak memory, Fourier against its
              softmax twin, the LM and the IWSLT model, fp32, fp16 and bf16
   train      stock fairseq-train, the recipes of fourierformer_fairseq/training_recipes.py at full size
@@ -310,7 +311,9 @@ def step_cpu(check: Check, args, workers: int) -> None:
 def step_attention(check: Check, args) -> None:
     t0 = time.perf_counter()
     path = os.path.join(check.out, "attention.json")
-    cmd = [sys.executable, "scripts/benchmark_attention.py", "--quick", "--impls", "fused,sdpa", "--json", path]
+    # --profile: the op's ATen ops, launches and time outside its kernels at each shape
+    cmd = [sys.executable, "scripts/benchmark_attention.py", "--quick", "--impls", "fused,sdpa", "--json", path,
+           "--profile"]
     cmd += ["--device", "cuda"] if args.gpu else ["--device", "cpu", "--shapes", "WikiText-103 small,sweep N=256", "--no-memory"]
     rc, text = check.run("attention", cmd, STEP_SECONDS["attention"])
     if rc != 0 or not os.path.exists(path):
@@ -323,6 +326,13 @@ def step_attention(check: Check, args) -> None:
         rate = r["elements"] / (r["fwd_ms"] / 1e3) / (2 if r["causal"] else 1)
         parts.append(f"{r['shape']}: fwd {r['fwd_ms'] / r['sdpa_fwd_ms']:.1f}x, fwd+bwd "
                      f"{r['fwd_bwd_ms'] / r['sdpa_fwd_bwd_ms']:.1f}x sdpa, fwd {rate:.2g} elem/s")
+    for r in json.load(open(path)).get("profile", []):
+        if r.get("error"):
+            parts.append(f"{r['shape']}: profile failed ({r['error']})")
+        else:
+            launches = f"{r['other_launches']:.0f} launches, " if r.get("other_launches") is not None else ""
+            parts.append(f"{r['shape']}: non-kernel {r['non_kernel_share']:.0%} ({launches}"
+                         f"host {r['host_us']:.0f} us, fused {r['fused_us']:.0f} us)")
     check.record("attention", "PASS", time.perf_counter() - t0, "; ".join(parts))
 
 
