@@ -50,35 +50,45 @@ static_assert(kChunk % kRenormEvery == 0, "chunks hold whole renormalisation gro
 // Value columns padded to a multiple of 16 (4 threads per row, a float4 each per 16 columns).
 FF_HD int padded_value_columns(int Dv) { return (Dv + 15) / 16 * 16; }
 
-// Shared memory of the tiled forward in floats: the staged chunk (reused for the V tile) and
-// the score tile.
+// Shared memory of the tiled forward in floats: the staged chunk (reused for the V tile), the
+// score tile and the unnormalised output tile (row stride output_stride: the 8 rows of a quarter
+// warp's float4 accesses fall in distinct banks).
 FF_HD int64_t tiled_forward_region_floats(int Dv) {
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
   const int64_t vtile = (int64_t)kFwdKeys * padded_value_columns(Dv);
   return chunk > vtile ? chunk : vtile;
 }
+FF_HD int output_stride(int Dv) {
+  const int Dvs = padded_value_columns(Dv);
+  return (Dvs / 16) % 2 == 1 ? Dvs : Dvs + 16;
+}
 FF_HD int64_t tiled_forward_smem_floats(int Dv) {
-  return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride;
+  return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride + (int64_t)kFwdRows * output_stride(Dv);
 }
 
 // One element step (see above). Signs drop out at the end (p is even).
 FF_DEV void sinc_factor_step(float q, float t, float t_low, float k, float X, float Y, float Y_low, float& num,
-                             float& den, float& nearest) {
+                             float& den) {
   const float u = q - k;
   const float s = fmaf(t, X, -Y) + fmaf(t_low, X, -Y_low);
   num *= s;
   den *= u;
-  nearest = fminf(nearest, fabsf(u));
 }
 
-// num and den to their mantissas in [1, 2) (sign kept), expo += exponent(num) - exponent(den).
-// A zero or subnormal factor reads as exponent -127 (its weight is then below float range anyway).
-FF_DEV void renormalise(float& num, float& den, int& expo) {
+// num and den to their mantissas in [1, 2) (sign kept), expo += exponent(num) - exponent(den),
+// all in the exponent bits (2 LOP3, 3 IADD3 and one LEA.HI per pair). den_field_min keeps the
+// smallest exponent field of den seen: 0 when a u was exactly 0 (q = k in that feature: 0 / 0)
+// or den left the normal range (the same factor of 4 u's then holds one |u| below 2^-31, far
+// below kUFloor: the rare path). A zero or subnormal num reads as exponent -127; with a normal den
+// it cannot happen (|s'| >= |u| / 2 for small x, and near sinc's zeros 4 factors of at least
+// 2^-30 stay normal).
+FF_DEV void renormalise(float& num, float& den, int& expo, int& den_field_min) {
   const int nb = ff_float_bits(num), db = ff_float_bits(den);
   const int ne = nb & 0x7F800000, de = db & 0x7F800000;
   num = ff_bits_float(nb - ne + 0x3F800000);
   den = ff_bits_float(db - de + 0x3F800000);
-  expo += (ne >> 23) - (de >> 23);
+  expo += (ne - de) >> 23;  // ne - de fits an int; arithmetic shift
+  den_field_min = de < den_field_min ? de : den_field_min;
 }
 
 // a / b to about 2 ulp: reciprocal and multiply (div.approx.ftz: no range fix-up, so b must be
@@ -115,24 +125,36 @@ float rare_pair_score(const float* trows, const float* tkeys, const float* x_per
   return power * LogSincSum<float>::run(qc, N, kc, M, x_per_u, Dp);
 }
 
+// log2(e) = kLog2eHigh + kLog2eLow to about 2^-48: fma(S, kLog2eHigh, S * kLog2eLow) is S log2(e)
+// with one rounding.
+constexpr float kLog2eHigh = 1.44269502162933349609375f;
+constexpr float kLog2eLow = 1.925963033500011079e-8f;
+
+// 2^x (ex2.approx.ftz: about 2 ulp, as the expf that CUDA builds on it; 0 for x = -inf).
+FF_DEV float ff_exp2_approx(float x) {
+#if defined(FF_HOST_EMULATION)
+  return exp2f(x);
+#else
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#endif
+}
+
 // Scores of a tile, masks included: S[ii][jj] of query i0 + ty * kMicro + ii and key
-// j0 + tx * kMicro + jj (-inf where the key is not visible or masked; rows past N see nothing).
+// j0 + tx * kMicro + jj (-inf where the key is not visible or masked; rows past N see nothing),
+// natural log (kLog2 false) or times log2(e) (kLog2 true, the forward's softmax: P = 2^(S - m)),
+// the two with the same roundings but the last.
 // All threads of the block call it (it stages the features chunk by chunk into `region`,
 // with barriers; the caller must not touch region before the next barrier either).
-template <typename scalar_t>
-FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty, float* region,
-                        float (&S)[kMicro][kMicro]) {
+template <bool kLog2, typename scalar_t>
+FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
+                             float* region, float (&S)[kMicro][kMicro]) {
   const int N = p.N, M = p.M, Dp = p.Dp;
   const int tid = threadIdx.x;
-  const int b = (int)(bh / p.H), h = (int)(bh % p.H);
   float* Rf = region;                                   // (kRowFields, kChunk, kFwdRows)
   float* Kf = region + kRowFields * kChunk * kFwdRows;  // (kKeyFields, kChunk, kFwdKeys)
   const float NEG_INF = -ff_inf<float>();
-  const float* trows = p.trows + bh * kRowFields * Dp * N;
-  const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
-  const float* key_log = p.key_log + bh * M;
-  const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
-  const float* kbias = p.key_bias ? p.key_bias + (int64_t)b * M : nullptr;
   // ---- 1. products over the features ----
   float num[kMicro][kMicro], den[kMicro][kMicro];
   int expo[kMicro][kMicro];
@@ -144,55 +166,82 @@ FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, in
       den[ii][jj] = 1.0f;
       expo[ii][jj] = 0;
     }
-  float nearest = ff_inf<float>();
-  for (int d0 = 0; d0 < Dp; d0 += kChunk) {
-    const int dc = ff_min(kChunk, Dp - d0);
+  int den_field_min = 0x7F800000;  // see renormalise
+  // Staging. Where N and M are multiples of 4 (the table rows then start 16-byte aligned),
+  // thread tid stages feature tid / 16 of the chunk, rows and keys 4 (tid % 16) + (0..3), as one
+  // float4 per field; otherwise rows / keys tid % 64 of features tid / 64 + 4 n one float at a
+  // time. Rows and keys past the end stage the last ones' fields (finite and never visible: no
+  // predication; a spurious q = k there can only send the thread down the rare path).
+  static_assert(kFwdThreads == 16 * kChunk && kFwdRows == 64 && kFwdKeys == 64, "staging: 16 float4 per field");
+  const bool wide = ((N | M) & 3) == 0;  // block-uniform
+  const int sr = wide ? 4 * (tid & 15) : tid & (kFwdRows - 1);
+  const int sd0 = wide ? tid >> 4 : tid >> kFwdRowsLog2;
+  const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
+  const float* rsrc = p.trows + bh * kRowFields * Dp * N + (int64_t)sd0 * N + ff_min(i0 + sr, wide ? N - 4 : N - 1);
+  const float* ksrc = p.tkeys + bh * kKeyFields * Dp * M + (int64_t)sd0 * M + ff_min(j0 + sr, wide ? M - 4 : M - 1);
+  const float* rf0 = Rf + ty * kMicro;
+  const float* kf0 = Kf + tx * kMicro;
+  for (int d0 = 0; d0 < Dp; d0 += kChunk, rsrc += kChunk * (int64_t)N, ksrc += kChunk * (int64_t)M) {
+    const int dc = ff_min(kChunk, Dp - d0);  // a multiple of kRenormEvery
     __syncthreads();  // the previous chunk, or whatever the caller kept in region, is consumed
-    {  // thread tid stages row / key tid % 64 of features tid / 64 + 4 n (kFwdThreads = 4 x 64)
-      const int r = tid & (kFwdRows - 1), dd0 = tid >> kFwdRowsLog2;
-      const bool row_on = i0 + r < N, key_on = j0 + r < M;
-      const float* rsrc = trows + (int64_t)(d0 + dd0) * N + (i0 + r);
-      const float* ksrc = tkeys + (int64_t)(d0 + dd0) * M + (j0 + r);
-      const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
-      for (int dd = dd0; dd < dc; dd += kStageStep, rsrc += kStageStep * (int64_t)N, ksrc += kStageStep * (int64_t)M) {
+    if (wide) {
+      if (sd0 < dc) {
+        float* rdst = Rf + sd0 * kFwdRows + sr;
+        float* kdst = Kf + sd0 * kFwdKeys + sr;
 #pragma unroll
-        for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + r] = row_on ? rsrc[f * rfield] : 0.0f;
+        for (int f = 0; f < kRowFields; ++f)
+          *reinterpret_cast<float4*>(rdst + f * kChunk * kFwdRows) = *reinterpret_cast<const float4*>(rsrc + f * rfield);
 #pragma unroll
         for (int f = 0; f < kKeyFields; ++f)
-          Kf[(f * kChunk + dd) * kFwdKeys + r] = key_on ? ksrc[f * kfield] : pad_key_field(f);
+          *reinterpret_cast<float4*>(kdst + f * kChunk * kFwdKeys) = *reinterpret_cast<const float4*>(ksrc + f * kfield);
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kChunk / kStageStep; ++n) {
+        const int dd = sd0 + n * kStageStep;
+        if (dd < dc) {
+          const float* r = rsrc + n * kStageStep * (int64_t)N;
+          const float* k = ksrc + n * kStageStep * (int64_t)M;
+#pragma unroll
+          for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + sr] = r[f * rfield];
+#pragma unroll
+          for (int f = 0; f < kKeyFields; ++f) Kf[(f * kChunk + dd) * kFwdKeys + sr] = k[f * kfield];
+        }
       }
     }
     __syncthreads();
-    for (int dd = 0; dd < dc; dd += kRenormEvery) {
 #pragma unroll
-      for (int e = 0; e < kRenormEvery; ++e) {
-        const float* rf = Rf + (dd + e) * kFwdRows + ty * kMicro;
-        const float* kf = Kf + (dd + e) * kFwdKeys + tx * kMicro;
-        const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
-        const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
-                     Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
-        const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
-                    tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
-        const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
-                    Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
+    for (int g = 0; g < kChunk / kRenormEvery; ++g) {
+      if (g * kRenormEvery < dc) {  // block-uniform
+#pragma unroll
+        for (int e = 0; e < kRenormEvery; ++e) {
+          const int dd = g * kRenormEvery + e;  // compile-time offsets below
+          const float* rf = rf0 + dd * kFwdRows;
+          const float* kf = kf0 + dd * kFwdKeys;
+          const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
+          const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
+                       Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
+          const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
+                      tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
+          const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
+                      Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
+#pragma unroll
+          for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+            for (int jj = 0; jj < kMicro; ++jj)
+              sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj]);
+        }
 #pragma unroll
         for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
-          for (int jj = 0; jj < kMicro; ++jj)
-            sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj],
-                             nearest);
+          for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj], den_field_min);
       }
-#pragma unroll
-      for (int ii = 0; ii < kMicro; ++ii)
-#pragma unroll
-        for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj]);
     }
   }
 
-  // ---- scores (the row constants loaded only now: fewer registers live in the loop above) ----
-  float log_high[kMicro], log_low[kMicro];
+  // ---- scores (what follows is loaded or computed only now: fewer registers live in the loop) ----
+  float log_high[kMicro], log_low[kMicro], klog[kMicro];
   int row_end[kMicro];
-  const float* mask_row[kMicro];
 #pragma unroll
   for (int ii = 0; ii < kMicro; ++ii) {
     const int i = i0 + ty * kMicro + ii;
@@ -200,8 +249,18 @@ FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, in
     log_high[ii] = on ? p.row_log_high[bh * N + i] : 0.0f;
     log_low[ii] = on ? p.row_log_low[bh * N + i] : 0.0f;
     row_end[ii] = on ? visible_end(p, i) : 0;
-    mask_row[ii] = (p.attn_mask && on) ? p.attn_mask + b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row
-                                       : nullptr;
+  }
+#pragma unroll
+  for (int jj = 0; jj < kMicro; ++jj) {
+    const int j = j0 + tx * kMicro + jj;
+    klog[jj] = j < M ? p.key_log[bh * M + j] : 0.0f;
+  }
+  // power (times log2(e) for kLog2) as a high and a low float: S = fma(sum, high, sum * low)
+  float power_high = p.power, power_low = 0.0f;
+  if (kLog2) {
+    const double pw = (double)p.power * 1.44269504088896340736;
+    power_high = (float)pw;
+    power_low = (float)(pw - (double)power_high);
   }
 #pragma unroll
   for (int ii = 0; ii < kMicro; ++ii)
@@ -212,34 +271,63 @@ FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, in
       if (j < row_end[ii]) {
         const float ratio = fabsf(ff_divide_approx(num[ii][jj], den[ii][jj]));  // in (1/2, 2)
         const float e = (float)expo[ii][jj];
-        s = p.power *
-            (fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + key_log[j])));
+        const float sum =
+            fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + klog[jj]));
+        s = kLog2 ? fmaf(sum, power_high, sum * power_low) : p.power * sum;
       }
       S[ii][jj] = s;
     }
   // ---- 2. the rare path ----
-  if (nearest <= kUFloor) {
+  if (den_field_min == 0) {
+    const float* trows = p.trows + bh * kRowFields * Dp * N;
+    const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
+    const float* x_per_u = p.x_per_u + (bh % p.H) * Dp;
 #pragma unroll
     for (int ii = 0; ii < kMicro; ++ii) {
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
         const int i = i0 + ty * kMicro + ii, j = j0 + tx * kMicro + jj;
-        if (j < row_end[ii]) S[ii][jj] = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, S[ii][jj]);
+        if (j < row_end[ii]) {
+          if (kLog2) {
+            const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN);
+            if (s == s) S[ii][jj] = fmaf(s, kLog2eHigh, s * kLog2eLow);  // recomputed
+          } else {
+            S[ii][jj] = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, S[ii][jj]);
+          }
+        }
       }
     }
   }
   // ---- 3. masks ----
+  if (!p.attn_mask && !p.key_bias) return;
+  const int64_t b = bh / p.H, h = bh % p.H;
+  const float* kbias = p.key_bias ? p.key_bias + b * M : nullptr;
 #pragma unroll
   for (int ii = 0; ii < kMicro; ++ii) {
+    const int i = i0 + ty * kMicro + ii;
+    const float* mrow =
+        (p.attn_mask && i < N) ? p.attn_mask + b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row : nullptr;
 #pragma unroll
     for (int jj = 0; jj < kMicro; ++jj) {
       const int j = j0 + tx * kMicro + jj;
       if (j < row_end[ii]) {
-        if (mask_row[ii]) S[ii][jj] += mask_row[ii][j];
-        if (kbias) S[ii][jj] += kbias[j];
+        if (kLog2) {
+          const float add = (mrow ? mrow[j] : 0.0f) + (kbias ? kbias[j] : 0.0f);
+          S[ii][jj] = fmaf(add, kLog2eHigh, fmaf(add, kLog2eLow, S[ii][jj]));
+        } else {
+          if (mrow) S[ii][jj] += mrow[j];
+          if (kbias) S[ii][jj] += kbias[j];
+        }
       }
     }
   }
+}
+
+// Scores of a tile in natural log (see tile_scores_impl), the backward's.
+template <typename scalar_t>
+FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty, float* region,
+                        float (&S)[kMicro][kMicro]) {
+  tile_scores_impl<false>(p, bh, i0, j0, tx, ty, region, S);
 }
 
 template <typename scalar_t, int kO>
@@ -249,8 +337,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled
   const int N = p.N, M = p.M, Dv = p.Dv;
   const int Dvs = padded_value_columns(Dv);
   float* region = reinterpret_cast<float*>(smem_raw);
-  float* Vs = region;                                   // (kFwdKeys, Dvs), once the scores are done
+  float* Vs = region;                                    // (kFwdKeys, Dvs), once the scores are done
   float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
+  float* Os = St + kFwdRows * kScoreStride;              // (kFwdRows, output_stride): out, unnormalised
   const float NEG_INF = -ff_inf<float>();
 
   const int tid = threadIdx.x;
@@ -262,34 +351,32 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled
   const int warp = tid >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);
-  // Softmax and P V: 4 threads per row, columns 16 t + 4 part + (0..3).
+  // Softmax and P V: 4 threads per row, columns 16 t + 4 part + (0..3), kept in Os between key
+  // tiles (not in registers: the score loop has them all).
   const int pr = tid >> 2, part = tid & 3;
-  const int pi = i0 + pr;
-  const bool p_active = pi < N;
+  float* orow = Os + pr * output_stride(Dv) + 4 * part;
+  for (int t = 0; 16 * t < Dvs; ++t) *reinterpret_cast<float4*>(orow + 16 * t) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
   const int last_row = ff_min(N - 1, i0 + kFwdRows - 1);
   const int block_end = visible_end(p, last_row);
-  const int p_end = p_active ? visible_end(p, pi) : 0;
 
-  float m_run = NEG_INF;  // running max of row pr (the same in its 4 threads)
-  float l_part = 0.0f;    // this thread's share of the running sum of exp(S - m_run)
-  float acc[kO];          // out[pi, 16 t + 4 part + e] at acc[4 t + e], unnormalised
-#pragma unroll
-  for (int t = 0; t < kO; ++t) acc[t] = 0.0f;
+  float m_run = NEG_INF;  // running max of row pr in log2 units (the same in its 4 threads)
+  float l_part = 0.0f;    // this thread's share of the running sum of 2^(S - m_run)
 
   for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
-    tile_scores(p, bh, i0, j0, tx, ty, region, S);
+    tile_scores_impl<true>(p, bh, i0, j0, tx, ty, region, S);  // log2 units
 #pragma unroll
     for (int ii = 0; ii < kMicro; ++ii)
       *reinterpret_cast<float4*>(St + (ty * kMicro + ii) * kScoreStride + tx * kMicro) =
           make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
     __syncthreads();  // scores written; the chunk region is free for V
     const scalar_t* v = p.v + bh * M * Dv;
-    for (int idx = tid; idx < kFwdKeys * Dvs; idx += kFwdThreads) {
-      const int r = idx / Dvs, c = idx - r * Dvs;
+    // thread tid: columns tid % 16 + 16 n of keys tid / 16 + 16 m (no integer division)
+    for (int r = tid >> 4; r < kFwdKeys; r += kFwdThreads / 16) {
       const int j = j0 + r;
-      Vs[idx] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
+      for (int c = tid & 15; c < Dvs; c += 16)
+        Vs[r * Dvs + c] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
     }
     __syncthreads();
 
@@ -303,24 +390,35 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
     const float m_new = fmaxf(m_run, tile_max);
+    float scale = 1.0f;
     if (m_new > NEG_INF) {  // the same in the row's 4 threads
-      const float scale = ff_exp(m_run - m_new);  // 0 while m_run is -inf
+      scale = ff_exp2_approx(m_run - m_new);  // 0 while m_run is -inf
       l_part *= scale;
-#pragma unroll
-      for (int t = 0; t < kO; ++t) acc[t] *= scale;
+      const int pi = i0 + pr;
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
         const int c = part * 16 + t;
-        float e = ff_exp(srow[c] - m_new);  // 0 for masked keys
-        l_part += e;                        // the normaliser counts every key
+        float e = ff_exp2_approx(srow[c] - m_new);  // 0 for masked keys
+        l_part += e;                                // the normaliser counts every key
         if (p.dropout_p > 0.0f && e != 0.0f) e *= dropout_factor(p, (uint32_t)bh, pi, j0 + c);
         srow[c] = e;
       }
       m_run = m_new;
     }
     __syncwarp();  // the row's P (its 4 threads are in one warp)
-    if (m_run > NEG_INF) {
-      const int nk = ff_min(kFwdKeys, p_end - j0);
+    if (m_new > NEG_INF) {
+      float acc[kO];  // out[pi, 16 t + 4 part + e] at acc[4 t + e]
+#pragma unroll
+      for (int t = 0; t < kO / 4; ++t) {
+        if (16 * t < Dvs) {
+          const float4 o4 = load4(orow + 16 * t);
+          acc[4 * t + 0] = o4.x * scale;
+          acc[4 * t + 1] = o4.y * scale;
+          acc[4 * t + 2] = o4.z * scale;
+          acc[4 * t + 3] = o4.w * scale;
+        }
+      }
+      const int nk = ff_min(kFwdKeys, (i0 + pr < N ? visible_end(p, i0 + pr) : 0) - j0);
       for (int jj = 0; jj < nk; jj += 4) {
         const float4 p4 = load4(srow + jj);
         const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
@@ -339,23 +437,32 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled
           }
         }
       }
+#pragma unroll
+      for (int t = 0; t < kO / 4; ++t)
+        if (16 * t < Dvs)
+          *reinterpret_cast<float4*>(orow + 16 * t) =
+              make_float4(acc[4 * t + 0], acc[4 * t + 1], acc[4 * t + 2], acc[4 * t + 3]);
     }
   }
 
   float l = l_part + __shfl_xor_sync(kFullMask, l_part, 1);
   l += __shfl_xor_sync(kFullMask, l, 2);
-  if (!p_active) return;
+  const int pi = i0 + pr;
+  if (pi >= N) return;
   const bool empty = !(m_run > NEG_INF);  // no visible, unmasked key
   const float inv = empty ? 0.0f : 1.0f / l;
   scalar_t* out_i = p.out + (bh * N + pi) * Dv;
-#pragma unroll
-  for (int t = 0; t < kO / 4; ++t)
+  for (int t = 0; 16 * t < Dvs; ++t) {
+    const float4 o4 = load4(orow + 16 * t);
+    const float ov[4] = {o4.x, o4.y, o4.z, o4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = 16 * t + 4 * part + e;
-      if (c < Dv) out_i[c] = static_cast<scalar_t>(empty ? 0.0f : acc[4 * t + e] * inv);
+      if (c < Dv) out_i[c] = static_cast<scalar_t>(empty ? 0.0f : ov[e] * inv);
     }
-  if (part == 0) p.lse[bh * N + pi] = empty ? (double)INFINITY : (double)m_run + log((double)l);
+  }
+  // m_run is in log2 units
+  if (part == 0) p.lse[bh * N + pi] = empty ? (double)INFINITY : (double)m_run * 0.693147180559945309 + log((double)l);
 }
 
 }  // namespace cuda

@@ -108,10 +108,10 @@ at::Tensor build_tables(const AttentionShape& sh, Params<scalar_t, float>& p, co
   const int64_t floats = table_floats(sh.B * sh.H, sh.H, sh.N, sh.M, p.Dp);
   at::Tensor tables = at::empty({floats}, options.dtype(at::kFloat));
   carve_tables(p, tables.data_ptr<float>());
-  const int64_t threads = std::max<int64_t>(sh.B * sh.H * (sh.N + sh.M), sh.H * p.Dp);
-  const int64_t blocks = (threads + kTableThreads - 1) / kTableThreads;
-  TORCH_CHECK(blocks <= INT_MAX, "fourier_attention (cuda): too many rows for the table kernel: ", threads);
-  launch(table_kernel<scalar_t>, blocks, kTableThreads, 0, p);
+  const int64_t blocks = table_blocks(sh.B * sh.H, sh.H, sh.N, sh.M, p.Dp);
+  TORCH_CHECK(blocks <= INT_MAX, "fourier_attention (cuda): too many rows for the table kernel: ",
+              sh.B * sh.H * (sh.N + sh.M));
+  launch(table_kernel<scalar_t>, blocks, kTableThreads, table_smem_bytes(), p);
   return tables;
 }
 
