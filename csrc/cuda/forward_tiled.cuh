@@ -53,17 +53,30 @@ FF_HD int padded_value_columns(int Dv) { return (Dv + 15) / 16 * 16; }
 // Shared memory of the tiled forward in floats: the staged chunk (reused for the V tile), the
 // score tile and the unnormalised output tile (row stride output_stride: the 8 rows of a quarter
 // warp's float4 accesses fall in distinct banks).
+// The forward with Dv > 64 (forward_tiled_kernel<scalar_t, 64>) splits the features of each
+// chunk between two halves of a block of 2 kFwdThreads threads (twice the warps per SM at the
+// same tile: at head dim 128 and N = 64, as in IWSLT, one block per (batch, head) and SM would
+// otherwise have 8 warps); the second half hands its num / den and exponents over through the
+// chunk region.
+template <int kO>
+FF_HD constexpr int forward_split() { return kO > 16 ? 2 : 1; }
+FF_HD int forward_threads(int Dv) { return kFwdThreads * (Dv > 64 ? forward_split<32>() : 1); }
+constexpr int kSplitExchangeFloats = (3 * kMicro * kMicro + 2) * kFwdThreads;  // see tile_scores_impl
+
 FF_HD int64_t tiled_forward_region_floats(int Dv) {
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
   const int64_t vtile = (int64_t)kFwdKeys * padded_value_columns(Dv);
-  return chunk > vtile ? chunk : vtile;
+  const int64_t exchange = Dv > 64 ? kSplitExchangeFloats : 0;
+  const int64_t m = chunk > vtile ? chunk : vtile;
+  return m > exchange ? m : exchange;
 }
 FF_HD int output_stride(int Dv) {
   const int Dvs = padded_value_columns(Dv);
   return (Dvs / 16) % 2 == 1 ? Dvs : Dvs + 16;
 }
 FF_HD int64_t tiled_forward_smem_floats(int Dv) {
-  return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride + (int64_t)kFwdRows * output_stride(Dv);
+  return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride + (int64_t)kFwdRows * output_stride(Dv) +
+         2 * (int64_t)forward_threads(Dv);
 }
 
 // One element step (see above). Signs drop out at the end (p is even).
@@ -141,17 +154,25 @@ FF_DEV float ff_exp2_approx(float x) {
 #endif
 }
 
+// s + add log2(e), add (a mask, natural log) split as fma(add, kLog2eHigh, add kLog2eLow).
+FF_DEV float add_log2(float s, float add) { return fmaf(add, kLog2eHigh, fmaf(add, kLog2eLow, s)); }
+
 // Scores of a tile, masks included: S[ii][jj] of query i0 + ty * kMicro + ii and key
 // j0 + tx * kMicro + jj (-inf where the key is not visible or masked; rows past N see nothing),
 // natural log (kLog2 false) or times log2(e) (kLog2 true, the forward's softmax: P = 2^(S - m)),
 // the two with the same roundings but the last.
 // All threads of the block call it (it stages the features chunk by chunk into `region`,
 // with barriers; the caller must not touch region before the next barrier either).
-template <bool kLog2, typename scalar_t>
+// kSplit 2: a block of 2 kFwdThreads threads, thread tid and tid + kFwdThreads (same tx, ty) each
+// take half of every chunk's features, then swap products: S[ii][jj] (ii < kMicro / 2) is then
+// that of row ty * kMicro + half * kMicro / 2 + ii, half = threadIdx.x / kFwdThreads.
+template <bool kLog2, int kSplit, typename scalar_t>
 FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
-                             float* region, float (&S)[kMicro][kMicro]) {
+                             float* region, float (&S)[kMicro][kMicro], bool& rare) {
+  static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
   const int N = p.N, M = p.M, Dp = p.Dp;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x & (kFwdThreads - 1);
+  const int half = kSplit == 1 ? 0 : (int)threadIdx.x / kFwdThreads;
   float* Rf = region;                                   // (kRowFields, kChunk, kFwdRows)
   float* Kf = region + kRowFields * kChunk * kFwdRows;  // (kKeyFields, kChunk, kFwdKeys)
   const float NEG_INF = -ff_inf<float>();
@@ -179,23 +200,30 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
   const float* rsrc = p.trows + bh * kRowFields * Dp * N + (int64_t)sd0 * N + ff_min(i0 + sr, wide ? N - 4 : N - 1);
   const float* ksrc = p.tkeys + bh * kKeyFields * Dp * M + (int64_t)sd0 * M + ff_min(j0 + sr, wide ? M - 4 : M - 1);
-  const float* rf0 = Rf + ty * kMicro;
-  const float* kf0 = Kf + tx * kMicro;
+  constexpr int kGroups = kChunk / kRenormEvery / kSplit;  // renormalisation groups per half and chunk
+  const float* rf0 = Rf + (half * kGroups * kRenormEvery) * kFwdRows + ty * kMicro;
+  const float* kf0 = Kf + (half * kGroups * kRenormEvery) * kFwdKeys + tx * kMicro;
   for (int d0 = 0; d0 < Dp; d0 += kChunk, rsrc += kChunk * (int64_t)N, ksrc += kChunk * (int64_t)M) {
     const int dc = ff_min(kChunk, Dp - d0);  // a multiple of kRenormEvery
     __syncthreads();  // the previous chunk, or whatever the caller kept in region, is consumed
-    if (wide) {
+    if (wide) {  // (kSplit 2: the first half stages the rows, the second the keys)
       if (sd0 < dc) {
         float* rdst = Rf + sd0 * kFwdRows + sr;
         float* kdst = Kf + sd0 * kFwdKeys + sr;
+        if (half == 0) {
 #pragma unroll
-        for (int f = 0; f < kRowFields; ++f)
-          *reinterpret_cast<float4*>(rdst + f * kChunk * kFwdRows) = *reinterpret_cast<const float4*>(rsrc + f * rfield);
+          for (int f = 0; f < kRowFields; ++f)
+            *reinterpret_cast<float4*>(rdst + f * kChunk * kFwdRows) =
+                *reinterpret_cast<const float4*>(rsrc + f * rfield);
+        }
+        if (kSplit == 1 || half == 1) {
 #pragma unroll
-        for (int f = 0; f < kKeyFields; ++f)
-          *reinterpret_cast<float4*>(kdst + f * kChunk * kFwdKeys) = *reinterpret_cast<const float4*>(ksrc + f * kfield);
+          for (int f = 0; f < kKeyFields; ++f)
+            *reinterpret_cast<float4*>(kdst + f * kChunk * kFwdKeys) =
+                *reinterpret_cast<const float4*>(ksrc + f * kfield);
+        }
       }
-    } else {
+    } else if (half == 0) {  // scalar staging
 #pragma unroll
       for (int n = 0; n < kChunk / kStageStep; ++n) {
         const int dd = sd0 + n * kStageStep;
@@ -211,8 +239,8 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     }
     __syncthreads();
 #pragma unroll
-    for (int g = 0; g < kChunk / kRenormEvery; ++g) {
-      if (g * kRenormEvery < dc) {  // block-uniform
+    for (int g = 0; g < kGroups; ++g) {
+      if ((half * kGroups + g) * kRenormEvery < dc) {  // uniform in each half
 #pragma unroll
         for (int e = 0; e < kRenormEvery; ++e) {
           const int dd = g * kRenormEvery + e;  // compile-time offsets below
@@ -239,12 +267,63 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     }
   }
 
-  // ---- scores (what follows is loaded or computed only now: fewer registers live in the loop) ----
-  float log_high[kMicro], log_low[kMicro], klog[kMicro];
-  int row_end[kMicro];
+  // ---- kSplit 2: the halves swap products, each keeps kRows of the kMicro rows ----
+  constexpr int kRows = kMicro / kSplit;
+  const int row0 = ty * kMicro + half * kRows;  // the thread's rows: row0 + (0 .. kRows - 1)
+  float nm[kRows][kMicro], dn[kRows][kMicro];
+  int ex[kRows][kMicro];
+  if (kSplit == 1) {
 #pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii) {
-    const int i = i0 + ty * kMicro + ii;
+    for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) {
+        nm[ii][jj] = num[ii][jj];
+        dn[ii][jj] = den[ii][jj];
+        ex[ii][jj] = expo[ii][jj];
+      }
+  } else {
+    constexpr int kHanded = kRows * kMicro;  // pairs handed over
+    __syncthreads();  // the last chunk is consumed
+    // slot (field, writer half, pair) of thread tid
+    auto slot = [&](int f, int w, int q) { return region + ((f * 2 + w) * kHanded + q) * kFwdThreads + tid; };
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) {  // half 0 hands rows kRows.., half 1 rows 0..
+        const int q = ii * kMicro + jj;
+        const float hn = half == 0 ? num[kRows + ii][jj] : num[ii][jj];
+        const float hd = half == 0 ? den[kRows + ii][jj] : den[ii][jj];
+        const int he = half == 0 ? expo[kRows + ii][jj] : expo[ii][jj];
+        *slot(0, half, q) = hn;
+        *slot(1, half, q) = hd;
+        *slot(2, half, q) = ff_bits_float(he);
+      }
+    region[6 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(den_field_min);
+    __syncthreads();
+    const int other = 1 - half;
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) {
+        const int q = ii * kMicro + jj;
+        const float kn = half == 0 ? num[ii][jj] : num[kRows + ii][jj];
+        const float kd = half == 0 ? den[ii][jj] : den[kRows + ii][jj];
+        const int ke = half == 0 ? expo[ii][jj] : expo[kRows + ii][jj];
+        nm[ii][jj] = kn * *slot(0, other, q);
+        dn[ii][jj] = kd * *slot(1, other, q);
+        ex[ii][jj] = ke + ff_float_bits(*slot(2, other, q));
+        renormalise(nm[ii][jj], dn[ii][jj], ex[ii][jj], den_field_min);  // back to [1, 2): log_near_one's range
+      }
+    const int other_min = ff_float_bits(region[6 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
+    den_field_min = other_min < den_field_min ? other_min : den_field_min;
+  }
+
+  // ---- scores (what follows is loaded or computed only now: fewer registers live in the loop) ----
+  float log_high[kRows], log_low[kRows], klog[kMicro];
+  int row_end[kRows];
+#pragma unroll
+  for (int ii = 0; ii < kRows; ++ii) {
+    const int i = i0 + row0 + ii;
     const bool on = i < N;
     log_high[ii] = on ? p.row_log_high[bh * N + i] : 0.0f;
     log_low[ii] = on ? p.row_log_low[bh * N + i] : 0.0f;
@@ -263,14 +342,14 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     power_low = (float)(pw - (double)power_high);
   }
 #pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii)
+  for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
     for (int jj = 0; jj < kMicro; ++jj) {
       const int j = j0 + tx * kMicro + jj;
       float s = NEG_INF;
       if (j < row_end[ii]) {
-        const float ratio = fabsf(ff_divide_approx(num[ii][jj], den[ii][jj]));  // in (1/2, 2)
-        const float e = (float)expo[ii][jj];
+        const float ratio = fabsf(ff_divide_approx(nm[ii][jj], dn[ii][jj]));  // in (1/2, 2)
+        const float e = (float)ex[ii][jj];
         const float sum =
             fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + klog[jj]));
         s = kLog2 ? fmaf(sum, power_high, sum * power_low) : p.power * sum;
@@ -278,23 +357,18 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       S[ii][jj] = s;
     }
   // ---- 2. the rare path ----
-  if (den_field_min == 0) {
+  // (kLog2: left to the caller, rare_scores_log2)
+  rare = kLog2 && den_field_min == 0;
+  if (!kLog2 && den_field_min == 0) {
     const float* trows = p.trows + bh * kRowFields * Dp * N;
     const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
     const float* x_per_u = p.x_per_u + (bh % p.H) * Dp;
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii) {
+    for (int ii = 0; ii < kRows; ++ii) {
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
-        const int i = i0 + ty * kMicro + ii, j = j0 + tx * kMicro + jj;
-        if (j < row_end[ii]) {
-          if (kLog2) {
-            const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN);
-            if (s == s) S[ii][jj] = fmaf(s, kLog2eHigh, s * kLog2eLow);  // recomputed
-          } else {
-            S[ii][jj] = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, S[ii][jj]);
-          }
-        }
+        const int i = i0 + row0 + ii, j = j0 + tx * kMicro + jj;
+        if (j < row_end[ii]) S[ii][jj] = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, S[ii][jj]);
       }
     }
   }
@@ -303,8 +377,8 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   const int64_t b = bh / p.H, h = bh % p.H;
   const float* kbias = p.key_bias ? p.key_bias + b * M : nullptr;
 #pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii) {
-    const int i = i0 + ty * kMicro + ii;
+  for (int ii = 0; ii < kRows; ++ii) {
+    const int i = i0 + row0 + ii;
     const float* mrow =
         (p.attn_mask && i < N) ? p.attn_mask + b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row : nullptr;
 #pragma unroll
@@ -312,8 +386,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       const int j = j0 + tx * kMicro + jj;
       if (j < row_end[ii]) {
         if (kLog2) {
-          const float add = (mrow ? mrow[j] : 0.0f) + (kbias ? kbias[j] : 0.0f);
-          S[ii][jj] = fmaf(add, kLog2eHigh, fmaf(add, kLog2eLow, S[ii][jj]));
+          S[ii][jj] = add_log2(S[ii][jj], (mrow ? mrow[j] : 0.0f) + (kbias ? kbias[j] : 0.0f));
         } else {
           if (mrow) S[ii][jj] += mrow[j];
           if (kbias) S[ii][jj] += kbias[j];
@@ -327,12 +400,50 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 template <typename scalar_t>
 FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty, float* region,
                         float (&S)[kMicro][kMicro]) {
-  tile_scores_impl<false>(p, bh, i0, j0, tx, ty, region, S);
+  bool rare;  // (false: the natural-log scores include the rare path)
+  tile_scores_impl<false, 1>(p, bh, i0, j0, tx, ty, region, S, rare);
+}
+
+// The forward's rare path: after the scores of the tile are in St (row stride kScoreStride),
+// the thread whose tile_scores_impl<true> said `rare` rewrites those of its visible pairs (rows
+// row0 .. row0 + rows - 1, keys tx * kMicro + (0 .. kMicro - 1)) that
+// have |u| <= kUFloor in some feature from the per-element math (rare_pair_score), masks
+// included. A loop, not unrolled, outside the score code: no registers held across the calls.
+template <typename scalar_t>
+FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int row0,
+                             int rows, float* St) {
+  const int N = p.N, M = p.M, Dp = p.Dp;
+  const float* trows = p.trows + bh * kRowFields * Dp * N;
+  const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
+  const float* x_per_u = p.x_per_u + (bh % p.H) * Dp;
+  const int64_t b = bh / p.H, h = bh % p.H;
+#pragma unroll 1
+  for (int pair = 0; pair < rows * kMicro; ++pair) {
+    const int r = row0 + pair / kMicro, c = tx * kMicro + pair % kMicro;
+    const int i = i0 + r, j = j0 + c;
+    if (i >= N || j >= visible_end(p, i)) continue;
+    const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN);
+    if (!(s == s)) continue;  // not a rare pair
+    float s2 = fmaf(s, kLog2eHigh, s * kLog2eLow);
+    if (p.attn_mask || p.key_bias) {
+      const float add = (p.attn_mask ? p.attn_mask[b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row + j] : 0.0f) +
+                        (p.key_bias ? p.key_bias[b * M + j] : 0.0f);
+      s2 = add_log2(s2, add);
+    }
+    St[r * kScoreStride + c] = s2;
+  }
 }
 
 template <typename scalar_t, int kO>
-FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled_kernel(const Params<scalar_t, float> p) {
+FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 ? 2 : 1)
+    forward_tiled_kernel(const Params<scalar_t, float> p) {
   static_assert(kO % 4 == 0, "value columns per thread: whole float4");
+  constexpr int kSplit = forward_split<kO>();
+  constexpr int kThreads = kFwdThreads * kSplit;
+  constexpr int kParts = 4 * kSplit;               // threads per row in the softmax and P V
+  constexpr int kPartKeys = kFwdKeys / kParts;     // keys of a tile per thread there
+  constexpr int kColStep = 4 * kParts;             // columns 4 part + kColStep t + (0..3)
+  static_assert(kPartKeys % 4 == 0, "whole float4 of scores per thread");
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dv = p.Dv;
   const int Dvs = padded_value_columns(Dv);
@@ -340,41 +451,50 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled
   float* Vs = region;                                    // (kFwdKeys, Dvs), once the scores are done
   float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
   float* Os = St + kFwdRows * kScoreStride;              // (kFwdRows, output_stride): out, unnormalised
+  float* ML = Os + kFwdRows * output_stride(Dv);         // (2, kThreads): m_run and l_part of each thread
   const float NEG_INF = -ff_inf<float>();
 
   const int tid = threadIdx.x;
   const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
-  const int64_t bh = blockIdx.x / row_blocks;
-  const int i0 = (int)(blockIdx.x - bh * row_blocks) * kFwdRows;
+  const int64_t bh = (int)blockIdx.x / row_blocks;  // (32-bit division: the grid is below 2^31 blocks)
+  const int i0 = ((int)blockIdx.x - (int)bh * row_blocks) * kFwdRows;
 
-  // Score phase: warps of 4 x 8 threads, the block 16 x 16: rows ty * 4 + ii, keys tx * 4 + jj.
-  const int warp = tid >> 5, lane = tid & 31;
+  // Score phase: warps of 4 x 8 threads, each half of the block 16 x 16: rows ty * 4 + ii, keys
+  // tx * 4 + jj.
+  const int warp = (tid & (kFwdThreads - 1)) >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);
-  // Softmax and P V: 4 threads per row, columns 16 t + 4 part + (0..3), kept in Os between key
+  // Softmax and P V: kParts threads per row (in one warp), keys part * kPartKeys + (0 ..
+  // kPartKeys - 1) and columns kColStep t + 4 part + (0..3), the columns kept in Os between key
   // tiles (not in registers: the score loop has them all).
-  const int pr = tid >> 2, part = tid & 3;
+  const int pr = tid / kParts, part = tid % kParts;
   float* orow = Os + pr * output_stride(Dv) + 4 * part;
-  for (int t = 0; 16 * t < Dvs; ++t) *reinterpret_cast<float4*>(orow + 16 * t) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int t = 0; kColStep * t + 4 * part < Dvs; ++t)
+    *reinterpret_cast<float4*>(orow + kColStep * t) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-  const int last_row = ff_min(N - 1, i0 + kFwdRows - 1);
-  const int block_end = visible_end(p, last_row);
 
-  float m_run = NEG_INF;  // running max of row pr in log2 units (the same in its 4 threads)
-  float l_part = 0.0f;    // this thread's share of the running sum of 2^(S - m_run)
+  // the running max of row pr in log2 units (the same in its kParts threads) and this thread's
+  // share of the running sum of 2^(S - m_run), kept in ML between key tiles
+  ML[tid] = NEG_INF;
+  ML[kThreads + tid] = 0.0f;
 
+  const int block_end = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));  // keys any row of the block sees
   for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
-    tile_scores_impl<true>(p, bh, i0, j0, tx, ty, region, S);  // log2 units
+    bool rare;
+    tile_scores_impl<true, kSplit>(p, bh, i0, j0, tx, ty, region, S, rare);  // log2 units
+    const int row0 = ty * kMicro + (tid / kFwdThreads) * (kMicro / kSplit);  // the rows of S
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii)
-      *reinterpret_cast<float4*>(St + (ty * kMicro + ii) * kScoreStride + tx * kMicro) =
+    for (int ii = 0; ii < kMicro / kSplit; ++ii)
+      *reinterpret_cast<float4*>(St + (row0 + ii) * kScoreStride + tx * kMicro) =
           make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
+    if (rare) rare_scores_log2(p, bh, i0, j0, tx, row0, kMicro / kSplit, St);
     __syncthreads();  // scores written; the chunk region is free for V
     const scalar_t* v = p.v + bh * M * Dv;
-    // thread tid: columns tid % 16 + 16 n of keys tid / 16 + 16 m (no integer division)
-    for (int r = tid >> 4; r < kFwdKeys; r += kFwdThreads / 16) {
+    // thread tid: columns tid % 16 + 16 n of keys tid / 16 + kThreads / 16 m (no integer division)
+    for (int r = tid >> 4; r < kFwdKeys; r += kThreads / 16) {
       const int j = j0 + r;
+#pragma unroll 1
       for (int c = tid & 15; c < Dvs; c += 16)
         Vs[r * Dvs + c] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
     }
@@ -383,86 +503,107 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled
     float* srow = St + pr * kScoreStride;
     float tile_max = NEG_INF;
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const float4 s4 = load4(srow + part * 16 + 4 * t);
+    for (int t = 0; t < kPartKeys / 4; ++t) {
+      const float4 s4 = load4(srow + part * kPartKeys + 4 * t);
       tile_max = fmaxf(tile_max, fmaxf(fmaxf(s4.x, s4.y), fmaxf(s4.z, s4.w)));
     }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
+#pragma unroll
+    for (int o = 1; o < kParts; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, o));
+    float m_run = ML[tid], l_part = ML[kThreads + tid];
     const float m_new = fmaxf(m_run, tile_max);
     float scale = 1.0f;
-    if (m_new > NEG_INF) {  // the same in the row's 4 threads
+    if (m_new > NEG_INF) {  // the same in the row's kParts threads
       scale = ff_exp2_approx(m_run - m_new);  // 0 while m_run is -inf
       l_part *= scale;
       const int pi = i0 + pr;
 #pragma unroll
-      for (int t = 0; t < 16; ++t) {
-        const int c = part * 16 + t;
+      for (int t = 0; t < kPartKeys; ++t) {
+        const int c = part * kPartKeys + t;
         float e = ff_exp2_approx(srow[c] - m_new);  // 0 for masked keys
         l_part += e;                                // the normaliser counts every key
         if (p.dropout_p > 0.0f && e != 0.0f) e *= dropout_factor(p, (uint32_t)bh, pi, j0 + c);
         srow[c] = e;
       }
       m_run = m_new;
+      ML[tid] = m_run;
+      ML[kThreads + tid] = l_part;
     }
-    __syncwarp();  // the row's P (its 4 threads are in one warp)
+    __syncwarp();  // the row's P (its kParts threads are in one warp)
     if (m_new > NEG_INF) {
-      float acc[kO];  // out[pi, 16 t + 4 part + e] at acc[4 t + e]
-#pragma unroll
-      for (int t = 0; t < kO / 4; ++t) {
-        if (16 * t < Dvs) {
-          const float4 o4 = load4(orow + 16 * t);
-          acc[4 * t + 0] = o4.x * scale;
-          acc[4 * t + 1] = o4.y * scale;
-          acc[4 * t + 2] = o4.z * scale;
-          acc[4 * t + 3] = o4.w * scale;
-        }
-      }
+      float* orow = Os + pr * output_stride(Dv) + 4 * part;  // (recomputed: a register less in the score loop)
       const int nk = ff_min(kFwdKeys, (i0 + pr < N ? visible_end(p, i0 + pr) : 0) - j0);
-      for (int jj = 0; jj < nk; jj += 4) {
-        const float4 p4 = load4(srow + jj);
-        const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+      // columns in passes of at most 16 per thread (kO 64: two; registers)
+      constexpr int kCols = kO / kSplit, kPassCols = kCols < 16 ? kCols : 16, kGroupsPerPass = kPassCols / 4;
+#pragma unroll 1
+      for (int pass = 0; pass < kCols / kPassCols; ++pass) {
+        const int t0 = pass * kGroupsPerPass;
+        if (kColStep * t0 + 4 * part >= Dvs) break;
+        float acc[kPassCols];  // out[pi, kColStep (t0 + t) + 4 part + e] at acc[4 t + e]
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float* vr = Vs + (jj + e) * Dvs + part * 4;
+        for (int t = 0; t < kGroupsPerPass; ++t) {
+          if (kColStep * (t0 + t) + 4 * part < Dvs) {
+            const float4 o4 = load4(orow + kColStep * (t0 + t));
+            acc[4 * t + 0] = o4.x * scale;
+            acc[4 * t + 1] = o4.y * scale;
+            acc[4 * t + 2] = o4.z * scale;
+            acc[4 * t + 3] = o4.w * scale;
+          }
+        }
+        bool col_on[kGroupsPerPass];  // (kSplit 1: always; Dvs is a multiple of kColStep = 16)
 #pragma unroll
-          for (int t = 0; t < kO / 4; ++t) {
-            if (16 * t < Dvs) {
-              const float4 v4 = load4(vr + 16 * t);
-              acc[4 * t + 0] = fmaf(pv[e], v4.x, acc[4 * t + 0]);
-              acc[4 * t + 1] = fmaf(pv[e], v4.y, acc[4 * t + 1]);
-              acc[4 * t + 2] = fmaf(pv[e], v4.z, acc[4 * t + 2]);
-              acc[4 * t + 3] = fmaf(pv[e], v4.w, acc[4 * t + 3]);
+        for (int t = 0; t < kGroupsPerPass; ++t) col_on[t] = kSplit == 1 || kColStep * (t0 + t) + 4 * part < Dvs;
+        for (int jj = 0; jj < nk; jj += 4) {
+          const float4 p4 = load4(srow + jj);
+          const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float* vr = Vs + (jj + e) * Dvs + part * 4 + kColStep * t0;
+#pragma unroll
+            for (int t = 0; t < kGroupsPerPass; ++t) {
+              if (col_on[t]) {
+                const float4 v4 = load4(vr + kColStep * t);
+                acc[4 * t + 0] = fmaf(pv[e], v4.x, acc[4 * t + 0]);
+                acc[4 * t + 1] = fmaf(pv[e], v4.y, acc[4 * t + 1]);
+                acc[4 * t + 2] = fmaf(pv[e], v4.z, acc[4 * t + 2]);
+                acc[4 * t + 3] = fmaf(pv[e], v4.w, acc[4 * t + 3]);
+              }
             }
           }
         }
-      }
 #pragma unroll
-      for (int t = 0; t < kO / 4; ++t)
-        if (16 * t < Dvs)
-          *reinterpret_cast<float4*>(orow + 16 * t) =
-              make_float4(acc[4 * t + 0], acc[4 * t + 1], acc[4 * t + 2], acc[4 * t + 3]);
+        for (int t = 0; t < kGroupsPerPass; ++t)
+          if (kColStep * (t0 + t) + 4 * part < Dvs)
+            *reinterpret_cast<float4*>(orow + kColStep * (t0 + t)) =
+                make_float4(acc[4 * t + 0], acc[4 * t + 1], acc[4 * t + 2], acc[4 * t + 3]);
+      }
     }
   }
 
-  float l = l_part + __shfl_xor_sync(kFullMask, l_part, 1);
-  l += __shfl_xor_sync(kFullMask, l, 2);
+  const float m_run = ML[tid];
+  float l = ML[kThreads + tid];
+  {  // (recomputed: fewer registers held across the key tiles)
+    const int64_t bh = (int)blockIdx.x / row_blocks;
+    const int i0 = ((int)blockIdx.x - (int)bh * row_blocks) * kFwdRows;
+#pragma unroll
+  for (int o = 1; o < kParts; o <<= 1) l += __shfl_xor_sync(kFullMask, l, o);
   const int pi = i0 + pr;
   if (pi >= N) return;
   const bool empty = !(m_run > NEG_INF);  // no visible, unmasked key
   const float inv = empty ? 0.0f : 1.0f / l;
   scalar_t* out_i = p.out + (bh * N + pi) * Dv;
-  for (int t = 0; 16 * t < Dvs; ++t) {
-    const float4 o4 = load4(orow + 16 * t);
+  orow = Os + pr * output_stride(Dv) + 4 * part;
+  for (int t = 0; kColStep * t + 4 * part < Dvs; ++t) {
+    const float4 o4 = load4(orow + kColStep * t);
     const float ov[4] = {o4.x, o4.y, o4.z, o4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int c = 16 * t + 4 * part + e;
+      const int c = kColStep * t + 4 * part + e;
       if (c < Dv) out_i[c] = static_cast<scalar_t>(empty ? 0.0f : ov[e] * inv);
     }
   }
   // m_run is in log2 units
   if (part == 0) p.lse[bh * N + pi] = empty ? (double)INFINITY : (double)m_run * 0.693147180559945309 + log((double)l);
+  }
 }
 
 }  // namespace cuda

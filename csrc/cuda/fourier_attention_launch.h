@@ -126,12 +126,15 @@ void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const 
     const at::Tensor tables = build_tables(sh, p, options, launch);
     const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
     const size_t smem = sizeof(float) * tiled_forward_smem_floats(p.Dv);
+    const int threads = forward_threads(p.Dv);
     if (p.Dv <= 16)
-      launch(forward_tiled_kernel<scalar_t, 4>, blocks, kFwdThreads, smem, p);
+      launch(forward_tiled_kernel<scalar_t, 4>, blocks, threads, smem, p);
     else if (p.Dv <= 64)
-      launch(forward_tiled_kernel<scalar_t, 16>, blocks, kFwdThreads, smem, p);
+      launch(forward_tiled_kernel<scalar_t, 16>, blocks, threads, smem, p);
+    else if (p.Dv <= 128)
+      launch(forward_tiled_kernel<scalar_t, 32>, blocks, threads, smem, p);
     else
-      launch(forward_tiled_kernel<scalar_t, 64>, blocks, kFwdThreads, smem, p);
+      launch(forward_tiled_kernel<scalar_t, 64>, blocks, threads, smem, p);
   }
 }
 
