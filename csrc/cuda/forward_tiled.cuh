@@ -1,29 +1,47 @@
 // Forward of the float32 path (float32, float16, bfloat16 inputs; float32 arithmetic): register
 // tiles over the tables of tables.cuh, like a matmul micro-kernel.
 //
-// A block of kFwdThreads threads owns kFwdRows query rows of one (batch, head) slice and sweeps
-// the visible keys in tiles of kFwdKeys (causal: tiles past the block's last visible key are
-// skipped). Per key tile:
-//   1. scores: each thread owns kMicro rows x kMicro keys; the features are staged kChunk at a
-//      time (row fields q c, t_hi, t_lo; key fields k c, X, y_hi, y_lo, see tables.cuh), and per
-//      (row, key, feature) the element step is
-//          u = q c - k c;  s' = fma(t_hi, X, -y_hi) + fma(t_lo, X, -y_lo);
-//          num *= s';  den *= u;  nearest = min(nearest, |u|)
-//      i.e. 7 instructions (FADD, 2 FFMA, FADD, 2 FMUL, FMNMX with |u| as operand modifier),
-//      plus per kRenormEvery = 4 features one renormalisation of num and den (their exponents
-//      moved into an integer: 2 LOP3, 2 IADD3 and ~2 more integer ops per pair, ~1.5 per
-//      element), and per feature 7 float4 loads from shared memory for the 16 pairs (0.44 per
-//      element). The sm_90 SASS of the loop over 4 features (nvcc 13.0, -O3): 602 instructions
-//      for 64 elements (128 FFMA, 128 FMUL, 128 FADD, 64 FMNMX, 28 LDS.128, 41 IADD3, 32 LOP3,
-//      16 SHF, ~30 address and loop), 9.4 per element; staging adds ~0.8 per element. Per pair
-//      at the end: a division and a log polynomial of num / den in (1/2, 2) plus the row and key
-//      constants (~25 instructions, amortised over D).
-//   2. the rare path: a thread whose tile had |u| <= kUFloor in some feature (|x| < 2^-14:
-//      q = k exactly gives 0 / 0 there) recomputes the pairs that have it, with the exact
-//      per-element math of the simple path (ff_sincosf, Taylor branch, floors), reading the
-//      tables from global memory. Only visible pairs are recomputed.
-//   3. masks, then the scores go to shared memory; 4 threads per row do the online softmax
-//      (running max, rescaled sums; float32 throughout) and out += P V with V staged as float32.
+// A block owns kFwdRows query rows of one (batch, head) slice and sweeps the visible keys in
+// tiles of kFwdKeys (causal: tiles past the block's last visible key are skipped). Blocks of
+// kFwdThreads threads for Dv <= 64; for Dv > 64, 2 kFwdThreads threads whose two halves take half
+// of the features each (forward_split: 16 warps per SM at head dim 128, where a single-half block
+// of 232 registers gave 8, and at N = 64 one block per (batch, head) could not fill the SMs).
+// Per key tile (tile_scores_impl):
+//   1. scores: each thread owns kMicro rows x kMicro keys; the features are staged kChunk per
+//      half at a time (row fields q c, t_hi, t_lo; key fields k c, X, y_hi, y_lo, see tables.cuh;
+//      one float4 per field and thread where N and M are multiples of 4), and per (row, key,
+//      feature) the element step is
+//          u = q c - k c;  s' = fma(t_hi, X, -y_hi) + fma(t_lo, X, -y_lo);  num *= s';  den *= u
+//      (FADD, 2 FFMA, FADD, 2 FMUL), plus per kRenormEvery = 4 features one renormalisation of
+//      num and den kept in the exponent bits (2 LOP3, 3 IADD3, one LEA.HI per pair: 1.5 per
+//      element), whose smallest exponent field of den (one VIMNMX3 per two pairs) is the q = k
+//      check, once per feature group: 0 when some u was exactly 0; and per feature 7 float4 loads
+//      from shared memory for the 16 pairs (0.44 per element). The sm_90 SASS of one group of 4
+//      features (nvcc 13.0, -O3; compile-time shared-memory offsets, the 4 groups of a chunk
+//      unrolled): 518 instructions for 64 elements (128 FFMA, 128 FMUL, 128 FADD, 48 IADD3,
+//      32 LOP3, 28 LDS.128, 17 LEA, 8 VIMNMX3, 1 branch), 8.1 per element at Dv <= 64, and 531
+//      (8.3) in the two-half blocks; 9.4 before (an FMNMX per element for the q = k check,
+//      runtime offsets, the exponents shifted per group). Per pair at the end: a division and a
+//      log polynomial of num / den in (1/2, 2) plus the row and key constants (the key constants
+//      loaded once per key, not per pair), times power log2(e) as a float pair.
+//   2. the rare path: a thread whose den had a zero or subnormal exponent field (a u exactly 0,
+//      q = k in that feature, or |u| below 2^-31) rewrites, after the tile's scores are in shared
+//      memory (rare_scores_log2), the pairs that have |u| <= kUFloor (|x| < 2^-14) in some
+//      feature with the exact per-element math of the simple path (ff_sincosf, Taylor branch,
+//      floors), reading the tables from global memory. A pair with 0 < |u| <= kUFloor in a group
+//      whose den stayed normal keeps the fast score: there s' is the table difference t X - Y,
+//      accurate to 2^-48 |tan a| |X| absolutely, and |x| >= 2^-24 |a| for q != k, so s' / u keeps
+//      about float accuracy (a few ulps) relative to the factor.
+//   3. masks; the scores (in log2 units: S log2(e), with the same roundings as S but the last)
+//      go to shared memory; 4 threads per row (8 in the two-half blocks) do the online softmax
+//      with ex2.approx (about 2 ulp, as the expf that CUDA builds on it) and out += P V with V
+//      staged as float32, the unnormalised output and the running max and sums kept in shared
+//      memory between key tiles (no register spills in any instance).
+//
+// Static SASS reading (scripts/cuda_sass_report.py's model, nvcc 13.0, sm_90, N = M = 1024, plain
+// case, dropout hash counted as not run): whole forward kernel 15.4 instructions per (query, key,
+// feature) at D = Dv = 16 (19.6 before) and 11.3 at D = Dv = 128 (14.6 before); registers 128
+// (no spills; before 128 with 68 B of spills at Dv <= 16, 232 at Dv = 128), 16 warps per SM.
 //
 // The row constant row_log_i (tables.cuh) is large (of order D) and cancels against the
 // exponents of num / den: it is added as fma(e, ln2_high, row_log_high) first, exact in e
@@ -64,7 +82,8 @@ FF_HD int forward_threads(int Dv) { return kFwdThreads * (Dv > 64 ? forward_spli
 constexpr int kSplitExchangeFloats = (3 * kMicro * kMicro + 2) * kFwdThreads;  // see tile_scores_impl
 
 FF_HD int64_t tiled_forward_region_floats(int Dv) {
-  const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
+  const int64_t chunk =
+      (int64_t)kChunk * (Dv > 64 ? forward_split<32>() : 1) * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
   const int64_t vtile = (int64_t)kFwdKeys * padded_value_columns(Dv);
   const int64_t exchange = Dv > 64 ? kSplitExchangeFloats : 0;
   const int64_t m = chunk > vtile ? chunk : vtile;
@@ -173,8 +192,9 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   const int N = p.N, M = p.M, Dp = p.Dp;
   const int tid = threadIdx.x & (kFwdThreads - 1);
   const int half = kSplit == 1 ? 0 : (int)threadIdx.x / kFwdThreads;
-  float* Rf = region;                                   // (kRowFields, kChunk, kFwdRows)
-  float* Kf = region + kRowFields * kChunk * kFwdRows;  // (kKeyFields, kChunk, kFwdKeys)
+  constexpr int kC = kChunk * kSplit;               // features staged at a time: kChunk per half
+  float* Rf = region;                               // (kRowFields, kC, kFwdRows)
+  float* Kf = region + kRowFields * kC * kFwdRows;  // (kKeyFields, kC, kFwdKeys)
   const float NEG_INF = -ff_inf<float>();
   // ---- 1. products over the features ----
   float num[kMicro][kMicro], den[kMicro][kMicro];
@@ -189,51 +209,46 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     }
   int den_field_min = 0x7F800000;  // see renormalise
   // Staging. Where N and M are multiples of 4 (the table rows then start 16-byte aligned),
-  // thread tid stages feature tid / 16 of the chunk, rows and keys 4 (tid % 16) + (0..3), as one
-  // float4 per field; otherwise rows / keys tid % 64 of features tid / 64 + 4 n one float at a
-  // time. Rows and keys past the end stage the last ones' fields (finite and never visible: no
-  // predication; a spurious q = k there can only send the thread down the rare path).
+  // thread threadIdx.x stages feature threadIdx.x / 16 of the chunk, rows and keys
+  // 4 (threadIdx.x % 16) + (0..3), as one float4 per field; otherwise (the first half) rows / keys
+  // tid % 64 of features tid / 64 + 4 n one float at a time. Rows and keys past the end stage the
+  // last ones' fields (finite and never visible: no predication; a spurious q = k there can only
+  // send the thread down the rare path).
   static_assert(kFwdThreads == 16 * kChunk && kFwdRows == 64 && kFwdKeys == 64, "staging: 16 float4 per field");
   const bool wide = ((N | M) & 3) == 0;  // block-uniform
   const int sr = wide ? 4 * (tid & 15) : tid & (kFwdRows - 1);
-  const int sd0 = wide ? tid >> 4 : tid >> kFwdRowsLog2;
+  const int sd0 = wide ? (int)threadIdx.x >> 4 : tid >> kFwdRowsLog2;
   const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
   const float* rsrc = p.trows + bh * kRowFields * Dp * N + (int64_t)sd0 * N + ff_min(i0 + sr, wide ? N - 4 : N - 1);
   const float* ksrc = p.tkeys + bh * kKeyFields * Dp * M + (int64_t)sd0 * M + ff_min(j0 + sr, wide ? M - 4 : M - 1);
-  constexpr int kGroups = kChunk / kRenormEvery / kSplit;  // renormalisation groups per half and chunk
+  constexpr int kGroups = kChunk / kRenormEvery;  // renormalisation groups per half and chunk
   const float* rf0 = Rf + (half * kGroups * kRenormEvery) * kFwdRows + ty * kMicro;
   const float* kf0 = Kf + (half * kGroups * kRenormEvery) * kFwdKeys + tx * kMicro;
-  for (int d0 = 0; d0 < Dp; d0 += kChunk, rsrc += kChunk * (int64_t)N, ksrc += kChunk * (int64_t)M) {
-    const int dc = ff_min(kChunk, Dp - d0);  // a multiple of kRenormEvery
+  for (int d0 = 0; d0 < Dp; d0 += kC, rsrc += kC * (int64_t)N, ksrc += kC * (int64_t)M) {
+    const int dc = ff_min(kC, Dp - d0);  // a multiple of kRenormEvery
     __syncthreads();  // the previous chunk, or whatever the caller kept in region, is consumed
-    if (wide) {  // (kSplit 2: the first half stages the rows, the second the keys)
+    if (wide) {
       if (sd0 < dc) {
         float* rdst = Rf + sd0 * kFwdRows + sr;
         float* kdst = Kf + sd0 * kFwdKeys + sr;
-        if (half == 0) {
 #pragma unroll
-          for (int f = 0; f < kRowFields; ++f)
-            *reinterpret_cast<float4*>(rdst + f * kChunk * kFwdRows) =
-                *reinterpret_cast<const float4*>(rsrc + f * rfield);
-        }
-        if (kSplit == 1 || half == 1) {
+        for (int f = 0; f < kRowFields; ++f)
+          *reinterpret_cast<float4*>(rdst + f * kC * kFwdRows) = *reinterpret_cast<const float4*>(rsrc + f * rfield);
 #pragma unroll
-          for (int f = 0; f < kKeyFields; ++f)
-            *reinterpret_cast<float4*>(kdst + f * kChunk * kFwdKeys) =
-                *reinterpret_cast<const float4*>(ksrc + f * kfield);
-        }
+        for (int f = 0; f < kKeyFields; ++f)
+          *reinterpret_cast<float4*>(kdst + f * kC * kFwdKeys) = *reinterpret_cast<const float4*>(ksrc + f * kfield);
       }
     } else if (half == 0) {  // scalar staging
 #pragma unroll
-      for (int n = 0; n < kChunk / kStageStep; ++n) {
+      for (int n = 0; n < kC / kStageStep; ++n) {
         const int dd = sd0 + n * kStageStep;
         if (dd < dc) {
           const float* r = rsrc + n * kStageStep * (int64_t)N;
           const float* k = ksrc + n * kStageStep * (int64_t)M;
 #pragma unroll
-          for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + sr] = r[f * rfield];
+          for (int f = 0; f < kRowFields; ++f) Rf[(f * kC + dd) * kFwdRows + sr] = r[f * rfield];
 #pragma unroll
-          for (int f = 0; f < kKeyFields; ++f) Kf[(f * kChunk + dd) * kFwdKeys + sr] = k[f * kfield];
+          for (int f = 0; f < kKeyFields; ++f) Kf[(f * kC + dd) * kFwdKeys + sr] = k[f * kfield];
         }
       }
     }
@@ -246,9 +261,9 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
           const int dd = g * kRenormEvery + e;  // compile-time offsets below
           const float* rf = rf0 + dd * kFwdRows;
           const float* kf = kf0 + dd * kFwdKeys;
-          const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
-          const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
-                       Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
+          const float4 q4 = load4(rf), t4 = load4(rf + kC * kFwdRows), tl4 = load4(rf + 2 * kC * kFwdRows);
+          const float4 k4 = load4(kf), X4 = load4(kf + kC * kFwdKeys), Y4 = load4(kf + 2 * kC * kFwdKeys),
+                       Yl4 = load4(kf + 3 * kC * kFwdKeys);
           const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
                       tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
           const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
