@@ -5,10 +5,11 @@
 // tiles of kFwdKeys (causal: tiles past the block's last visible key are skipped). Blocks of
 // kFwdThreads threads for Dv <= 64; for Dv > 64, 2 kFwdThreads threads whose two halves take half
 // of the features each (forward_split: 16 warps per SM at head dim 128, where a single-half block
-// of 232 registers gave 8, and at N = 64 one block per (batch, head) could not fill the SMs).
+// of 232 registers gave 8: at the IWSLT shape, N = 64 and B H = 128 blocks on 132 SMs, twice the
+// warps in flight), then swap quotients so that each half finishes half of the pairs.
 // Per key tile (tile_scores_impl):
-//   1. scores: each thread owns kMicro rows x kMicro keys; the features are staged kChunk per
-//      half at a time (row fields q c, t_hi, t_lo; key fields k c, X, y_hi, y_lo, see tables.cuh;
+//   1. scores: each thread owns kMicro rows x kMicro keys; the features are staged kChunk at a
+//      time (two-half blocks: kChunk / 2 for each half; row fields q c, t_hi, t_lo; key fields k c, X, y_hi, y_lo, see tables.cuh;
 //      one float4 per field and thread where N and M are multiples of 4), and per (row, key,
 //      feature) the element step is
 //          u = q c - k c;  s' = fma(t_hi, X, -y_hi) + fma(t_lo, X, -y_lo);  num *= s';  den *= u
@@ -19,8 +20,8 @@
 //      from shared memory for the 16 pairs (0.44 per element). The sm_90 SASS of one group of 4
 //      features (nvcc 13.0, -O3; compile-time shared-memory offsets, the 4 groups of a chunk
 //      unrolled): 518 instructions for 64 elements (128 FFMA, 128 FMUL, 128 FADD, 48 IADD3,
-//      32 LOP3, 28 LDS.128, 17 LEA, 8 VIMNMX3, 1 branch), 8.1 per element at Dv <= 64, and 531
-//      (8.3) in the two-half blocks; 9.4 before (an FMNMX per element for the q = k check,
+//      32 LOP3, 28 LDS.128, 17 LEA, 8 VIMNMX3, 1 branch), 8.1 per element at Dv <= 64, and
+//      531-536 (8.3-8.4) in the two-half blocks; 9.4 before (an FMNMX per element for the q = k check,
 //      runtime offsets, the exponents shifted per group). Per pair at the end: a division and a
 //      log polynomial of num / den in (1/2, 2) plus the row and key constants (the key constants
 //      loaded once per key, not per pair), times power log2(e) as a float pair.
@@ -36,12 +37,15 @@
 //      go to shared memory; 4 threads per row (8 in the two-half blocks) do the online softmax
 //      with ex2.approx (about 2 ulp, as the expf that CUDA builds on it) and out += P V with V
 //      staged as float32, the unnormalised output and the running max and sums kept in shared
-//      memory between key tiles (no register spills in any instance).
+//      memory between key tiles (no register spills in any instance; shared memory per block:
+//      52 KB at Dv <= 16, 69 KB at Dv <= 64, 89 KB at Dv = 128, 153 KB at Dv = 256).
 //
 // Static SASS reading (scripts/cuda_sass_report.py's model, nvcc 13.0, sm_90, N = M = 1024, plain
 // case, dropout hash counted as not run): whole forward kernel 15.4 instructions per (query, key,
-// feature) at D = Dv = 16 (19.6 before) and 11.3 at D = Dv = 128 (14.6 before); registers 128
-// (no spills; before 128 with 68 B of spills at Dv <= 16, 232 at Dv = 128), 16 warps per SM.
+// feature) at D = Dv = 16 (19.6 before) and 11.6 at D = Dv = 128 (14.6 before); the feature-chunk
+// loop with its staging 8.3 and 8.9 (the scalar staging, not run there, left out); registers 128
+// and 126 (no spills; before 128 with 68 B of spills at Dv <= 16, 232 at Dv = 128), 16 warps per
+// SM at both (8 before at Dv = 128).
 //
 // The row constant row_log_i (tables.cuh) is large (of order D) and cancels against the
 // exponents of num / den: it is added as fma(e, ln2_high, row_log_high) first, exact in e
@@ -79,11 +83,10 @@ FF_HD int padded_value_columns(int Dv) { return (Dv + 15) / 16 * 16; }
 template <int kO>
 FF_HD constexpr int forward_split() { return kO > 16 ? 2 : 1; }
 FF_HD int forward_threads(int Dv) { return kFwdThreads * (Dv > 64 ? forward_split<32>() : 1); }
-constexpr int kSplitExchangeFloats = (3 * kMicro * kMicro + 2) * kFwdThreads;  // see tile_scores_impl
+constexpr int kSplitExchangeFloats = (2 * kMicro * kMicro + 2) * kFwdThreads;  // see tile_scores_impl
 
 FF_HD int64_t tiled_forward_region_floats(int Dv) {
-  const int64_t chunk =
-      (int64_t)kChunk * (Dv > 64 ? forward_split<32>() : 1) * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
+  const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
   const int64_t vtile = (int64_t)kFwdKeys * padded_value_columns(Dv);
   const int64_t exchange = Dv > 64 ? kSplitExchangeFloats : 0;
   const int64_t m = chunk > vtile ? chunk : vtile;
@@ -91,7 +94,7 @@ FF_HD int64_t tiled_forward_region_floats(int Dv) {
 }
 FF_HD int output_stride(int Dv) {
   const int Dvs = padded_value_columns(Dv);
-  return (Dvs / 16) % 2 == 1 ? Dvs : Dvs + 16;
+  return Dv > 64 || (Dvs / 16) % 2 == 1 ? Dvs : Dvs + 16;  // (Dv > 64: 8 threads per row, one per bank group)
 }
 FF_HD int64_t tiled_forward_smem_floats(int Dv) {
   return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride + (int64_t)kFwdRows * output_stride(Dv) +
@@ -192,7 +195,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   const int N = p.N, M = p.M, Dp = p.Dp;
   const int tid = threadIdx.x & (kFwdThreads - 1);
   const int half = kSplit == 1 ? 0 : (int)threadIdx.x / kFwdThreads;
-  constexpr int kC = kChunk * kSplit;               // features staged at a time: kChunk per half
+  constexpr int kC = kChunk;                        // features staged at a time (kSplit 2: half each)
   float* Rf = region;                               // (kRowFields, kC, kFwdRows)
   float* Kf = region + kRowFields * kC * kFwdRows;  // (kKeyFields, kC, kFwdKeys)
   const float NEG_INF = -ff_inf<float>();
@@ -209,34 +212,38 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     }
   int den_field_min = 0x7F800000;  // see renormalise
   // Staging. Where N and M are multiples of 4 (the table rows then start 16-byte aligned),
-  // thread threadIdx.x stages feature threadIdx.x / 16 of the chunk, rows and keys
-  // 4 (threadIdx.x % 16) + (0..3), as one float4 per field; otherwise (the first half) rows / keys
-  // tid % 64 of features tid / 64 + 4 n one float at a time. Rows and keys past the end stage the
+  // thread tid stages feature tid / 16 of the chunk, rows and keys 4 (tid % 16) + (0..3), as one
+  // float4 per field (kSplit 2: the rows by the first half, the keys by the second); otherwise
+  // (the first half) rows / keys tid % 64 of features tid / 64 + 4 n one float at a time. Rows and keys past the end stage the
   // last ones' fields (finite and never visible: no predication; a spurious q = k there can only
   // send the thread down the rare path).
   static_assert(kFwdThreads == 16 * kChunk && kFwdRows == 64 && kFwdKeys == 64, "staging: 16 float4 per field");
   const bool wide = ((N | M) & 3) == 0;  // block-uniform
   const int sr = wide ? 4 * (tid & 15) : tid & (kFwdRows - 1);
-  const int sd0 = wide ? (int)threadIdx.x >> 4 : tid >> kFwdRowsLog2;
+  const int sd0 = wide ? tid >> 4 : tid >> kFwdRowsLog2;
   const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
   const float* rsrc = p.trows + bh * kRowFields * Dp * N + (int64_t)sd0 * N + ff_min(i0 + sr, wide ? N - 4 : N - 1);
   const float* ksrc = p.tkeys + bh * kKeyFields * Dp * M + (int64_t)sd0 * M + ff_min(j0 + sr, wide ? M - 4 : M - 1);
-  constexpr int kGroups = kChunk / kRenormEvery;  // renormalisation groups per half and chunk
+  constexpr int kGroups = kChunk / kRenormEvery / kSplit;  // renormalisation groups per half and chunk
   const float* rf0 = Rf + (half * kGroups * kRenormEvery) * kFwdRows + ty * kMicro;
   const float* kf0 = Kf + (half * kGroups * kRenormEvery) * kFwdKeys + tx * kMicro;
   for (int d0 = 0; d0 < Dp; d0 += kC, rsrc += kC * (int64_t)N, ksrc += kC * (int64_t)M) {
     const int dc = ff_min(kC, Dp - d0);  // a multiple of kRenormEvery
     __syncthreads();  // the previous chunk, or whatever the caller kept in region, is consumed
-    if (wide) {
+    if (wide) {  // (kSplit 2: the first half stages the rows, the second the keys)
       if (sd0 < dc) {
         float* rdst = Rf + sd0 * kFwdRows + sr;
         float* kdst = Kf + sd0 * kFwdKeys + sr;
+        if (half == 0) {
 #pragma unroll
-        for (int f = 0; f < kRowFields; ++f)
-          *reinterpret_cast<float4*>(rdst + f * kC * kFwdRows) = *reinterpret_cast<const float4*>(rsrc + f * rfield);
+          for (int f = 0; f < kRowFields; ++f)
+            *reinterpret_cast<float4*>(rdst + f * kC * kFwdRows) = *reinterpret_cast<const float4*>(rsrc + f * rfield);
+        }
+        if (kSplit == 1 || half == 1) {
 #pragma unroll
-        for (int f = 0; f < kKeyFields; ++f)
-          *reinterpret_cast<float4*>(kdst + f * kC * kFwdKeys) = *reinterpret_cast<const float4*>(ksrc + f * kfield);
+          for (int f = 0; f < kKeyFields; ++f)
+            *reinterpret_cast<float4*>(kdst + f * kC * kFwdKeys) = *reinterpret_cast<const float4*>(ksrc + f * kfield);
+        }
       }
     } else if (half == 0) {  // scalar staging
 #pragma unroll
@@ -282,24 +289,25 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     }
   }
 
-  // ---- kSplit 2: the halves swap products, each keeps kRows of the kMicro rows ----
+  // ---- kSplit 2: the halves swap quotients, each keeps kRows of the kMicro rows ----
+  // ratio = |num / den| in (1/2, 2) (kSplit 2: the product of the halves' quotients, brought
+  // back to [1, 2) with its exponent moved to ex: log_near_one's range)
   constexpr int kRows = kMicro / kSplit;
   const int row0 = ty * kMicro + half * kRows;  // the thread's rows: row0 + (0 .. kRows - 1)
-  float nm[kRows][kMicro], dn[kRows][kMicro];
+  float rt[kRows][kMicro];
   int ex[kRows][kMicro];
   if (kSplit == 1) {
 #pragma unroll
     for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
-        nm[ii][jj] = num[ii][jj];
-        dn[ii][jj] = den[ii][jj];
+        rt[ii][jj] = fabsf(ff_divide_approx(num[ii][jj], den[ii][jj]));
         ex[ii][jj] = expo[ii][jj];
       }
   } else {
     constexpr int kHanded = kRows * kMicro;  // pairs handed over
     __syncthreads();  // the last chunk is consumed
-    // slot (field, writer half, pair) of thread tid
+    // slot (field: quotient, exponent; writer half; pair) of thread tid
     auto slot = [&](int f, int w, int q) { return region + ((f * 2 + w) * kHanded + q) * kFwdThreads + tid; };
 #pragma unroll
     for (int ii = 0; ii < kRows; ++ii)
@@ -309,11 +317,10 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         const float hn = half == 0 ? num[kRows + ii][jj] : num[ii][jj];
         const float hd = half == 0 ? den[kRows + ii][jj] : den[ii][jj];
         const int he = half == 0 ? expo[kRows + ii][jj] : expo[ii][jj];
-        *slot(0, half, q) = hn;
-        *slot(1, half, q) = hd;
-        *slot(2, half, q) = ff_bits_float(he);
+        *slot(0, half, q) = fabsf(ff_divide_approx(hn, hd));
+        *slot(1, half, q) = ff_bits_float(he);
       }
-    region[6 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(den_field_min);
+    region[4 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(den_field_min);
     __syncthreads();
     const int other = 1 - half;
 #pragma unroll
@@ -324,12 +331,12 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         const float kn = half == 0 ? num[ii][jj] : num[kRows + ii][jj];
         const float kd = half == 0 ? den[ii][jj] : den[kRows + ii][jj];
         const int ke = half == 0 ? expo[ii][jj] : expo[kRows + ii][jj];
-        nm[ii][jj] = kn * *slot(0, other, q);
-        dn[ii][jj] = kd * *slot(1, other, q);
-        ex[ii][jj] = ke + ff_float_bits(*slot(2, other, q));
-        renormalise(nm[ii][jj], dn[ii][jj], ex[ii][jj], den_field_min);  // back to [1, 2): log_near_one's range
+        float r = fabsf(ff_divide_approx(kn, kd)) * *slot(0, other, q);  // in (1/4, 4)
+        const int e = take_exponent(r);                                  // r to [1, 2)
+        rt[ii][jj] = r;
+        ex[ii][jj] = ke + ff_float_bits(*slot(1, other, q)) + e;
       }
-    const int other_min = ff_float_bits(region[6 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
+    const int other_min = ff_float_bits(region[4 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
     den_field_min = other_min < den_field_min ? other_min : den_field_min;
   }
 
@@ -363,7 +370,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       const int j = j0 + tx * kMicro + jj;
       float s = NEG_INF;
       if (j < row_end[ii]) {
-        const float ratio = fabsf(ff_divide_approx(nm[ii][jj], dn[ii][jj]));  // in (1/2, 2)
+        const float ratio = rt[ii][jj];
         const float e = (float)ex[ii][jj];
         const float sum =
             fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + klog[jj]));
