@@ -1,29 +1,51 @@
 // Forward of the float32 path (float32, float16, bfloat16 inputs; float32 arithmetic): register
 // tiles over the tables of tables.cuh, like a matmul micro-kernel.
 //
-// A block of kFwdThreads threads owns kFwdRows query rows of one (batch, head) slice and sweeps
-// the visible keys in tiles of kFwdKeys (causal: tiles past the block's last visible key are
-// skipped). Per key tile:
+// A block owns kFwdRows query rows of one (batch, head) slice and sweeps the visible keys in
+// tiles of kFwdKeys (causal: tiles past the block's last visible key are skipped). Blocks of
+// kFwdThreads threads for Dv <= 64; for Dv > 64, 2 kFwdThreads threads whose two halves take half
+// of the features each (forward_split: 16 warps per SM at head dim 128, where a single-half block
+// of 232 registers gave 8: at the IWSLT shape, N = 64 and B H = 128 blocks on 132 SMs, twice the
+// warps in flight), then swap quotients so that each half finishes half of the pairs.
+// Per key tile (tile_scores_impl):
 //   1. scores: each thread owns kMicro rows x kMicro keys; the features are staged kChunk at a
-//      time (row fields q c, t_hi, t_lo; key fields k c, X, y_hi, y_lo, see tables.cuh), and per
-//      (row, key, feature) the element step is
-//          u = q c - k c;  s' = fma(t_hi, X, -y_hi) + fma(t_lo, X, -y_lo);
-//          num *= s';  den *= u;  nearest = min(nearest, |u|)
-//      i.e. 7 instructions (FADD, 2 FFMA, FADD, 2 FMUL, FMNMX with |u| as operand modifier),
-//      plus per kRenormEvery = 4 features one renormalisation of num and den (their exponents
-//      moved into an integer: 2 LOP3, 2 IADD3 and ~2 more integer ops per pair, ~1.5 per
-//      element), and per feature 7 float4 loads from shared memory for the 16 pairs (0.44 per
-//      element). The sm_90 SASS of the loop over 4 features (nvcc 13.0, -O3): 602 instructions
-//      for 64 elements (128 FFMA, 128 FMUL, 128 FADD, 64 FMNMX, 28 LDS.128, 41 IADD3, 32 LOP3,
-//      16 SHF, ~30 address and loop), 9.4 per element; staging adds ~0.8 per element. Per pair
-//      at the end: a division and a log polynomial of num / den in (1/2, 2) plus the row and key
-//      constants (~25 instructions, amortised over D).
-//   2. the rare path: a thread whose tile had |u| <= kUFloor in some feature (|x| < 2^-14:
-//      q = k exactly gives 0 / 0 there) recomputes the pairs that have it, with the exact
-//      per-element math of the simple path (ff_sincosf, Taylor branch, floors), reading the
-//      tables from global memory. Only visible pairs are recomputed.
-//   3. masks, then the scores go to shared memory; 4 threads per row do the online softmax
-//      (running max, rescaled sums; float32 throughout) and out += P V with V staged as float32.
+//      time (two-half blocks: kChunk / 2 for each half; row fields q c, t_hi, t_lo; key fields k c, X, y_hi, y_lo, see tables.cuh;
+//      one float4 per field and thread where N and M are multiples of 4), and per (row, key,
+//      feature) the element step is
+//          u = q c - k c;  s' = fma(t_hi, X, -y_hi) + fma(t_lo, X, -y_lo);  num *= s';  den *= u
+//      (FADD, 2 FFMA, FADD, 2 FMUL), plus per kRenormEvery = 4 features one renormalisation of
+//      num and den kept in the exponent bits (2 LOP3, 3 IADD3, one LEA.HI per pair: 1.5 per
+//      element), whose smallest exponent field of den (one VIMNMX3 per two pairs) is the q = k
+//      check, once per feature group: 0 when some u was exactly 0; and per feature 7 float4 loads
+//      from shared memory for the 16 pairs (0.44 per element). The sm_90 SASS of one group of 4
+//      features (nvcc 13.0, -O3; compile-time shared-memory offsets, the 4 groups of a chunk
+//      unrolled): 518 instructions for 64 elements (128 FFMA, 128 FMUL, 128 FADD, 48 IADD3,
+//      32 LOP3, 28 LDS.128, 17 LEA, 8 VIMNMX3, 1 branch), 8.1 per element at Dv <= 64, and
+//      531-536 (8.3-8.4) in the two-half blocks; 9.4 before (an FMNMX per element for the q = k check,
+//      runtime offsets, the exponents shifted per group). Per pair at the end: a division and a
+//      log polynomial of num / den in (1/2, 2) plus the row and key constants (the key constants
+//      loaded once per key, not per pair), times power log2(e) as a float pair.
+//   2. the rare path: a thread whose den had a zero or subnormal exponent field (a u exactly 0,
+//      q = k in that feature, or |u| below 2^-31) rewrites, after the tile's scores are in shared
+//      memory (rare_scores_log2), the pairs that have |u| <= kUFloor (|x| < 2^-14) in some
+//      feature with the exact per-element math of the simple path (ff_sincosf, Taylor branch,
+//      floors), reading the tables from global memory. A pair with 0 < |u| <= kUFloor in a group
+//      whose den stayed normal keeps the fast score: there s' is the table difference t X - Y,
+//      accurate to 2^-48 |tan a| |X| absolutely, and |x| >= 2^-24 |a| for q != k, so s' / u keeps
+//      about float accuracy (a few ulps) relative to the factor.
+//   3. masks; the scores (in log2 units: S log2(e), with the same roundings as S but the last)
+//      go to shared memory; 4 threads per row (8 in the two-half blocks) do the online softmax
+//      with ex2.approx (about 2 ulp, as the expf that CUDA builds on it) and out += P V with V
+//      staged as float32, the unnormalised output and the running max and sums kept in shared
+//      memory between key tiles (no register spills in any instance; shared memory per block:
+//      52 KB at Dv <= 16, 69 KB at Dv <= 64, 89 KB at Dv = 128, 153 KB at Dv = 256).
+//
+// Static SASS reading (scripts/cuda_sass_report.py's model, nvcc 13.0, sm_90, N = M = 1024, plain
+// case, dropout hash counted as not run): whole forward kernel 15.4 instructions per (query, key,
+// feature) at D = Dv = 16 (19.6 before) and 11.6 at D = Dv = 128 (14.6 before); the feature-chunk
+// loop with its staging 8.3 and 8.9 (the scalar staging, not run there, left out); registers 128
+// and 126 (no spills; before 128 with 68 B of spills at Dv <= 16, 232 at Dv = 128), 16 warps per
+// SM at both (8 before at Dv = 128).
 //
 // The row constant row_log_i (tables.cuh) is large (of order D) and cancels against the
 // exponents of num / den: it is added as fma(e, ln2_high, row_log_high) first, exact in e
@@ -50,35 +72,58 @@ static_assert(kChunk % kRenormEvery == 0, "chunks hold whole renormalisation gro
 // Value columns padded to a multiple of 16 (4 threads per row, a float4 each per 16 columns).
 FF_HD int padded_value_columns(int Dv) { return (Dv + 15) / 16 * 16; }
 
-// Shared memory of the tiled forward in floats: the staged chunk (reused for the V tile) and
-// the score tile.
+// Shared memory of the tiled forward in floats: the staged chunk (reused for the V tile), the
+// score tile and the unnormalised output tile (row stride output_stride: the 8 rows of a quarter
+// warp's float4 accesses fall in distinct banks).
+// The forward with Dv > 64 (forward_tiled_kernel<scalar_t, 64>) splits the features of each
+// chunk between two halves of a block of 2 kFwdThreads threads (twice the warps per SM at the
+// same tile: at head dim 128 and N = 64, as in IWSLT, one block per (batch, head) and SM would
+// otherwise have 8 warps); the second half hands its num / den and exponents over through the
+// chunk region.
+template <int kO>
+FF_HD constexpr int forward_split() { return kO > 16 ? 2 : 1; }
+FF_HD int forward_threads(int Dv) { return kFwdThreads * (Dv > 64 ? forward_split<32>() : 1); }
+constexpr int kSplitExchangeFloats = (2 * kMicro * kMicro + 2) * kFwdThreads;  // see tile_scores_impl
+
 FF_HD int64_t tiled_forward_region_floats(int Dv) {
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
   const int64_t vtile = (int64_t)kFwdKeys * padded_value_columns(Dv);
-  return chunk > vtile ? chunk : vtile;
+  const int64_t exchange = Dv > 64 ? kSplitExchangeFloats : 0;
+  const int64_t m = chunk > vtile ? chunk : vtile;
+  return m > exchange ? m : exchange;
+}
+FF_HD int output_stride(int Dv) {
+  const int Dvs = padded_value_columns(Dv);
+  return Dv > 64 || (Dvs / 16) % 2 == 1 ? Dvs : Dvs + 16;  // (Dv > 64: 8 threads per row, one per bank group)
 }
 FF_HD int64_t tiled_forward_smem_floats(int Dv) {
-  return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride;
+  return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride + (int64_t)kFwdRows * output_stride(Dv) +
+         2 * (int64_t)forward_threads(Dv);
 }
 
 // One element step (see above). Signs drop out at the end (p is even).
 FF_DEV void sinc_factor_step(float q, float t, float t_low, float k, float X, float Y, float Y_low, float& num,
-                             float& den, float& nearest) {
+                             float& den) {
   const float u = q - k;
   const float s = fmaf(t, X, -Y) + fmaf(t_low, X, -Y_low);
   num *= s;
   den *= u;
-  nearest = fminf(nearest, fabsf(u));
 }
 
-// num and den to their mantissas in [1, 2) (sign kept), expo += exponent(num) - exponent(den).
-// A zero or subnormal factor reads as exponent -127 (its weight is then below float range anyway).
-FF_DEV void renormalise(float& num, float& den, int& expo) {
+// num and den to their mantissas in [1, 2) (sign kept), expo += exponent(num) - exponent(den),
+// all in the exponent bits (2 LOP3, 3 IADD3 and one LEA.HI per pair). den_field_min keeps the
+// smallest exponent field of den seen: 0 when a u was exactly 0 (q = k in that feature: 0 / 0)
+// or den left the normal range (the same factor of 4 u's then holds one |u| below 2^-31, far
+// below kUFloor: the rare path). A zero or subnormal num reads as exponent -127; with a normal den
+// it cannot happen (|s'| >= |u| / 2 for small x, and near sinc's zeros 4 factors of at least
+// 2^-30 stay normal).
+FF_DEV void renormalise(float& num, float& den, int& expo, int& den_field_min) {
   const int nb = ff_float_bits(num), db = ff_float_bits(den);
   const int ne = nb & 0x7F800000, de = db & 0x7F800000;
   num = ff_bits_float(nb - ne + 0x3F800000);
   den = ff_bits_float(db - de + 0x3F800000);
-  expo += (ne >> 23) - (de >> 23);
+  expo += (ne - de) >> 23;  // ne - de fits an int; arithmetic shift
+  den_field_min = de < den_field_min ? de : den_field_min;
 }
 
 // a / b to about 2 ulp: reciprocal and multiply (div.approx.ftz: no range fix-up, so b must be
@@ -115,24 +160,45 @@ float rare_pair_score(const float* trows, const float* tkeys, const float* x_per
   return power * LogSincSum<float>::run(qc, N, kc, M, x_per_u, Dp);
 }
 
+// log2(e) = kLog2eHigh + kLog2eLow to about 2^-48: fma(S, kLog2eHigh, S * kLog2eLow) is S log2(e)
+// with one rounding.
+constexpr float kLog2eHigh = 1.44269502162933349609375f;
+constexpr float kLog2eLow = 1.925963033500011079e-8f;
+
+// 2^x (ex2.approx.ftz: about 2 ulp, as the expf that CUDA builds on it; 0 for x = -inf).
+FF_DEV float ff_exp2_approx(float x) {
+#if defined(FF_HOST_EMULATION)
+  return exp2f(x);
+#else
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#endif
+}
+
+// s + add log2(e), add (a mask, natural log) split as fma(add, kLog2eHigh, add kLog2eLow).
+FF_DEV float add_log2(float s, float add) { return fmaf(add, kLog2eHigh, fmaf(add, kLog2eLow, s)); }
+
 // Scores of a tile, masks included: S[ii][jj] of query i0 + ty * kMicro + ii and key
-// j0 + tx * kMicro + jj (-inf where the key is not visible or masked; rows past N see nothing).
+// j0 + tx * kMicro + jj (-inf where the key is not visible or masked; rows past N see nothing),
+// natural log (kLog2 false) or times log2(e) (kLog2 true, the forward's softmax: P = 2^(S - m)),
+// the two with the same roundings but the last.
 // All threads of the block call it (it stages the features chunk by chunk into `region`,
 // with barriers; the caller must not touch region before the next barrier either).
-template <typename scalar_t>
-FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty, float* region,
-                        float (&S)[kMicro][kMicro]) {
+// kSplit 2: a block of 2 kFwdThreads threads, thread tid and tid + kFwdThreads (same tx, ty) each
+// take half of every chunk's features, then swap products: S[ii][jj] (ii < kMicro / 2) is then
+// that of row ty * kMicro + half * kMicro / 2 + ii, half = threadIdx.x / kFwdThreads.
+template <bool kLog2, int kSplit, typename scalar_t>
+FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
+                             float* region, float (&S)[kMicro][kMicro], bool& rare) {
+  static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
   const int N = p.N, M = p.M, Dp = p.Dp;
-  const int tid = threadIdx.x;
-  const int b = (int)(bh / p.H), h = (int)(bh % p.H);
-  float* Rf = region;                                   // (kRowFields, kChunk, kFwdRows)
-  float* Kf = region + kRowFields * kChunk * kFwdRows;  // (kKeyFields, kChunk, kFwdKeys)
+  const int tid = threadIdx.x & (kFwdThreads - 1);
+  const int half = kSplit == 1 ? 0 : (int)threadIdx.x / kFwdThreads;
+  constexpr int kC = kChunk;                        // features staged at a time (kSplit 2: half each)
+  float* Rf = region;                               // (kRowFields, kC, kFwdRows)
+  float* Kf = region + kRowFields * kC * kFwdRows;  // (kKeyFields, kC, kFwdKeys)
   const float NEG_INF = -ff_inf<float>();
-  const float* trows = p.trows + bh * kRowFields * Dp * N;
-  const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
-  const float* key_log = p.key_log + bh * M;
-  const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
-  const float* kbias = p.key_bias ? p.key_bias + (int64_t)b * M : nullptr;
   // ---- 1. products over the features ----
   float num[kMicro][kMicro], den[kMicro][kMicro];
   int expo[kMicro][kMicro];
@@ -144,218 +210,422 @@ FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, in
       den[ii][jj] = 1.0f;
       expo[ii][jj] = 0;
     }
-  float nearest = ff_inf<float>();
-  for (int d0 = 0; d0 < Dp; d0 += kChunk) {
-    const int dc = ff_min(kChunk, Dp - d0);
+  int den_field_min = 0x7F800000;  // see renormalise
+  // Staging. Where N and M are multiples of 4 (the table rows then start 16-byte aligned),
+  // thread tid stages feature tid / 16 of the chunk, rows and keys 4 (tid % 16) + (0..3), as one
+  // float4 per field (kSplit 2: the rows by the first half, the keys by the second); otherwise
+  // (the first half) rows / keys tid % 64 of features tid / 64 + 4 n one float at a time. Rows and keys past the end stage the
+  // last ones' fields (finite and never visible: no predication; a spurious q = k there can only
+  // send the thread down the rare path).
+  static_assert(kFwdThreads == 16 * kChunk && kFwdRows == 64 && kFwdKeys == 64, "staging: 16 float4 per field");
+  const bool wide = ((N | M) & 3) == 0;  // block-uniform
+  const int sr = wide ? 4 * (tid & 15) : tid & (kFwdRows - 1);
+  const int sd0 = wide ? tid >> 4 : tid >> kFwdRowsLog2;
+  const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
+  const float* rsrc = p.trows + bh * kRowFields * Dp * N + (int64_t)sd0 * N + ff_min(i0 + sr, wide ? N - 4 : N - 1);
+  const float* ksrc = p.tkeys + bh * kKeyFields * Dp * M + (int64_t)sd0 * M + ff_min(j0 + sr, wide ? M - 4 : M - 1);
+  constexpr int kGroups = kChunk / kRenormEvery / kSplit;  // renormalisation groups per half and chunk
+  const float* rf0 = Rf + (half * kGroups * kRenormEvery) * kFwdRows + ty * kMicro;
+  const float* kf0 = Kf + (half * kGroups * kRenormEvery) * kFwdKeys + tx * kMicro;
+  for (int d0 = 0; d0 < Dp; d0 += kC, rsrc += kC * (int64_t)N, ksrc += kC * (int64_t)M) {
+    const int dc = ff_min(kC, Dp - d0);  // a multiple of kRenormEvery
     __syncthreads();  // the previous chunk, or whatever the caller kept in region, is consumed
-    {  // thread tid stages row / key tid % 64 of features tid / 64 + 4 n (kFwdThreads = 4 x 64)
-      const int r = tid & (kFwdRows - 1), dd0 = tid >> kFwdRowsLog2;
-      const bool row_on = i0 + r < N, key_on = j0 + r < M;
-      const float* rsrc = trows + (int64_t)(d0 + dd0) * N + (i0 + r);
-      const float* ksrc = tkeys + (int64_t)(d0 + dd0) * M + (j0 + r);
-      const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
-      for (int dd = dd0; dd < dc; dd += kStageStep, rsrc += kStageStep * (int64_t)N, ksrc += kStageStep * (int64_t)M) {
+    if (wide) {  // (kSplit 2: the first half stages the rows, the second the keys)
+      if (sd0 < dc) {
+        float* rdst = Rf + sd0 * kFwdRows + sr;
+        float* kdst = Kf + sd0 * kFwdKeys + sr;
+        if (half == 0) {
 #pragma unroll
-        for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + r] = row_on ? rsrc[f * rfield] : 0.0f;
+          for (int f = 0; f < kRowFields; ++f)
+            *reinterpret_cast<float4*>(rdst + f * kC * kFwdRows) = *reinterpret_cast<const float4*>(rsrc + f * rfield);
+        }
+        if (kSplit == 1 || half == 1) {
 #pragma unroll
-        for (int f = 0; f < kKeyFields; ++f)
-          Kf[(f * kChunk + dd) * kFwdKeys + r] = key_on ? ksrc[f * kfield] : pad_key_field(f);
+          for (int f = 0; f < kKeyFields; ++f)
+            *reinterpret_cast<float4*>(kdst + f * kC * kFwdKeys) = *reinterpret_cast<const float4*>(ksrc + f * kfield);
+        }
+      }
+    } else if (half == 0) {  // scalar staging
+#pragma unroll
+      for (int n = 0; n < kC / kStageStep; ++n) {
+        const int dd = sd0 + n * kStageStep;
+        if (dd < dc) {
+          const float* r = rsrc + n * kStageStep * (int64_t)N;
+          const float* k = ksrc + n * kStageStep * (int64_t)M;
+#pragma unroll
+          for (int f = 0; f < kRowFields; ++f) Rf[(f * kC + dd) * kFwdRows + sr] = r[f * rfield];
+#pragma unroll
+          for (int f = 0; f < kKeyFields; ++f) Kf[(f * kC + dd) * kFwdKeys + sr] = k[f * kfield];
+        }
       }
     }
     __syncthreads();
-    for (int dd = 0; dd < dc; dd += kRenormEvery) {
 #pragma unroll
-      for (int e = 0; e < kRenormEvery; ++e) {
-        const float* rf = Rf + (dd + e) * kFwdRows + ty * kMicro;
-        const float* kf = Kf + (dd + e) * kFwdKeys + tx * kMicro;
-        const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
-        const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
-                     Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
-        const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
-                    tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
-        const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
-                    Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
+    for (int g = 0; g < kGroups; ++g) {
+      if ((half * kGroups + g) * kRenormEvery < dc) {  // uniform in each half
+#pragma unroll
+        for (int e = 0; e < kRenormEvery; ++e) {
+          const int dd = g * kRenormEvery + e;  // compile-time offsets below
+          const float* rf = rf0 + dd * kFwdRows;
+          const float* kf = kf0 + dd * kFwdKeys;
+          const float4 q4 = load4(rf), t4 = load4(rf + kC * kFwdRows), tl4 = load4(rf + 2 * kC * kFwdRows);
+          const float4 k4 = load4(kf), X4 = load4(kf + kC * kFwdKeys), Y4 = load4(kf + 2 * kC * kFwdKeys),
+                       Yl4 = load4(kf + 3 * kC * kFwdKeys);
+          const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
+                      tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
+          const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
+                      Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
+#pragma unroll
+          for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+            for (int jj = 0; jj < kMicro; ++jj)
+              sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj]);
+        }
 #pragma unroll
         for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
-          for (int jj = 0; jj < kMicro; ++jj)
-            sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj],
-                             nearest);
+          for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj], den_field_min);
       }
-#pragma unroll
-      for (int ii = 0; ii < kMicro; ++ii)
-#pragma unroll
-        for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj]);
     }
   }
 
-  // ---- scores (the row constants loaded only now: fewer registers live in the loop above) ----
-  float log_high[kMicro], log_low[kMicro];
-  int row_end[kMicro];
-  const float* mask_row[kMicro];
+  // ---- kSplit 2: the halves swap quotients, each keeps kRows of the kMicro rows ----
+  // ratio = |num / den| in (1/2, 2) (kSplit 2: the product of the halves' quotients, brought
+  // back to [1, 2) with its exponent moved to ex: log_near_one's range)
+  constexpr int kRows = kMicro / kSplit;
+  const int row0 = ty * kMicro + half * kRows;  // the thread's rows: row0 + (0 .. kRows - 1)
+  float rt[kRows][kMicro];
+  int ex[kRows][kMicro];
+  if (kSplit == 1) {
 #pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii) {
-    const int i = i0 + ty * kMicro + ii;
+    for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) {
+        rt[ii][jj] = fabsf(ff_divide_approx(num[ii][jj], den[ii][jj]));
+        ex[ii][jj] = expo[ii][jj];
+      }
+  } else {
+    constexpr int kHanded = kRows * kMicro;  // pairs handed over
+    __syncthreads();  // the last chunk is consumed
+    // slot (field: quotient, exponent; writer half; pair) of thread tid
+    auto slot = [&](int f, int w, int q) { return region + ((f * 2 + w) * kHanded + q) * kFwdThreads + tid; };
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) {  // half 0 hands rows kRows.., half 1 rows 0..
+        const int q = ii * kMicro + jj;
+        const float hn = half == 0 ? num[kRows + ii][jj] : num[ii][jj];
+        const float hd = half == 0 ? den[kRows + ii][jj] : den[ii][jj];
+        const int he = half == 0 ? expo[kRows + ii][jj] : expo[ii][jj];
+        *slot(0, half, q) = fabsf(ff_divide_approx(hn, hd));
+        *slot(1, half, q) = ff_bits_float(he);
+      }
+    region[4 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(den_field_min);
+    __syncthreads();
+    const int other = 1 - half;
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) {
+        const int q = ii * kMicro + jj;
+        const float kn = half == 0 ? num[ii][jj] : num[kRows + ii][jj];
+        const float kd = half == 0 ? den[ii][jj] : den[kRows + ii][jj];
+        const int ke = half == 0 ? expo[ii][jj] : expo[kRows + ii][jj];
+        float r = fabsf(ff_divide_approx(kn, kd)) * *slot(0, other, q);  // in (1/4, 4)
+        const int e = take_exponent(r);                                  // r to [1, 2)
+        rt[ii][jj] = r;
+        ex[ii][jj] = ke + ff_float_bits(*slot(1, other, q)) + e;
+      }
+    const int other_min = ff_float_bits(region[4 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
+    den_field_min = other_min < den_field_min ? other_min : den_field_min;
+  }
+
+  // ---- scores (what follows is loaded or computed only now: fewer registers live in the loop) ----
+  float log_high[kRows], log_low[kRows], klog[kMicro];
+  int row_end[kRows];
+#pragma unroll
+  for (int ii = 0; ii < kRows; ++ii) {
+    const int i = i0 + row0 + ii;
     const bool on = i < N;
     log_high[ii] = on ? p.row_log_high[bh * N + i] : 0.0f;
     log_low[ii] = on ? p.row_log_low[bh * N + i] : 0.0f;
     row_end[ii] = on ? visible_end(p, i) : 0;
-    mask_row[ii] = (p.attn_mask && on) ? p.attn_mask + b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row
-                                       : nullptr;
   }
 #pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii)
+  for (int jj = 0; jj < kMicro; ++jj) {
+    const int j = j0 + tx * kMicro + jj;
+    klog[jj] = j < M ? p.key_log[bh * M + j] : 0.0f;
+  }
+  // power (times log2(e) for kLog2) as a high and a low float: S = fma(sum, high, sum * low)
+  float power_high = p.power, power_low = 0.0f;
+  if (kLog2) {
+    const double pw = (double)p.power * 1.44269504088896340736;
+    power_high = (float)pw;
+    power_low = (float)(pw - (double)power_high);
+  }
+#pragma unroll
+  for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
     for (int jj = 0; jj < kMicro; ++jj) {
       const int j = j0 + tx * kMicro + jj;
       float s = NEG_INF;
       if (j < row_end[ii]) {
-        const float ratio = fabsf(ff_divide_approx(num[ii][jj], den[ii][jj]));  // in (1/2, 2)
-        const float e = (float)expo[ii][jj];
-        s = p.power *
-            (fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + key_log[j])));
+        const float ratio = rt[ii][jj];
+        const float e = (float)ex[ii][jj];
+        const float sum =
+            fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + klog[jj]));
+        s = kLog2 ? fmaf(sum, power_high, sum * power_low) : p.power * sum;
       }
       S[ii][jj] = s;
     }
   // ---- 2. the rare path ----
-  if (nearest <= kUFloor) {
+  // (kLog2: left to the caller, rare_scores_log2)
+  rare = kLog2 && den_field_min == 0;
+  if (!kLog2 && den_field_min == 0) {
+    const float* trows = p.trows + bh * kRowFields * Dp * N;
+    const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
+    const float* x_per_u = p.x_per_u + (bh % p.H) * Dp;
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii) {
+    for (int ii = 0; ii < kRows; ++ii) {
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
-        const int i = i0 + ty * kMicro + ii, j = j0 + tx * kMicro + jj;
+        const int i = i0 + row0 + ii, j = j0 + tx * kMicro + jj;
         if (j < row_end[ii]) S[ii][jj] = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, S[ii][jj]);
       }
     }
   }
   // ---- 3. masks ----
+  if (!p.attn_mask && !p.key_bias) return;
+  const int64_t b = bh / p.H, h = bh % p.H;
+  const float* kbias = p.key_bias ? p.key_bias + b * M : nullptr;
 #pragma unroll
-  for (int ii = 0; ii < kMicro; ++ii) {
+  for (int ii = 0; ii < kRows; ++ii) {
+    const int i = i0 + row0 + ii;
+    const float* mrow =
+        (p.attn_mask && i < N) ? p.attn_mask + b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row : nullptr;
 #pragma unroll
     for (int jj = 0; jj < kMicro; ++jj) {
       const int j = j0 + tx * kMicro + jj;
       if (j < row_end[ii]) {
-        if (mask_row[ii]) S[ii][jj] += mask_row[ii][j];
-        if (kbias) S[ii][jj] += kbias[j];
+        if (kLog2) {
+          S[ii][jj] = add_log2(S[ii][jj], (mrow ? mrow[j] : 0.0f) + (kbias ? kbias[j] : 0.0f));
+        } else {
+          if (mrow) S[ii][jj] += mrow[j];
+          if (kbias) S[ii][jj] += kbias[j];
+        }
       }
     }
   }
 }
 
+// Scores of a tile in natural log (see tile_scores_impl), the backward's.
+template <typename scalar_t>
+FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty, float* region,
+                        float (&S)[kMicro][kMicro]) {
+  bool rare;  // (false: the natural-log scores include the rare path)
+  tile_scores_impl<false, 1>(p, bh, i0, j0, tx, ty, region, S, rare);
+}
+
+// The forward's rare path: after the scores of the tile are in St (row stride kScoreStride),
+// the thread whose tile_scores_impl<true> said `rare` rewrites those of its visible pairs (rows
+// row0 .. row0 + rows - 1, keys tx * kMicro + (0 .. kMicro - 1)) that
+// have |u| <= kUFloor in some feature from the per-element math (rare_pair_score), masks
+// included. A loop, not unrolled, outside the score code: no registers held across the calls.
+template <typename scalar_t>
+FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int row0,
+                             int rows, float* St) {
+  const int N = p.N, M = p.M, Dp = p.Dp;
+  const float* trows = p.trows + bh * kRowFields * Dp * N;
+  const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
+  const float* x_per_u = p.x_per_u + (bh % p.H) * Dp;
+  const int64_t b = bh / p.H, h = bh % p.H;
+#pragma unroll 1
+  for (int pair = 0; pair < rows * kMicro; ++pair) {
+    const int r = row0 + pair / kMicro, c = tx * kMicro + pair % kMicro;
+    const int i = i0 + r, j = j0 + c;
+    if (i >= N || j >= visible_end(p, i)) continue;
+    const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN);
+    if (!(s == s)) continue;  // not a rare pair
+    float s2 = fmaf(s, kLog2eHigh, s * kLog2eLow);
+    if (p.attn_mask || p.key_bias) {
+      const float add = (p.attn_mask ? p.attn_mask[b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row + j] : 0.0f) +
+                        (p.key_bias ? p.key_bias[b * M + j] : 0.0f);
+      s2 = add_log2(s2, add);
+    }
+    St[r * kScoreStride + c] = s2;
+  }
+}
+
 template <typename scalar_t, int kO>
-FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, kO <= 16 ? 2 : 1) forward_tiled_kernel(const Params<scalar_t, float> p) {
+FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 ? 2 : 1)
+    forward_tiled_kernel(const Params<scalar_t, float> p) {
   static_assert(kO % 4 == 0, "value columns per thread: whole float4");
+  constexpr int kSplit = forward_split<kO>();
+  constexpr int kThreads = kFwdThreads * kSplit;
+  constexpr int kParts = 4 * kSplit;               // threads per row in the softmax and P V
+  constexpr int kPartKeys = kFwdKeys / kParts;     // keys of a tile per thread there
+  constexpr int kColStep = 4 * kParts;             // columns 4 part + kColStep t + (0..3)
+  static_assert(kPartKeys % 4 == 0, "whole float4 of scores per thread");
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dv = p.Dv;
   const int Dvs = padded_value_columns(Dv);
   float* region = reinterpret_cast<float*>(smem_raw);
-  float* Vs = region;                                   // (kFwdKeys, Dvs), once the scores are done
+  float* Vs = region;                                    // (kFwdKeys, Dvs), once the scores are done
   float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
+  float* Os = St + kFwdRows * kScoreStride;              // (kFwdRows, output_stride): out, unnormalised
+  float* ML = Os + kFwdRows * output_stride(Dv);         // (2, kThreads): m_run and l_part of each thread
   const float NEG_INF = -ff_inf<float>();
 
   const int tid = threadIdx.x;
   const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
-  const int64_t bh = blockIdx.x / row_blocks;
-  const int i0 = (int)(blockIdx.x - bh * row_blocks) * kFwdRows;
+  const int64_t bh = (int)blockIdx.x / row_blocks;  // (32-bit division: the grid is below 2^31 blocks)
+  const int i0 = ((int)blockIdx.x - (int)bh * row_blocks) * kFwdRows;
 
-  // Score phase: warps of 4 x 8 threads, the block 16 x 16: rows ty * 4 + ii, keys tx * 4 + jj.
-  const int warp = tid >> 5, lane = tid & 31;
+  // Score phase: warps of 4 x 8 threads, each half of the block 16 x 16: rows ty * 4 + ii, keys
+  // tx * 4 + jj.
+  const int warp = (tid & (kFwdThreads - 1)) >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);
-  // Softmax and P V: 4 threads per row, columns 16 t + 4 part + (0..3).
-  const int pr = tid >> 2, part = tid & 3;
-  const int pi = i0 + pr;
-  const bool p_active = pi < N;
+  // Softmax and P V: kParts threads per row (in one warp), keys part * kPartKeys + (0 ..
+  // kPartKeys - 1) and columns kColStep t + 4 part + (0..3), the columns kept in Os between key
+  // tiles (not in registers: the score loop has them all).
+  const int pr = tid / kParts, part = tid % kParts;
+  float* orow = Os + pr * output_stride(Dv) + 4 * part;
+  for (int t = 0; kColStep * t + 4 * part < Dvs; ++t)
+    *reinterpret_cast<float4*>(orow + kColStep * t) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-  const int last_row = ff_min(N - 1, i0 + kFwdRows - 1);
-  const int block_end = visible_end(p, last_row);
-  const int p_end = p_active ? visible_end(p, pi) : 0;
 
-  float m_run = NEG_INF;  // running max of row pr (the same in its 4 threads)
-  float l_part = 0.0f;    // this thread's share of the running sum of exp(S - m_run)
-  float acc[kO];          // out[pi, 16 t + 4 part + e] at acc[4 t + e], unnormalised
-#pragma unroll
-  for (int t = 0; t < kO; ++t) acc[t] = 0.0f;
+  // the running max of row pr in log2 units (the same in its kParts threads) and this thread's
+  // share of the running sum of 2^(S - m_run), kept in ML between key tiles
+  ML[tid] = NEG_INF;
+  ML[kThreads + tid] = 0.0f;
 
+  const int block_end = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));  // keys any row of the block sees
   for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
-    tile_scores(p, bh, i0, j0, tx, ty, region, S);
+    bool rare;
+    tile_scores_impl<true, kSplit>(p, bh, i0, j0, tx, ty, region, S, rare);  // log2 units
+    const int row0 = ty * kMicro + (tid / kFwdThreads) * (kMicro / kSplit);  // the rows of S
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii)
-      *reinterpret_cast<float4*>(St + (ty * kMicro + ii) * kScoreStride + tx * kMicro) =
+    for (int ii = 0; ii < kMicro / kSplit; ++ii)
+      *reinterpret_cast<float4*>(St + (row0 + ii) * kScoreStride + tx * kMicro) =
           make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
+    if (rare) rare_scores_log2(p, bh, i0, j0, tx, row0, kMicro / kSplit, St);
     __syncthreads();  // scores written; the chunk region is free for V
     const scalar_t* v = p.v + bh * M * Dv;
-    for (int idx = tid; idx < kFwdKeys * Dvs; idx += kFwdThreads) {
-      const int r = idx / Dvs, c = idx - r * Dvs;
+    // thread tid: columns tid % 16 + 16 n of keys tid / 16 + kThreads / 16 m (no integer division)
+    for (int r = tid >> 4; r < kFwdKeys; r += kThreads / 16) {
       const int j = j0 + r;
-      Vs[idx] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
+#pragma unroll 1
+      for (int c = tid & 15; c < Dvs; c += 16)
+        Vs[r * Dvs + c] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
     }
     __syncthreads();
 
     float* srow = St + pr * kScoreStride;
     float tile_max = NEG_INF;
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const float4 s4 = load4(srow + part * 16 + 4 * t);
+    for (int t = 0; t < kPartKeys / 4; ++t) {
+      const float4 s4 = load4(srow + part * kPartKeys + 4 * t);
       tile_max = fmaxf(tile_max, fmaxf(fmaxf(s4.x, s4.y), fmaxf(s4.z, s4.w)));
     }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 2));
+#pragma unroll
+    for (int o = 1; o < kParts; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, o));
+    float m_run = ML[tid], l_part = ML[kThreads + tid];
     const float m_new = fmaxf(m_run, tile_max);
-    if (m_new > NEG_INF) {  // the same in the row's 4 threads
-      const float scale = ff_exp(m_run - m_new);  // 0 while m_run is -inf
+    float scale = 1.0f;
+    if (m_new > NEG_INF) {  // the same in the row's kParts threads
+      scale = ff_exp2_approx(m_run - m_new);  // 0 while m_run is -inf
       l_part *= scale;
+      const int pi = i0 + pr;
 #pragma unroll
-      for (int t = 0; t < kO; ++t) acc[t] *= scale;
-#pragma unroll
-      for (int t = 0; t < 16; ++t) {
-        const int c = part * 16 + t;
-        float e = ff_exp(srow[c] - m_new);  // 0 for masked keys
-        l_part += e;                        // the normaliser counts every key
+      for (int t = 0; t < kPartKeys; ++t) {
+        const int c = part * kPartKeys + t;
+        float e = ff_exp2_approx(srow[c] - m_new);  // 0 for masked keys
+        l_part += e;                                // the normaliser counts every key
         if (p.dropout_p > 0.0f && e != 0.0f) e *= dropout_factor(p, (uint32_t)bh, pi, j0 + c);
         srow[c] = e;
       }
       m_run = m_new;
+      ML[tid] = m_run;
+      ML[kThreads + tid] = l_part;
     }
-    __syncwarp();  // the row's P (its 4 threads are in one warp)
-    if (m_run > NEG_INF) {
-      const int nk = ff_min(kFwdKeys, p_end - j0);
-      for (int jj = 0; jj < nk; jj += 4) {
-        const float4 p4 = load4(srow + jj);
-        const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+    __syncwarp();  // the row's P (its kParts threads are in one warp)
+    if (m_new > NEG_INF) {
+      float* orow = Os + pr * output_stride(Dv) + 4 * part;  // (recomputed: a register less in the score loop)
+      const int nk = ff_min(kFwdKeys, (i0 + pr < N ? visible_end(p, i0 + pr) : 0) - j0);
+      // columns in passes of at most 16 per thread (kO 64: two; registers)
+      constexpr int kCols = kO / kSplit, kPassCols = kCols < 16 ? kCols : 16, kGroupsPerPass = kPassCols / 4;
+#pragma unroll 1
+      for (int pass = 0; pass < kCols / kPassCols; ++pass) {
+        const int t0 = pass * kGroupsPerPass;
+        if (kColStep * t0 + 4 * part >= Dvs) break;
+        float acc[kPassCols];  // out[pi, kColStep (t0 + t) + 4 part + e] at acc[4 t + e]
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float* vr = Vs + (jj + e) * Dvs + part * 4;
+        for (int t = 0; t < kGroupsPerPass; ++t) {
+          if (kColStep * (t0 + t) + 4 * part < Dvs) {
+            const float4 o4 = load4(orow + kColStep * (t0 + t));
+            acc[4 * t + 0] = o4.x * scale;
+            acc[4 * t + 1] = o4.y * scale;
+            acc[4 * t + 2] = o4.z * scale;
+            acc[4 * t + 3] = o4.w * scale;
+          }
+        }
+        bool col_on[kGroupsPerPass];  // (kSplit 1: always; Dvs is a multiple of kColStep = 16)
 #pragma unroll
-          for (int t = 0; t < kO / 4; ++t) {
-            if (16 * t < Dvs) {
-              const float4 v4 = load4(vr + 16 * t);
-              acc[4 * t + 0] = fmaf(pv[e], v4.x, acc[4 * t + 0]);
-              acc[4 * t + 1] = fmaf(pv[e], v4.y, acc[4 * t + 1]);
-              acc[4 * t + 2] = fmaf(pv[e], v4.z, acc[4 * t + 2]);
-              acc[4 * t + 3] = fmaf(pv[e], v4.w, acc[4 * t + 3]);
+        for (int t = 0; t < kGroupsPerPass; ++t) col_on[t] = kSplit == 1 || kColStep * (t0 + t) + 4 * part < Dvs;
+        for (int jj = 0; jj < nk; jj += 4) {
+          const float4 p4 = load4(srow + jj);
+          const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float* vr = Vs + (jj + e) * Dvs + part * 4 + kColStep * t0;
+#pragma unroll
+            for (int t = 0; t < kGroupsPerPass; ++t) {
+              if (col_on[t]) {
+                const float4 v4 = load4(vr + kColStep * t);
+                acc[4 * t + 0] = fmaf(pv[e], v4.x, acc[4 * t + 0]);
+                acc[4 * t + 1] = fmaf(pv[e], v4.y, acc[4 * t + 1]);
+                acc[4 * t + 2] = fmaf(pv[e], v4.z, acc[4 * t + 2]);
+                acc[4 * t + 3] = fmaf(pv[e], v4.w, acc[4 * t + 3]);
+              }
             }
           }
         }
+#pragma unroll
+        for (int t = 0; t < kGroupsPerPass; ++t)
+          if (kColStep * (t0 + t) + 4 * part < Dvs)
+            *reinterpret_cast<float4*>(orow + kColStep * (t0 + t)) =
+                make_float4(acc[4 * t + 0], acc[4 * t + 1], acc[4 * t + 2], acc[4 * t + 3]);
       }
     }
   }
 
-  float l = l_part + __shfl_xor_sync(kFullMask, l_part, 1);
-  l += __shfl_xor_sync(kFullMask, l, 2);
-  if (!p_active) return;
+  const float m_run = ML[tid];
+  float l = ML[kThreads + tid];
+  {  // (recomputed: fewer registers held across the key tiles)
+    const int64_t bh = (int)blockIdx.x / row_blocks;
+    const int i0 = ((int)blockIdx.x - (int)bh * row_blocks) * kFwdRows;
+#pragma unroll
+  for (int o = 1; o < kParts; o <<= 1) l += __shfl_xor_sync(kFullMask, l, o);
+  const int pi = i0 + pr;
+  if (pi >= N) return;
   const bool empty = !(m_run > NEG_INF);  // no visible, unmasked key
   const float inv = empty ? 0.0f : 1.0f / l;
   scalar_t* out_i = p.out + (bh * N + pi) * Dv;
-#pragma unroll
-  for (int t = 0; t < kO / 4; ++t)
+  orow = Os + pr * output_stride(Dv) + 4 * part;
+  for (int t = 0; kColStep * t + 4 * part < Dvs; ++t) {
+    const float4 o4 = load4(orow + kColStep * t);
+    const float ov[4] = {o4.x, o4.y, o4.z, o4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int c = 16 * t + 4 * part + e;
-      if (c < Dv) out_i[c] = static_cast<scalar_t>(empty ? 0.0f : acc[4 * t + e] * inv);
+      const int c = kColStep * t + 4 * part + e;
+      if (c < Dv) out_i[c] = static_cast<scalar_t>(empty ? 0.0f : ov[e] * inv);
     }
-  if (part == 0) p.lse[bh * N + pi] = empty ? (double)INFINITY : (double)m_run + log((double)l);
+  }
+  // m_run is in log2 units
+  if (part == 0) p.lse[bh * N + pi] = empty ? (double)INFINITY : (double)m_run * 0.693147180559945309 + log((double)l);
+  }
 }
 
 }  // namespace cuda

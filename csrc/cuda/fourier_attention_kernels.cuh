@@ -4,14 +4,15 @@
 // stored. Two paths, by accumulation type:
 //
 // float32 path (float32, float16, bfloat16 inputs, converted to float32 when staged):
-//   tables.cuh          per call, one thread per query / key row: q c, tan(|R| q) and k c,
+//   tables.cuh          per call, 8 threads per query / key row: q c, tan(|R| q) and k c,
 //                       cos(|R| k), cos(|R| k) tan(|R| k) as float pairs, the row and key
 //                       constants (float64 sin / cos, once per row and feature).
-//   forward_tiled.cuh   64 queries x 64 keys per step, 4 x 4 register tiles per thread: an
-//                       FMA-only element step (7 instructions, ~9.4 per element with the
-//                       renormalisation, the shared-memory loads and the loop, counted in the
-//                       SASS of the sm_90 build), the rare exact path for |x| < 2^-14, online
-//                       softmax and P V with 4 threads per row.
+//   forward_tiled.cuh   64 queries x 64 keys per step, 4 x 4 register tiles per thread (for
+//                       Dv > 64 two halves of the block split the features): an FMA-only element
+//                       step (6 instructions, ~8.1 per element with the renormalisation in the
+//                       exponent bits, the shared-memory loads and the loop, counted in the SASS
+//                       of the sm_90 build), the rare exact path for |x| < 2^-14, online softmax
+//                       in log2 units (ex2.approx) and P V with 4 (8) threads per row.
 //   backward_tiled.cuh  a pre-pass (Delta and c from its own P), then a key-stationary main pass
 //                       on the same score tiles that computes g(x) once per element from the
 //                       tables and feeds dk, dv and dq (~23 instructions per element with the

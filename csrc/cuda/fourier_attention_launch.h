@@ -108,10 +108,10 @@ at::Tensor build_tables(const AttentionShape& sh, Params<scalar_t, float>& p, co
   const int64_t floats = table_floats(sh.B * sh.H, sh.H, sh.N, sh.M, p.Dp);
   at::Tensor tables = at::empty({floats}, options.dtype(at::kFloat));
   carve_tables(p, tables.data_ptr<float>());
-  const int64_t threads = std::max<int64_t>(sh.B * sh.H * (sh.N + sh.M), sh.H * p.Dp);
-  const int64_t blocks = (threads + kTableThreads - 1) / kTableThreads;
-  TORCH_CHECK(blocks <= INT_MAX, "fourier_attention (cuda): too many rows for the table kernel: ", threads);
-  launch(table_kernel<scalar_t>, blocks, kTableThreads, 0, p);
+  const int64_t blocks = table_blocks(sh.B * sh.H, sh.H, sh.N, sh.M, p.Dp);
+  TORCH_CHECK(blocks <= INT_MAX, "fourier_attention (cuda): too many rows for the table kernel: ",
+              sh.B * sh.H * (sh.N + sh.M));
+  launch(table_kernel<scalar_t>, blocks, kTableThreads, table_smem_bytes(), p);
   return tables;
 }
 
@@ -126,12 +126,15 @@ void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const 
     const at::Tensor tables = build_tables(sh, p, options, launch);
     const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
     const size_t smem = sizeof(float) * tiled_forward_smem_floats(p.Dv);
+    const int threads = forward_threads(p.Dv);
     if (p.Dv <= 16)
-      launch(forward_tiled_kernel<scalar_t, 4>, blocks, kFwdThreads, smem, p);
+      launch(forward_tiled_kernel<scalar_t, 4>, blocks, threads, smem, p);
     else if (p.Dv <= 64)
-      launch(forward_tiled_kernel<scalar_t, 16>, blocks, kFwdThreads, smem, p);
+      launch(forward_tiled_kernel<scalar_t, 16>, blocks, threads, smem, p);
+    else if (p.Dv <= 128)
+      launch(forward_tiled_kernel<scalar_t, 32>, blocks, threads, smem, p);
     else
-      launch(forward_tiled_kernel<scalar_t, 64>, blocks, kFwdThreads, smem, p);
+      launch(forward_tiled_kernel<scalar_t, 64>, blocks, threads, smem, p);
   }
 }
 

@@ -237,6 +237,18 @@ def special_cases():
     q[:, :, ::3] += 1e-6 * torch.randn(q[:, :, ::3].shape, generator=g)
     cases.append(("tile remainders N65 M130 duplicates causal", q, k, torch.randn(1, 1, 130, 20, generator=g),
                   0.5 + torch.rand(1, 16, generator=g), dict(power=4, causal=True)))
+    # N and M multiples of 4: the forward's float4 staging of the tables; exact duplicates (q = k
+    # in every feature) and near ones (in a few features, |q - k| ~ 1e-7: the fast path)
+    k = torch.randn(1, 2, 68, 32, generator=g) * 0.5
+    q = k[:, :, torch.randint(68, (64,), generator=g)].clone()
+    q[:, :, ::2, ::5] += 1e-7 * torch.randn(q[:, :, ::2, ::5].shape, generator=g)
+    cases.append(("float4 staging N64 M68 D32 duplicates", q, k, torch.randn(1, 2, 68, 16, generator=g),
+                  0.5 + torch.rand(2, 32, generator=g), dict(power=4)))
+    k = torch.randn(1, 1, 72, 128, generator=g) * 0.3
+    q = torch.randn(1, 1, 12, 128, generator=g) * 0.3
+    q[0, 0, 5] = k[0, 0, 70]
+    cases.append(("float4 staging N12 M72 D128 Dv100 causal", q, k, torch.randn(1, 1, 72, 100, generator=g),
+                  0.5 + torch.rand(1, 128, generator=g), dict(power=2, causal=True)))
     # the published normaliser's null key: a share of each row (eps near the rows' mass), and
     # rows whose keys all underflow next to eps (out and gradients 0)
     q = torch.randn(2, 2, 9, 16, generator=g) * 0.7
