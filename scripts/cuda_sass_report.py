@@ -8,7 +8,8 @@
 
 For each head dim (D = Dv) it compiles, from the kernel headers alone (csrc/cuda/*.cuh, no torch
 or ATen header), the float32 kernel instances that the launcher (csrc/cuda/fourier_attention_launch.h)
-runs at that shape: the table kernel, the tiled forward, the tiled backward's dq and dk/dv kernels.
+runs at that shape: the table kernel, the tiled forward (forward_threads(Dv) threads per block: two
+halves of kFwdThreads when Dv > 64), the tiled backward's pre-pass, main pass and dq finish kernels.
 A generated translation unit includes fourier_attention_kernels.cuh and explicitly instantiates one
 kernel template; it is compiled with ``nvcc -cubin -arch=sm_90 -Xptxas -v`` and the nvcc flags of
 setup.py (-O3 -lineinfo), and disassembled with nvdisasm (line information included). The cubins
@@ -41,8 +42,10 @@ Per kernel instance it prints:
     is for the plain case: no mask, no key bias, no dropout, not causal, no pair on the rare path
     (|x| < 2^-14), no flat feature: the source lines of those branches (COLD_REGIONS) weigh 0,
     and out-of-line subroutines (the rare path's function, slow paths of divisions and of
-    float64 sincos) are not counted. Totals: forward = table kernel + forward kernel, backward =
-    table kernel + dq kernel + dk/dv kernel (the backward builds its own tables).
+    float64 sincos) are not counted. In the table kernel the per-feature x / u branch is weighted
+    for one batch (H Dp threads of the grid) and the row constant's slot sum for slot 0 only.
+    Totals: forward + tables = table kernel + forward kernel, backward + tables = table kernel +
+    pre-pass + main pass + dq finish kernel (the backward builds its own tables).
 
 Each loop row also gives its share of the whole-kernel count (the instructions of that loop not
 inside a nested loop, weighted as above, per element), and "outside every loop" the rest, so that
@@ -54,16 +57,11 @@ This is a static model: it does not know about stalls, bank conflicts or latency
 issued under a false predicate still counts (it takes an issue slot), and a loop exit or `continue`
 that the plain case does not take (P = 0) is assumed not taken.
 
-How this compares, for the kernels of 2026-11-27 (nvcc 13.0.88, this script at its defaults, on a
-2-core CPU machine without a GPU), with the earlier hand count (scores loop 9.4 per element,
-dq g pass 28, dk/dv g pass 24; whole forward about 18 at D = 16 and 14.5 at D = 128, whole
-backward about 103 and 83): the inner loops agree (9.3-9.4, 28.2, 24.2-24.3 here), and so does the
-forward at D = 128 (14.8). At D = 16 the whole-kernel counts come out higher (forward ~21, dq + dk/dv
-~111) because here every per-pair and per-tile step is weighted by its trip count and amortised
-over only 16 features: in the forward the code of the key-tile loop outside its nested loops (the
-score of each pair from num / den, the online softmax, the score tile) comes to ~7.9 per element,
-and in the dk/dv kernel the dv loop, which at Dv = 16 runs the 16-column variant (35 instructions
-per query and thread for 4 live columns, three quarters of its FMAs predicated off), to ~8.75.
+For the kernels of 2026-11-27 (nvcc 13.0.88, this script at its defaults, on a 2-core CPU machine
+without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 15.97 / 15.68 at D = 16
+(score loop 8.9 per element) and 11.63 / 11.56 at D = 128 (512-thread two-half blocks, 10.1);
+backward (pre-pass + main pass + dq finish) 67.32 / 65.65 at D = 16 and 49.58 / 48.99 at D = 128
+(main pass: scores 9.1, g pass for dq and dk 23.1); the table kernel 3.33 / 0.83 and 2.66 / 0.66.
 
 Requirements: nvcc (the CUDA toolkit, 12.x or 13.x) and nvdisasm; cuobjdump (optional) cross-checks
 the register counts. The two disassemblers come as PyPI wheels (not needed by the project itself):
@@ -71,7 +69,7 @@ the register counts. The two disassemblers come as PyPI wheels (not needed by th
     python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
 
 They are found on PATH, next to nvcc, under $CUDA_HOME/bin, or in those wheels (nvidia/cu*/bin).
-On 2 shared cores a cold run at the default head dims (7 instances) took 80-102 s, a cached one 4-6 s
+On 2 shared cores a cold run at the default head dims (7 instances) took 40-134 s, a cached one 1-6 s
 (2026-11-27).
 """
 import argparse
@@ -205,13 +203,15 @@ def setup_nvcc_flags():
 # Constants of the headers that the loop model uses; the host program below prints them.
 CONSTANTS = ["kMicro", "kRenormEvery", "kChunk", "kFwdRows", "kFwdKeys", "kFwdThreads", "kStageStep",
              "kRowFields", "kKeyFields", "kTableThreads", "kBwdMaxFeatures", "kBwdMaxValueColumns",
-             "kGroup"]
+             "kGroup", "kTableSlots"]
 # Head-dim dependent sizes (functions of the headers), per D = Dv.
 SIZES = {
     "Dp": "padded_features(D)",
     "Dvs": "padded_value_columns(Dv)",
     "ostride": "dkv_out_stride(Dv)",
     "fwd_smem_floats": "tiled_forward_smem_floats(Dv)",
+    "fwd_threads": "forward_threads(Dv)",
+    "table_smem_floats": "table_smem_bytes() / sizeof(float)",
     "delta_smem_floats": "tiled_delta_smem_floats(Dv)",
     "main_smem_floats": "tiled_main_smem_floats(padded_features(D), Dv)",
     "finish_smem_floats": "kBwdMaxFeatures",
@@ -243,10 +243,10 @@ def host_program(head_dims):
 
 @dataclass
 class Instance:
-    kind: str            # tables, forward, dq, dkv
+    kind: str            # tables, forward, delta, main, finish
     template: str        # e.g. forward_tiled_kernel<float, 4>
-    params: dict         # template parameters by name (kO, kF)
-    threads: str         # constant name of the block size
+    params: dict         # template parameters by name (kO)
+    threads: str         # constant (or SIZES key) of the block size
     smem: str            # SIZES key of the dynamic shared memory (floats), or None
     grid_rows: str = ""  # rows per block of the grid: rows of the slice / this
 
@@ -255,9 +255,9 @@ def launcher_instances(D, Dv, c):
     """The float32 kernels launch_forward and launch_backward run at (D, Dv): mirrors
     fourier_attention_launch.h (checked against its text by check_launcher)."""
     Dp = (D + c["kRenormEvery"] - 1) // c["kRenormEvery"] * c["kRenormEvery"]
-    out = [Instance("tables", "table_kernel<float>", {}, "kTableThreads", None)]
-    kO = 4 if Dv <= 16 else (16 if Dv <= 64 else 64)
-    out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}>", {"kO": kO}, "kFwdThreads",
+    out = [Instance("tables", "table_kernel<float>", {}, "kTableThreads", "table_smem_floats")]
+    kO = 4 if Dv <= 16 else (16 if Dv <= 64 else (32 if Dv <= 128 else 64))
+    out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}>", {"kO": kO}, "fwd_threads",
                         "fwd_smem_floats", "kFwdRows"))
     if Dp <= c["kBwdMaxFeatures"] and Dv <= c["kBwdMaxValueColumns"]:
         out.append(Instance("delta", "backward_delta_tiled_kernel<float>", {}, "kFwdThreads",
@@ -272,11 +272,15 @@ def launcher_instances(D, Dv, c):
 
 # The launcher's lines that launcher_instances mirrors: if one is gone, the mirror is stale.
 LAUNCHER_LINES = [
-    r"if \(p\.Dv <= 16\)\s*launch\(forward_tiled_kernel<scalar_t, 4>",
+    r"const int threads = forward_threads\(p\.Dv\);",
+    r"if \(p\.Dv <= 16\)\s*launch\(forward_tiled_kernel<scalar_t, 4>, blocks, threads,",
+    r"else if \(p\.Dv <= 64\)\s*launch\(forward_tiled_kernel<scalar_t, 16>, blocks, threads,",
+    r"else if \(p\.Dv <= 128\)\s*launch\(forward_tiled_kernel<scalar_t, 32>, blocks, threads,",
+    r"else\s*launch\(forward_tiled_kernel<scalar_t, 64>, blocks, threads,",
     r"launch\(backward_delta_tiled_kernel<scalar_t>",
     r"launch\(backward_dq_finish_kernel<scalar_t>",
     r"if \(p\.Dv <= 4\)\s*launch\(backward_main_tiled_kernel<scalar_t, 1>",
-    r"launch\(table_kernel<scalar_t>",
+    r"launch\(table_kernel<scalar_t>, blocks, kTableThreads, table_smem_bytes\(\),",
 ]
 
 
@@ -295,23 +299,33 @@ def check_launcher():
 # chunks: the loop is repeated once per feature chunk by an unrolled enclosing loop, and copy k
 # (in address order) runs iff k < chunks.
 # Names usable in the formulas: N, M, D, Dv, the SIZES, the CONSTANTS, the template parameters,
-# chunk_dc (features of a chunk, on average), fwd_cols / dkv_cols (value columns per thread).
+# chunk_dc (features of a chunk, on average), fwd_cols / dkv_cols (value columns per thread),
+# split (the forward's halves per block: forward_threads(Dv) / kFwdThreads; 1 in the other kernels).
 LOOP_SPECS = [
-    # tile_scores (forward_tiled.cuh), in the forward, dq and dk/dv kernels
-    dict(file="forward_tiled.cuh", text=r"for \(int d0 = 0; d0 < Dp; d0 \+= kChunk\)",
-         name="feature chunks", step="kChunk", trips="ceil(Dp / kChunk)"),
-    dict(file="forward_tiled.cuh", text=r"for \(int dd = dd0; dd < dc; dd \+= kStageStep",
-         name="score staging", step="kStageStep", trips="chunk_dc / kStageStep"),
-    dict(file="forward_tiled.cuh", text=r"for \(int dd = 0; dd < dc; dd \+= kRenormEvery\)",
-         name="scores", step="kRenormEvery", trips="chunk_dc / kRenormEvery",
-         elems="kMicro * kMicro * kRenormEvery", unit="qkd"),
+    # tile_scores_impl (forward_tiled.cuh), in the forward and in the backward's kernels: the chunk
+    # loop is the element loop (its renormalisation groups and the staging are unrolled in it; with
+    # two halves each thread takes half of the groups of a chunk)
+    dict(file="forward_tiled.cuh", text=r"for \(int d0 = 0; d0 < Dp; d0 \+= (kChunk|kC)\b",
+         name="scores (chunk)", step="kChunk", trips="ceil(Dp / kChunk)",
+         elems="kMicro * kMicro * chunk_dc / split", unit="qkd"),
     # forward_tiled_kernel
     dict(file="forward_tiled.cuh", text=r"for \(int j0 = 0; j0 < block_end; j0 \+= kFwdKeys\)",
          name="key tiles", step="kFwdKeys", trips="ceil(M / kFwdKeys)"),
-    dict(file="forward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* Dvs; idx \+= kFwdThreads\)",
-         name="V staging", step="kFwdThreads", trips="kFwdKeys * Dvs / kFwdThreads"),
+    dict(file="forward_tiled.cuh", text=r"for \(int r = tid >> 4; r < kFwdKeys; r \+= kThreads / 16\)",
+         name="V staging rows", step="kFwdThreads * split / 16", trips="kFwdKeys * 16 / (kFwdThreads * split)"),
+    dict(file="forward_tiled.cuh", text=r"for \(int c = tid & 15; c < Dvs; c \+= 16\)",
+         name="V staging columns", step="16", trips="Dvs / 16"),
+    dict(file="forward_tiled.cuh", text=r"for \(int pass = 0; pass < kCols / kPassCols; \+\+pass\)",
+         name="P V column passes", step="1", trips="fwd_passes"),
     dict(file="forward_tiled.cuh", text=r"for \(int jj = 0; jj < nk; jj \+= 4\)",
          name="P V", step="4", trips="kFwdKeys / 4", elems="4 * fwd_cols", unit="qkc"),
+    # the output tile (zeroed, then written out): column groups kColStep t + 4 part, on average
+    # over the kParts = 4 split threads of a row
+    dict(file="forward_tiled.cuh", text=r"for \(int t = 0; kColStep \* t \+ 4 \* part < Dvs; \+\+t\)",
+         name="output tile", step="1", trips="Dvs / (16 * split)"),
+    # rare_scores_log2: the rare path (COLD_REGIONS: weighs 0 in the plain case)
+    dict(file="forward_tiled.cuh", text=r"for \(int pair = 0; pair < rows \* kMicro; \+\+pair\)",
+         name="rare pairs (not run)", step="1", trips="kMicro * kMicro / split"),
     # backward_dq_tiled_kernel
     dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < kBwdMaxFeatures; d \+= kFwdThreads\)",
          name="dradius zeroing", step="kFwdThreads", trips="kBwdMaxFeatures / kFwdThreads"),
@@ -343,6 +357,8 @@ LOOP_SPECS = [
          chunks="ceil(Dp / kChunk)"),
     dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < D; d \+= kFwdThreads\)",
          name="dradius sums", step="kFwdThreads", trips="D / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < 4 \* kFwdRows; idx \+= kFwdThreads\)",
+         name="row sums zeroing", step="kFwdThreads", trips="4 * kFwdRows / kFwdThreads"),
     # backward_main_tiled_kernel / backward_dq_finish_kernel (the restructured backward)
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* Dp; idx \+= kFwdThreads\)",
          name="dk sums zeroing", step="kFwdThreads", trips="kFwdKeys * Dp / kFwdThreads"),
@@ -362,8 +378,8 @@ LOOP_SPECS = [
     # atomicAdd's compare-and-swap retry loop (shared memory float): once without contention
     dict(file="sm_20_atomic_functions.hpp", text=None, name="atomicAdd CAS loop", step="1", trips="1"),
     # table_kernel
-    dict(file="tables.cuh", text=r"for \(int d = 0; d < Dp; \+\+d\)", name="features", step="1", trips="Dp",
-         elems="1", unit="rd"),
+    dict(file="tables.cuh", text=r"for \(int d = slot; d < Dp; d \+= kTableSlots\)", name="features",
+         step="kTableSlots", trips="Dp / kTableSlots", elems="1", unit="rd"),
 ]
 # The dk/dv kernel has two `for (int ii = 0; ii < nq; ++ii)` loops, told apart by their line:
 # the first is dv += P^T dO, the ones after it the g pass.
@@ -378,18 +394,31 @@ DKV_II_LOOPS = [
 COLD_REGIONS = [
     dict(file="forward_tiled.cuh", start=r"// ---- 2\. the rare path ----", end=r"// ---- 3\. masks ----",
          why="rare path (|x| < 2^-14)"),
-    dict(file="forward_tiled.cuh", start=r"if \(mask_row\[ii\]\) S\[ii\]\[jj\] \+= mask_row\[ii\]\[j\];",
-         end=None, why="attention mask"),
-    dict(file="forward_tiled.cuh", start=r"if \(kbias\) S\[ii\]\[jj\] \+= kbias\[j\];", end=None, why="key bias"),
+    # tile_scores_impl after `if (!p.attn_mask && !p.key_bias) return;` (to the end of the function)
+    dict(file="forward_tiled.cuh", start=r"const int64_t b = bh / p\.H, h = bh % p\.H;", end=r"^}$",
+         why="attention mask and key bias"),
+    dict(file="forward_tiled.cuh", start=r"FF_DEV void rare_scores_log2\(", end=r"^}$",
+         why="rare path of the forward (|x| < 2^-14)"),
+    dict(file="forward_tiled.cuh", start=r"if \(rare\) rare_scores_log2", end=None, why="rare path of the forward"),
+    dict(file="forward_tiled.cuh", start=r"\} else if \(half == 0\) \{  // scalar staging", end=r"^    \}$",
+         why="scalar staging (N or M not a multiple of 4)"),
     dict(file="*", start=r"dropout_factor\(p, ", end=None, why="dropout"),
+    dict(file="fourier_element_math.h", start=r"FF_HD uint32_t ff_mix32\(", end=r"^}$", why="dropout (hash)"),
+    dict(file="fourier_element_math.h", start=r"FF_HD float ff_dropout_uniform\(", end=r"^}$", why="dropout (hash)"),
     dict(file="tables.cuh", start=r"if \(r >= 0\.0 && r < kFlatRadius\) \{\s*// flat", end=r"\} else if \(r > 0\.0\) \{",
          why="flat features"),
 ]
 TABLE_BRANCHES = [
-    dict(file="tables.cuh", start=r"if \(row < N\) \{\s*// query row", end=r"\} else \{\s*// key row",
+    dict(file="tables.cuh", start=r"if \(on && row < N\) \{\s*// query row", end=r"\} else if \(on\) \{\s*// key row",
          weight="N / (N + M)"),
-    dict(file="tables.cuh", start=r"\} else \{\s*// key row", end=r"p\.key_log\[bh \* M \+ j\] = ",
+    dict(file="tables.cuh", start=r"\} else if \(on\) \{\s*// key row", end=r"^  \}$",
          weight="M / (N + M)"),
+    # the per-feature x / u: H Dp threads of the grid, Dp per (batch, head) slice with one batch
+    # (more batches: fewer; an upper bound)
+    dict(file="tables.cuh", start=r"if \(id < \(int64_t\)p\.H \* Dp\) \{", end=r"^  \}$",
+         weight="min(1, Dp / ((N + M) * kTableSlots))"),
+    # after the slots' partial sums: slot 0 of each row only
+    dict(file="tables.cuh", start=r"double total = 0\.0;", end=r"^}$", weight="1 / kTableSlots"),
 ]
 
 
@@ -429,7 +458,7 @@ def launch_bounds(kernel_template, names):
     base = kernel_template.split("<")[0]
     for f in header_files():
         text = re.sub(r"\s+", " ", open(f).read())
-        m = re.search(r"FF_LAUNCH_BOUNDS(_MIN)?\(([^()]*)\) " + re.escape(base) + r"\(", text)
+        m = re.search(r"FF_LAUNCH_BOUNDS(_MIN)?\(((?:[^()]|\([^()]*\))*)\) " + re.escape(base) + r"\(", text)
         if not m:
             continue
         args = [a.strip() for a in m.group(2).split(",")]
@@ -437,8 +466,16 @@ def launch_bounds(kernel_template, names):
         def c_expr(e):
             t = re.match(r"(.+?)\s*\?\s*(.+?)\s*:\s*(.+)$", e)  # a ? b : c
             return f"({t.group(2)}) if ({t.group(1)}) else ({t.group(3)})" if t else e
+
+        def call(m):  # f<arg>(): a `template <int P> FF_HD constexpr int f() { return ...; }` of the headers
+            for g in header_files():
+                d = re.search(r"template <int (\w+)> FF_HD constexpr int " + re.escape(m.group(1))
+                              + r"\(\) \{ return ([^;]*); \}", re.sub(r"\s+", " ", open(g).read()))
+                if d:
+                    return str(int(evaluate(c_expr(d.group(2)), {**names, d.group(1): evaluate(m.group(2), names)})))
+            raise KeyError(m.group(1))
         try:
-            vals = [int(evaluate(c_expr(a), names)) for a in args]
+            vals = [int(evaluate(c_expr(re.sub(r"(\w+)<([^<>()]*)>\(\)", call, a)), names)) for a in args]
         except Exception:  # an expression this reader does not know
             return None
         return vals[0], (vals[1] if len(vals) > 1 else None)
@@ -847,11 +884,11 @@ def whole_per_element(inst, per_thread, names, c):
     """Instructions of the kernel over one (batch, head) slice per (query, key, feature) element."""
     N, M, D = names["N"], names["M"], names["D"]
     if inst.kind == "tables":
-        threads_total = N + M  # one thread per row (the rest of the last block returns at once)
+        threads_total = (N + M) * c["kTableSlots"]  # kTableSlots threads per row
     else:
         rows = N if inst.kind in ("forward", "dq", "delta", "finish") else M
         blocks = math.ceil(rows / c[inst.grid_rows])
-        threads_total = blocks * c[inst.threads]
+        threads_total = blocks * names[inst.threads]
     return per_thread * threads_total / (N * M * D)
 
 
@@ -962,8 +999,11 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                 warnings.append(f"{inst.template}: cuobjdump says {res.get(fn.name)} registers, ptxas {props.get('regs')}")
             callee = {k: dict(spill_stores=v.get("spill_stores", 0), spill_loads=v.get("spill_loads", 0))
                       for k, v in ptx.items() if not v.get("entry") and (v.get("spill_stores") or v.get("spill_loads"))}
-            threads = c[inst.threads]
+            threads = {**c, **sizes}[inst.threads]
+            split = threads // c["kFwdThreads"] if inst.kind == "forward" else 1
             lb = launch_bounds(inst.template, {**c, **inst.params})
+            if lb and lb[0] != threads:
+                warnings.append(f"{inst.template}: launched with {threads} threads, __launch_bounds__({lb[0]})")
             dyn = 4 * sizes[inst.smem] if inst.smem else 0
             warps, blocks, limiter = occupancy(props["regs"], threads, props.get("smem", 0) + dyn)
             row = dict(kernel=inst.template, kind=inst.kind, function=fn.name, threads=threads,
@@ -978,9 +1018,13 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                 names.update(sizes)
                 names.update(inst.params)
                 Dp = sizes["Dp"]
-                names.update(N=n, M=n, D=hd, Dv=hd,
+                # the forward's P V: kO / split columns per thread in passes of at most 16; Dvs / (4 split)
+                # of them (on average over the row's threads) are real columns
+                fwd_passes = max(1, inst.params.get("kO", 0) // split // 16)
+                fwd_passes = min(fwd_passes, math.ceil(sizes["Dvs"] / (64 * split)))
+                names.update(N=n, M=n, D=hd, Dv=hd, split=split, fwd_passes=fwd_passes,
                              chunk_dc=Dp / math.ceil(Dp / c["kChunk"]),
-                             fwd_cols=4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < sizes["Dvs"]),
+                             fwd_cols=min(inst.params.get("kO", 0) // split, sizes["Dvs"] / (4 * split)) / fwd_passes,
                              dkv_cols=(inst.params.get("kO", 0) if inst.params.get("kO", 0) < 4 else
                                        4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < hd)))
                 per_thread, loop_rows, top, outside = analyse(inst, fn, names, sources)
@@ -1072,7 +1116,7 @@ def print_report(r):
         for s, t in h["totals"].items():
             b = "n/a" if t["backward"] is None else f"{t['backward']:.2f} (with the tables {t['backward_with_tables']:.2f})"
             out.append(f"  D = {hd}, N = M = {s}: forward {t['forward']:.2f} (with the tables "
-                       f"{t['forward_with_tables']:.2f}), backward dq + dk/dv {b}")
+                       f"{t['forward_with_tables']:.2f}), backward (pre-pass + main + dq finish) {b}")
     out.append("")
     out.append("Summary (instructions per (query, key, feature) element; inner = the element loop of the kernel)")
     out.append(f"  {'D':>4} {'kernel':<44} {'regs':>4} {'spill st/ld B':>13} {'warps/SM':>8} {'inner loops':>18} "
@@ -1088,7 +1132,7 @@ def print_report(r):
             out.append(f"  {hd:>4} {k['kernel']:<44} {k['registers']:>4} "
                        f"{str(k['spill_stores']) + '/' + str(k['spill_loads']):>13} {k['warps_per_sm']:>8} {ie:>18} "
                        + " ".join(f"{k['shapes'][s]['per_element']:>10.2f}" for s in shapes))
-        for name, label in (("backward", "backward (dq + dk/dv)"), ("forward_with_tables", "forward + tables"),
+        for name, label in (("backward", "backward (pre-pass + main + finish)"), ("forward_with_tables", "forward + tables"),
                             ("backward_with_tables", "backward + tables")):
             vals = [h["totals"][s][name] for s in shapes]
             if all(v is not None for v in vals):

@@ -148,6 +148,18 @@ ptxas info    : Function properties for helper
     assert p["helper"]["entry"] is False and p["helper"]["spill_stores"] == 8
 
 
+def test_launch_bounds_with_a_constexpr_template_helper(tmp_path, monkeypatch):
+    # the forward's bounds name a `template <int kO> constexpr` helper and a ternary
+    header = tmp_path / "k.cuh"
+    header.write_text("template <int kO>\nFF_HD constexpr int halves() { return kO > 16 ? 2 : 1; }\n"
+                      "template <typename scalar_t, int kO>\n"
+                      "FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kT * halves<kO>(), kO <= 16 ? 2 : 1)\n"
+                      "    kern(const Params<scalar_t, float> p) {}\n")
+    monkeypatch.setattr(sr, "header_files", lambda: [str(header)])
+    assert sr.launch_bounds("kern<float, 4>", dict(kT=256, kO=4)) == (256, 2)
+    assert sr.launch_bounds("kern<float, 32>", dict(kT=256, kO=32)) == (512, 1)
+
+
 @pytest.mark.parametrize("regs,threads,smem,warps,limit", [
     (255, 256, 50 * 1024, 8, "registers"),   # 256 registers per thread: 8 warps
     (180, 256, 0, 8, "registers"),           # 5760 per warp: 2 per quarter of the register file
