@@ -55,21 +55,24 @@ def create_dummy_data(data_dir: str, num_examples: int = 60, maxlen: int = 12, s
                 fout.write(" ".join(reversed(words)) + "\n")
 
 
-def create_markov_lm_data(data_dir: str, num_lines: int = 400, seed: int = 0, stay: float = 0.9) -> None:
-    """{train,valid,test}.out for language models: letters from a fixed random successor table,
-    followed with probability ``stay`` (otherwise a uniform letter), 4 to 14 letters a line.
+def create_markov_lm_data(data_dir: str, num_lines: int = 400, seed: int = 0, stay: float = 0.9,
+                          lag: int = 1) -> None:
+    """{train,valid,test}.out for language models: the letter at t follows a fixed random successor
+    table from the letter at t - lag with probability ``stay`` (otherwise a uniform letter),
+    3 + lag to 13 + lag letters a line.
 
     Learnable from context, so a trained model must score far below the unigram perplexity
-    (``unigram_perplexity``), which a model that ignores its context cannot beat."""
+    (``unigram_perplexity``), which a model that ignores its context cannot beat; with lag 2 the
+    previous letter tells nothing about the next one, so a model must mix in the letter two back."""
     rng = random.Random(seed)
     letters = list("abcdefghijklmnopqrst")
     successor = dict(zip(letters, rng.sample(letters, len(letters))))
     for split, n in (("train", num_lines), ("valid", num_lines // 8), ("test", num_lines // 8)):
         with open(os.path.join(data_dir, f"{split}.out"), "w") as f:
             for _ in range(n):
-                words = [rng.choice(letters)]
-                for _ in range(rng.randint(3, 13)):
-                    words.append(successor[words[-1]] if rng.random() < stay else rng.choice(letters))
+                words = [rng.choice(letters) for _ in range(lag)]
+                for _ in range(rng.randint(2 + lag, 12 + lag)):
+                    words.append(successor[words[-lag]] if rng.random() < stay else rng.choice(letters))
                 f.write(" ".join(words) + "\n")
 
 

@@ -208,15 +208,18 @@ def _dlog_sinc(x: torch.Tensor) -> torch.Tensor:
     return torch.where(small, -x / 3 - x**3 / 45, torch.cos(xl) / torch.sin(xl) - 1 / xl)
 
 
+def _detached_float64(q, k, v, grad_out, radius):
+    """q, k, v, grad_out and the radius detached in float64, and the radius's (H, D) table."""
+    q, k, v, go, radius = (t.detach().to(torch.float64) for t in (q, k, v, grad_out, radius))
+    return q, k, v, go, radius, _radius_table(radius, q.shape[1], q.shape[3])
+
+
 def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padding_mask=None, causal=False,
                            normaliser_eps=0.0, dropout_scale=None):
     """Scales of (out, dq, dk, dv, dradius): see the module docstring. Floats."""
-    f64 = torch.float64
-    q, k, v, go = (t.detach().to(f64) for t in (q, k, v, grad_out))
-    radius = radius.detach().to(f64)
+    q, k, v, go, radius, R = _detached_float64(q, k, v, grad_out, radius)
     B, H, N, D = q.shape
     M = k.shape[2]
-    R = _radius_table(radius, H, D)
     with torch.no_grad():
         P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)  # (B, H, N, M)
         # with dropout, dS_ij = P_ij (f_ij dP_ij - Delta_i), Delta_i = sum_j P_ij f_ij dP_ij
@@ -267,18 +270,15 @@ def null_key_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padd
     Floats; all zero without the null key."""
     if not normaliser_eps > 0:
         return (0.0,) * 5
-    f64 = torch.float64
-    q, k, v, go = (t.detach().to(f64) for t in (q, k, v, grad_out))
-    radius = radius.detach().to(f64)
+    q, k, v, go, radius, R = _detached_float64(q, k, v, grad_out, radius)
     B, H, N, D = q.shape
     M = k.shape[2]
-    R = _radius_table(radius, H, D)
     with torch.no_grad():
         S = _scores(q, k, radius, power, _log_abs_sinc_oracle) + additive_mask(B, H, N, M, attn_mask,
                                                                              key_padding_mask, causal)
         lse = torch.logsumexp(S, -1)
         seen = torch.isfinite(lse)
-        gap = torch.sigmoid(torch.log(torch.tensor(float(normaliser_eps), dtype=f64)) - lse)  # 1 - m_i
+        gap = torch.sigmoid(torch.log(torch.tensor(float(normaliser_eps), dtype=torch.float64)) - lse)  # 1 - m_i
         gap = torch.where(seen, gap, torch.zeros_like(gap)).unsqueeze(-1)  # (B, H, N, 1)
         P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)
         Pf = _dropped(P, dropout_scale)

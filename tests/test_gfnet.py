@@ -348,25 +348,6 @@ def test_language_model_trains_resumes_and_evaluates_with_stock_fairseq(tmp_path
     assert 1 < float(result["perplexity"]) < threshold, (result["perplexity"], threshold)
 
 
-def create_lag_two_lm_data(data_dir: str, num_lines: int = 400, seed: int = 0, stay: float = 0.9) -> None:
-    """{train,valid,test}.out whose letter at t follows a fixed successor table from the letter at
-    t - 2 (with probability ``stay``; else uniform), 6 to 16 letters a line: the previous letter
-    tells nothing about the next one, so a model that sees one position back (or none) stays near
-    the unigram perplexity; the filter must mix in lag 2."""
-    import random
-
-    rng = random.Random(seed)
-    letters = list("abcdefghijklmnopqrst")
-    successor = dict(zip(letters, rng.sample(letters, len(letters))))
-    for split, n in (("train", num_lines), ("valid", num_lines // 8), ("test", num_lines // 8)):
-        with open(os.path.join(data_dir, f"{split}.out"), "w") as f:
-            for _ in range(n):
-                words = [rng.choice(letters), rng.choice(letters)]
-                for _ in range(rng.randint(4, 14)):
-                    words.append(successor[words[-2]] if rng.random() < stay else rng.choice(letters))
-                f.write(" ".join(words) + "\n")
-
-
 @pytest.mark.slow
 def test_language_model_learns_from_two_positions_back(tmp_path):
     """The GFNet language model on text where only the letter two back predicts the next: after a
@@ -375,7 +356,7 @@ def test_language_model_learns_from_two_positions_back(tmp_path):
     the model scored 21.1 against the threshold 10.4; 60 updates were too few to pass)."""
     data_dir = str(tmp_path / "data")
     os.makedirs(data_dir)
-    create_lag_two_lm_data(data_dir)
+    create_markov_lm_data(data_dir, lag=2)
     preprocess_lm_data(data_dir)
     save_dir = str(tmp_path / "ckpt")
     train_language_model(data_dir, save_dir, "gfnet_lm_wiki103_small", ["--max-tokens", "128", "--max-update", "200"],
