@@ -12,7 +12,8 @@ at two positions. The defaults learn the task (a low nll that swapping the sourc
 nats); ``--fourier-published`` collapses the encoder (the same vector at every position, after an
 init at which its attention is under 3 % of the residual), so swapping the sources changes
 nothing; with ``--fourier-proj-init-std 0.06`` (three times the published init, the documented
-way to run the preset on such a model) it learns.
+way to run the preset on such a model) it learns. The global-filter (GFNet) and FAVOR+
+(Performer) translation models learn it by the defaults' criteria.
 """
 import importlib.util
 import os
@@ -64,16 +65,24 @@ def word_by_word_data(tmp_path_factory):
     return data_dir
 
 
-def collapse_measures(data_dir: str, save_dir: str) -> dict:
-    """encoder_collapse.measure on the last checkpoint, and the attention / residual ratios of a
-    fresh model of the same config and seed (``init_ratio``: the largest over the layers)."""
-    from fairseq import checkpoint_utils, utils
+def load_last_checkpoint(data_dir: str, save_dir: str):
+    """scripts/encoder_collapse.py as a module, and the models, config and task of checkpoint_last.pt."""
+    from fairseq import checkpoint_utils
 
     spec = importlib.util.spec_from_file_location("encoder_collapse", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [os.path.join(save_dir, "checkpoint_last.pt")], arg_overrides={"data": data_dir})
+    return script, models, cfg, task
+
+
+def collapse_measures(data_dir: str, save_dir: str) -> dict:
+    """encoder_collapse.measure on the last checkpoint, and the attention / residual ratios of a
+    fresh model of the same config and seed (``init_ratio``: the largest over the layers)."""
+    from fairseq import utils
+
+    script, models, cfg, task = load_last_checkpoint(data_dir, save_dir)
     batches = script.validation_batches(task)
     pad = task.target_dictionary.pad()
     result = script.measure(models[0], *batches, pad)
@@ -104,3 +113,30 @@ def test_small_translation_model_defaults_and_the_published_preset(word_by_word_
     w = train_small(word_by_word_data, str(tmp_path / "published_init_0.06"), "fourierformer_iwslt_de_en",
                     ["--fourier-published", "--fourier-proj-init-std", "0.06"])
     assert w["nll"] < 1.5 and w["nll_swapped"] - w["nll"] > 1.5 and w["enc_cos"] < 0.5, w
+
+
+def source_measures(data_dir: str, save_dir: str) -> dict:
+    """The validation nll with each sentence's own source and with the next sentence's, and the
+    encoder's position cosine (encoder_collapse's measures that need no attention weights: a
+    global filter forms none)."""
+    import torch
+
+    script, models, _, task = load_last_checkpoint(data_dir, save_dir)
+    model = models[0].eval()
+    samples, batch, swapped = script.validation_batches(task)
+    pad = task.target_dictionary.pad()
+    with torch.no_grad():
+        return {"nll": script.nll(model, batch, pad).item(), "nll_swapped": script.nll(model, swapped, pad).item(),
+                "enc_cos": script.position_cosine(model, samples)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gfnet_iwslt_de_en", "performer_iwslt_de_en"])
+def test_small_gfnet_and_performer_translation_models_learn_from_their_source(word_by_word_data, tmp_path, arch):
+    """The other token mixers at the same small size, recipe and epochs learn the task as the
+    defaults do, by the same criteria. Measured (2026-11-27, 2-core CPU, seed 1, this test):
+    GFNet nll 0.24, swapped 5.06, encoder cosine -0.04 (15 s of training); Performer nll 0.78,
+    swapped 4.36, cosine 0.07 (26 s)."""
+    train_translation_model(word_by_word_data, str(tmp_path / arch), arch, RECIPE, max_epoch=EPOCHS, dims=SMALL_MODEL)
+    m = source_measures(word_by_word_data, str(tmp_path / arch))
+    assert m["nll"] < 1.5 and m["nll_swapped"] - m["nll"] > 1.5 and m["enc_cos"] < 0.5, (arch, m)

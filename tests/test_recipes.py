@@ -420,13 +420,20 @@ LEARN_LM = ["--lr", "0.003", "--", "--max-update", "300"]
 
 
 @pytest.fixture(scope="module")
-def wiki_runs(recipe_base):
-    """prepare -> train both twins -> evaluate: the WikiText recipe's pipeline, run once for
-    the tests below, in the run names examples/reproduce.sh gives the small models."""
+def wiki_data(recipe_base):
+    """The WikiText recipe's prepare step on write_fake_wiki's corpus (--small)."""
     raw = recipe_base / "wiki-raw"
     write_fake_wiki(str(raw))
     data = recipe_base / "data-bin" / "wikitext-103"
     prepared = run(["bash", os.path.join(WIKI, "prepare.sh"), "--raw", str(raw), "--out", str(data), "--small"])
+    return {"raw": raw, "data": data, "prepare": prepared}
+
+
+@pytest.fixture(scope="module")
+def wiki_runs(recipe_base, wiki_data):
+    """prepare -> train both twins -> evaluate: the WikiText recipe's pipeline, run once for
+    the tests below, in the run names examples/reproduce.sh gives the small models."""
+    raw, data, prepared = wiki_data["raw"], wiki_data["data"], wiki_data["prepare"]
     out = {"raw": raw, "data": data, "prepare": prepared, "runs": recipe_base / "runs" / "wikitext103", "steps": {}}
     if prepared.returncode != 0:
         return out
@@ -622,27 +629,63 @@ def test_full_size_compare_rejects_bad_settings_before_training(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def markdown_table(text: str, title: str) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of the first markdown table after the line starting with ``title``."""
+    rest = text[text.index(title):].splitlines()[1:]
+    start = next(i for i, l in enumerate(rest) if l.startswith("| "))
+    table = []
+    for l in rest[start:]:
+        if not l.startswith("|"):
+            break
+        table.append([c.strip() for c in l.strip().strip("|").split("|")])
+    return table[0], table[2:]
+
+
 @pytest.mark.slow
-def test_full_size_compare_end_to_end_on_the_cpu(wiki_runs, tmp_path):
+def test_full_size_compare_end_to_end_on_the_cpu(wiki_data, tmp_path):
     """compare.sh with tiny language models on the CPU: two configurations side by side, the
-    common update, the attention of both checkpoints there, and the summary table."""
-    assert wiki_runs["prepare"].returncode == 0, wiki_runs["prepare"].stderr[-2000:]
+    common update (the largest checkpoint both runs saved), the attention of both checkpoints
+    there, and the summary table: one row per configuration, in order, whose updates and valid
+    perplexities are those of that run's own json log (read here with fairseq_log_records), and
+    whose entropy and past-zero cells are those of the run's entropy file at the common update."""
+    import math
+
+    from fourierformer_fairseq.fairseq_runs import fairseq_log_records
+
+    assert wiki_data["prepare"].returncode == 0, wiki_data["prepare"].stderr[-2000:]
     runs = tmp_path / "runs"
-    env = {**os.environ, "TASKS": "lm", "CONFIGS": "softmax published", "DATA_LM": str(wiki_runs["data"]),
+    configs = ["softmax", "published"]
+    env = {**os.environ, "TASKS": "lm", "CONFIGS": " ".join(configs), "DATA_LM": str(wiki_data["data"]),
            "RUNS": str(runs), "MINUTES": "0.1", "EVERY_LM": "4", "DEVICE_ARGS": "--cpu", "SENTENCES": "2",
            "SIZE_LM": "--decoder-layers 1 --decoder-embed-dim 16 --decoder-ffn-embed-dim 32 "
                       "--decoder-attention-heads 2 --tokens-per-sample 32 --max-update 12"}
     r = run(["bash", os.path.join(FULL, "compare.sh")], env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     common = int((runs / "lm_common_update").read_text())
-    assert common in (4, 8, 12)
-    for config in ("softmax", "published"):
-        log = (runs / f"lm_{config}" / "train.log").read_text()
-        assert '"valid_num_updates": "4"' in log
-        entropy = json.loads((runs / f"lm_{config}" / f"entropy_{common}.json").read_text())
-        assert entropy["points"][0]["num_updates"] == common
+    saved = [{int(p.stem.split("_")[-1]) for p in (runs / f"lm_{c}" / "ckpt").glob("checkpoint_*_*.pt")} for c in configs]
+    assert common in (4, 8, 12) and common == max(set.intersection(*saved)), (common, saved)
+
+    header, rows = markdown_table(r.stdout, f"## lm: valid perplexity; evaluated at update {common}")
+    assert [row[0] for row in rows] == configs, rows
+    assert f"@{common}" in header, header
+    for config, row in zip(configs, rows):
+        cells = dict(zip(header, row))
+        with open(runs / f"lm_{config}" / "train.log", errors="replace") as fh:
+            records = list(fairseq_log_records(fh.read().splitlines()))
+        valid = {int(rec["valid_num_updates"]): float(rec["valid_ppl"]) for tag, rec in records if tag == "valid"}
+        reached = max([int(rec["num_updates"]) for tag, rec in records if tag == "train_inner"] + list(valid))
+        assert common in valid and all(math.isfinite(v) for v in valid.values()), (config, valid)
+        assert cells["updates"] == str(reached), (config, cells, reached)
+        for column in (h for h in header if h.startswith("@")):
+            assert cells[column] == f"{valid[int(column[1:])]:.1f}", (config, column, cells, valid)
+        points = json.loads((runs / f"lm_{config}" / f"entropy_{common}.json").read_text())["points"]
+        assert points[-1]["num_updates"] == common
+        entropy = points[-1]["entropy"]
+        sites = sorted(k for k in entropy if "/" not in k)
+        assert sites and cells["entropy"] == " / ".join(f"{s} {entropy[s]:.2f}" for s in sites), (config, cells, entropy)
+        past_zero = sorted(k for k in entropy if k.startswith("past_zero/"))
+        assert cells["past zero"] == (" / ".join(f"{100 * entropy[k]:.2g} %" for k in past_zero) or "-"), (config, cells)
     assert "past_zero/dec" in json.loads((runs / "lm_published" / f"entropy_{common}.json").read_text())["points"][0]["entropy"]
-    assert "## lm: valid perplexity" in r.stdout and "| published |" in r.stdout
 
 
 def test_recipe_table_changes_options_in_place_appends_new_ones_and_refuses_unknown_drops():
