@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle import additive_mask as oracle_additive_mask  # noqa: E402
 from oracle import (  # noqa: E402
+    PLAIN_FACTOR,
     oracle_attention,
     oracle_gradient_scales,
     oracle_gradients,
@@ -138,10 +139,18 @@ def test_cpu_gradients_float32_match_float64_reference(N, M, D, radius_kind, mas
     out_s, grads_s = run_with_grads(lambda *t: fourier_attention_reference(*t, **kwargs), tensors)
     out_x, grads_x = run_with_grads(lambda *t: fourier_attention_reference(*t, **kwargs), to64(tensors))
     check_2x(out, out_s, out_x, "out", atol=2e-6)
-    for name, g, gs, gx in zip("qkvr", grads, grads_s, grads_x):
+    for name, g, gs, gx in zip("qkv", grads, grads_s, grads_x):
         assert g.shape == gx.shape and g.dtype == torch.float32
         scale = max(1.0, gx.abs().max().item())
         check_2x(g, gs, gx, f"grad {name}", atol=2e-5 * scale)
+    # the scalar radius's gradient is one sum over all B H N M D terms of both signs (0.35 out of
+    # terms of order 1 at 7 x 97 x 59): its float32 error depends on the summation order, which
+    # differs between the kernel variants and the plain implementation (measured 2026-11-27: the
+    # avx2 variant 2.0e-4, avx512 8.7e-5, generic 7.6e-5, plain 8.2e-5), so it gets the oracle's
+    # factor for reductions (PLAIN_FACTOR, as in the fuzz) rather than 2
+    g, gs, gx = grads[3], grads_s[3], grads_x[3]
+    err, base = max_err(g, gx), max_err(gs, gx)
+    assert err <= PLAIN_FACTOR * base + 2e-5 * max(1.0, gx.abs().max().item()), (err, base)
 
 
 @needs_cpu_kernel
