@@ -30,7 +30,6 @@ def entropies(model, samples):
     from fourierformer_fairseq.ops.inputs import expand_radius
 
     sums, counts = {}, {}
-    originals = {}
 
     def add(key, total, n):
         sums[key] = sums.get(key, 0.0) + total
@@ -62,12 +61,23 @@ def entropies(model, samples):
                 add(f"past_zero/{site}", past.double().sum().item(), past.numel())
             return attn, None
 
-        originals[name] = forward
-        module.forward = capturing
+        return capturing
 
+    forwards = {name: wrap(name, module) for name, module in model.named_modules()
+                # (a kind that forms no weights, the global filter, has no entropy)
+                if isinstance(module, MultiheadAttention) and getattr(module, "supports_need_weights", True)}
+    run_with_forwards(model, samples, forwards)
+    return {key: sums[key] / counts[key] for key in sorted(sums)}
+
+
+def run_with_forwards(model, samples, forwards):
+    """Runs the model on each sample without gradients, the modules named in ``forwards`` calling
+    ``forwards[name]`` in place of their forward; their own forwards are put back after."""
+    originals = {}
     for name, module in model.named_modules():
-        if isinstance(module, MultiheadAttention) and getattr(module, "supports_need_weights", True):
-            wrap(name, module)  # (a kind that forms no weights, the global filter, has no entropy)
+        if name in forwards:
+            originals[name] = module.forward
+            module.forward = forwards[name]
     try:
         with torch.no_grad():
             for sample in samples:
@@ -76,7 +86,6 @@ def entropies(model, samples):
         for name, module in model.named_modules():
             if name in originals:
                 module.forward = originals[name]
-    return {key: sums[key] / counts[key] for key in sorted(sums)}
 
 
 def main(argv=None):

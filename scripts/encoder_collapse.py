@@ -61,7 +61,7 @@ def attention_stats(model, samples) -> dict:
     from fairseq.modules.multihead_attention import MultiheadAttention
 
     sums = {}
-    originals = {}
+    forwards = {}
 
     def add(key, value):
         s = sums.setdefault(key, [0.0, 0])
@@ -71,7 +71,6 @@ def attention_stats(model, samples) -> dict:
     for name, module in model.named_modules():
         if not isinstance(module, MultiheadAttention):
             continue
-        originals[name] = module.forward
 
         def capturing(*args, _forward=module.forward, _layer=layer_name(name), _module=module, **kwargs):
             kwargs["need_weights"] = True
@@ -90,16 +89,20 @@ def attention_stats(model, samples) -> dict:
             add("qrms/" + _layer, _module.q_proj(query).double().pow(2).mean().sqrt().item())
             return out, weights
 
-        module.forward = capturing
-    try:
-        with torch.no_grad():
-            for sample in samples:
-                model(**sample["net_input"])
-    finally:
-        for name, module in model.named_modules():
-            if name in originals:
-                module.forward = originals[name]
+        forwards[name] = capturing
+    _attention_entropy().run_with_forwards(model, samples, forwards)
     return {key: total / n for key, (total, n) in sums.items()}
+
+
+def _attention_entropy():
+    """scripts/attention_entropy.py, beside this script, as a module."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_entropy.py")
+    spec = importlib.util.spec_from_file_location("attention_entropy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def position_cosine(model, samples) -> float:
