@@ -326,7 +326,7 @@ LOOP_SPECS = [
     # rare_scores_log2: the rare path (COLD_REGIONS: weighs 0 in the plain case)
     dict(file="forward_tiled.cuh", text=r"for \(int pair = 0; pair < rows \* kMicro; \+\+pair\)",
          name="rare pairs (not run)", step="1", trips="kMicro * kMicro / split"),
-    # backward_dq_tiled_kernel
+    # the backward (backward_tiled.cuh): pre-pass, main pass and dq finish
     dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < kBwdMaxFeatures; d \+= kFwdThreads\)",
          name="dradius zeroing", step="kFwdThreads", trips="kBwdMaxFeatures / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < Dv \* kFwdRows; idx \+= kFwdThreads\)",
@@ -337,12 +337,6 @@ LOOP_SPECS = [
          name="V staging", step="kFwdThreads", trips="Dv * kFwdKeys / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int c = 0; c < Dv; \+\+c\)",
          name="dP = dO V^T", step="1", trips="Dv", elems="kMicro * kMicro", unit="qkc"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < dc \* kFwdKeys; idx \+= kFwdThreads\)",
-         name="g-pass key staging", step="kFwdThreads", trips="chunk_dc * kFwdKeys / kFwdThreads",
-         chunks="ceil(Dp / kChunk)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int jj = 0; jj < nk; \+\+jj\)",
-         name="g pass (dq)", step="1", trips="kFwdKeys", elems="4", unit="qkd", chunks="ceil(Dp / kChunk)"),
-    # backward_dkv_tiled_kernel
     dict(file="backward_tiled.cuh", text=r"for \(int i0 = i_begin; i0 < N; i0 \+= kFwdRows\)",
          name="query tiles", step="kFwdRows", trips="ceil(N / kFwdRows)"),
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdRows \* Dv; idx \+= kFwdThreads\)",
@@ -351,15 +345,11 @@ LOOP_SPECS = [
          text=r"for \(int idx = tid; idx < kFwdRows \* \(ostride - Dv\); idx \+= kFwdThreads\)",
          name="dO padding", step="kFwdThreads", trips="kFwdRows * (ostride - Dv) / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int ii = 0; ii < nq; \+\+ii\) \{$",
-         name="<dv or g pass>", step="1", trips="kFwdRows"),  # resolved by DKV_II_LOOPS below
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < dc \* kFwdRows; idx \+= kFwdThreads\)",
-         name="g-pass query staging", step="kFwdThreads", trips="chunk_dc * kFwdRows / kFwdThreads",
-         chunks="ceil(Dp / kChunk)"),
+         name="dv = P^T dO", step="1", trips="kFwdRows", elems="dkv_cols", unit="qkc"),
     dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < D; d \+= kFwdThreads\)",
          name="dradius sums", step="kFwdThreads", trips="D / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < 4 \* kFwdRows; idx \+= kFwdThreads\)",
          name="row sums zeroing", step="kFwdThreads", trips="4 * kFwdRows / kFwdThreads"),
-    # backward_main_tiled_kernel / backward_dq_finish_kernel (the restructured backward)
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* Dp; idx \+= kFwdThreads\)",
          name="dk sums zeroing", step="kFwdThreads", trips="kFwdKeys * Dp / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int d0 = 0; d0 < Dp; d0 \+= kChunk\)",
@@ -381,13 +371,6 @@ LOOP_SPECS = [
     dict(file="tables.cuh", text=r"for \(int d = slot; d < Dp; d \+= kTableSlots\)", name="features",
          step="kTableSlots", trips="Dp / kTableSlots", elems="1", unit="rd"),
 ]
-# The dk/dv kernel has two `for (int ii = 0; ii < nq; ++ii)` loops, told apart by their line:
-# the first is dv += P^T dO, the ones after it the g pass.
-DKV_II_LOOPS = [
-    dict(name="dv = P^T dO", elems="dkv_cols", unit="qkc"),
-    dict(name="g pass (dk)", elems="4", unit="qkd", chunks="ceil(Dp / kChunk)"),
-]
-
 # Source regions that the plain case does not run (weight 0 in the whole-kernel count), and the
 # two branches of the table kernel (a thread takes one: N / (N + M) of them the query branch).
 # file, first line (regex), last line (regex, searched from the first; None: the first line only).
@@ -786,15 +769,10 @@ def analyse(inst, fn, names, sources):
     """Everything the report prints about one kernel instance."""
     loops = find_loops(fn)
     # specs, unroll factors
-    dkv_ii_seen = 0
     for lp in loops:
         spec, text = match_spec(lp, sources)
         lp.source = f"{lp.chain[0][0]}:{lp.chain[0][1]}" if lp.chain else "?"
         lp.text = text
-        if spec and spec["name"] == "<dv or g pass>":
-            extra = DKV_II_LOOPS[0] if dkv_ii_seen == 0 else DKV_II_LOOPS[1]
-            spec.update(extra)
-            dkv_ii_seen += 1
         lp.spec = spec
         step = evaluate(spec["step"], names) if spec else None
         lp.unroll, lp.unroll_how = unroll_factor(lp, step)
