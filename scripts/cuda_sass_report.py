@@ -299,7 +299,8 @@ def check_launcher():
 # chunks: the loop is repeated once per feature chunk by an unrolled enclosing loop, and copy k
 # (in address order) runs iff k < chunks.
 # Names usable in the formulas: N, M, D, Dv, the SIZES, the CONSTANTS, the template parameters,
-# chunk_dc (features of a chunk, on average), fwd_cols / dkv_cols (value columns per thread),
+# chunk_dc (features of a chunk, on average), fwd_cols (value columns per thread of the forward),
+# dv_column_groups / dv_phases / dv_groups (the main pass's DvTile<kO>),
 # split (the forward's halves per block: forward_threads(Dv) / kFwdThreads; 1 in the other kernels).
 LOOP_SPECS = [
     # tile_scores_impl (forward_tiled.cuh), in the forward and in the backward's kernels: the chunk
@@ -344,8 +345,12 @@ LOOP_SPECS = [
     dict(file="backward_tiled.cuh",
          text=r"for \(int idx = tid; idx < kFwdRows \* \(ostride - Dv\); idx \+= kFwdThreads\)",
          name="dO padding", step="kFwdThreads", trips="kFwdRows * (ostride - Dv) / kFwdThreads"),
-    dict(file="backward_tiled.cuh", text=r"for \(int ii = 0; ii < nq; \+\+ii\) \{$",
-         name="dv = P^T dO", step="1", trips="kFwdRows", elems="dkv_cols", unit="qkc"),
+    dict(file="backward_tiled.cuh", text=r"for \(int ii = dv_qs; ii < nq; ii \+= T::kPhases\)",
+         name="dv = P^T dO", step="dv_phases", trips="kFwdRows / dv_phases", elems="16 * dv_groups", unit="qkc"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* kW; idx \+= kFwdThreads\)",
+         name="dv phase sums", step="kFwdThreads", trips="kFwdKeys * 4 * dv_column_groups / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nk \* Dv; idx \+= kFwdThreads\)",
+         name="dv zeroing / store", step="kFwdThreads", trips="kFwdKeys * Dv / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < D; d \+= kFwdThreads\)",
          name="dradius sums", step="kFwdThreads", trips="D / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < 4 \* kFwdRows; idx \+= kFwdThreads\)",
@@ -592,7 +597,8 @@ def find_loops(fn):
     return sorted(loops, key=lambda lp: lp.head)
 
 
-REG_INC = re.compile(r"^(?:IADD3|VIADD|IMAD\.IADD|IADD)\s+(R\d+),\s*(R\d+),\s*(-?0x[0-9a-f]+|-?\d+)")
+# (uniform registers too: a trip counter the compiler keeps in UR, stepped by UIADD3)
+REG_INC = re.compile(r"^(?:U?IADD3|VIADD|IMAD\.IADD|IADD)\s+(U?R\d+),\s*(U?R\d+),\s*(-?0x[0-9a-f]+|-?\d+)")
 
 
 def unroll_factor(lp, source_step):
@@ -612,7 +618,7 @@ def unroll_factor(lp, source_step):
             break
     if setp is None:
         return 1, "no exit test found"
-    ops = re.findall(r"\b(R\d+)\b", setp.text)
+    ops = re.findall(r"\b(U?R\d+)\b", setp.text)
     versus_zero = ", RZ," in setp.text or setp.text.rstrip().endswith("RZ, PT")
     for reg in ops:
         for ins in lp.insts:
@@ -998,13 +1004,15 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                 Dp = sizes["Dp"]
                 # the forward's P V: kO / split columns per thread in passes of at most 16; Dvs / (4 split)
                 # of them (on average over the row's threads) are real columns
+                kO = inst.params.get("kO", 0)
                 fwd_passes = max(1, inst.params.get("kO", 0) // split // 16)
                 fwd_passes = min(fwd_passes, math.ceil(sizes["Dvs"] / (64 * split)))
                 names.update(N=n, M=n, D=hd, Dv=hd, split=split, fwd_passes=fwd_passes,
                              chunk_dc=Dp / math.ceil(Dp / c["kChunk"]),
                              fwd_cols=min(inst.params.get("kO", 0) // split, sizes["Dvs"] / (4 * split)) / fwd_passes,
-                             dkv_cols=(inst.params.get("kO", 0) if inst.params.get("kO", 0) < 4 else
-                                       4 * sum(1 for t in range(inst.params.get("kO", 0) // 4) if 16 * t < hd)))
+                             # the main pass's dv tiles (DvTile in backward_tiled.cuh)
+                             dv_column_groups=min(kO, 16), dv_phases=16 // min(kO, 16) if kO else 1,
+                             dv_groups=kO // min(kO, 16) if kO else 1)
                 per_thread, loop_rows, top, outside = analyse(inst, fn, names, sources)
                 scale = whole_per_element(inst, 1.0, names, c)
                 row["shapes"][str(n)] = dict(per_thread=round(per_thread), per_element=round(per_thread * scale, 2),

@@ -76,12 +76,19 @@ FF_DEV float dlog_sinc_g(float q, float t, float t_low, float k, float X, float 
   return dlog_sinc_tables(q, t, t_low, k, X, Y, Y_low, x_per_u, u);
 }
 
-// Value column of a thread's dv accumulator k in the main pass (4 threads per key, `part`):
-// 16 (k / 4) + 4 part + k % 4 with kO >= 4, part kO + k below.
+// The main pass's dv = P^T dO for value columns up to 4 kO (kO = 1, 2, 4, 8, 16, 32 for Dv up to
+// 4, 8, 16, 32, 64, 128): thread tid takes keys 4 kg + (0..3) (kg = tid % 16) and, in register
+// tiles of 4 keys x 4 columns (per query: a float4 of P f, a float4 of dO, 16 FMAs), the column
+// groups cg0 + 16 n (n < kGroups) of every kPhases-th query of the tile, from query qs, where
+// tid / 16 = cg0 + kColumnGroups qs. With kPhases > 1 (Dv <= 32) the phases' partial sums are
+// added through shared memory.
 template <int kO>
-FF_DEV int dv_column(int part, int k) {
-  return kO >= 4 ? 16 * (k >> 2) + 4 * part + (k & 3) : part * kO + k;
-}
+struct DvTile {
+  static constexpr int kColumnGroups = kO < 16 ? kO : 16;  // column groups per group of threads
+  static constexpr int kPhases = 16 / kColumnGroups;       // query phases
+  static constexpr int kGroups = kO / kColumnGroups;       // column groups per thread
+  static_assert(kColumnGroups * kPhases == 16 && kGroups * kColumnGroups == kO, "16 slots of 16 threads");
+};
 
 // Shared memory of the tiled backward kernels, in floats.
 FF_HD int64_t tiled_delta_region_floats(int Dv) {
@@ -115,15 +122,20 @@ FF_HD int64_t tiled_main_smem_floats(int Dp, int Dv) {
   return tiled_main_region_floats(Dv) + tiled_main_union_floats(Dv) + (int64_t)kFwdKeys * Dp + 3 * kFwdRows + kChunk;
 }
 
-// lse as two floats, +inf as (+inf, 0) (P = exp((S - high) - low) is then 0).
-FF_DEV void split_lse_or_inf(double L, float& high, float& low) {
+// lse log2(e) as two floats, +inf as (+inf, 0): P = 2^((S log2(e) - high) - low) is then 0.
+FF_DEV void split_lse_log2_or_inf(double L, float& high, float& low) {
   if (L < (double)INFINITY) {
-    split_lse(L, high, low);
+    split_lse(L * 1.44269504088896340736, high, low);
   } else {
     high = ff_inf<float>();
     low = 0.0f;
   }
 }
+
+// P = 2^((S2 - high) - low) for a score S2 in log2 units (tile_scores_log2) and the row's lse in
+// log2 units (split_lse_log2_or_inf): 0 for a masked key (S2 = -inf) and for a row past N or
+// without visible keys (high = +inf), without a branch.
+FF_DEV float softmax_weight(float S2, float high, float low) { return ff_exp2_approx((S2 - high) - low); }
 
 // ---------------------------------------------------------------------------------------
 // Pre-pass: Delta / c and lse + log c per query row (see the comment above backward_dq_kernel
@@ -157,7 +169,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
   }
   if (tid < kFwdRows) {
     const int i = i0 + tid;
-    split_lse_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
+    split_lse_log2_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
   }
   for (int idx = tid; idx < 4 * kFwdRows; idx += kFwdThreads) row_sums[idx] = 0.0f;
 
@@ -165,7 +177,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
   const int block_end = visible_end(p, last_row);
   for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
-    tile_scores(p, bh, i0, j0, tx, ty, region, S);
+    tile_scores_log2(p, bh, i0, j0, tx, ty, region, S);
     __syncthreads();  // the score chunks are consumed
     for (int idx = tid; idx < Dv * kFwdKeys; idx += kFwdThreads) {
       const int c = idx >> kFwdKeysLog2, r = idx & (kFwdKeys - 1);
@@ -189,18 +201,26 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
         for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = fmaf(ov[ii], vv[jj], dP[ii][jj]);
     }
 #pragma unroll
+    for (int ii = 0; ii < kMicro; ++ii) {
+      const int r = ty * kMicro + ii;
+      const float lh = Lh[r], ll = Ll[r];
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = softmax_weight(S[ii][jj], lh, ll);  // P
+    }
+    if (p.dropout_p > 0.0f) {  // (block-uniform) dP times the keep factor
+#pragma unroll
+      for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj)
+          if (S[ii][jj] != 0.0f)
+            dP[ii][jj] *= dropout_factor(p, (uint32_t)bh, i0 + ty * kMicro + ii, j0 + tx * kMicro + jj);
+    }
+#pragma unroll
     for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
-        const int i = i0 + ty * kMicro + ii, j = j0 + tx * kMicro + jj;
-        const float s = S[ii][jj];
-        const int r = ty * kMicro + ii;
-        const float P = s == -ff_inf<float>() ? 0.0f : ff_exp((s - Lh[r]) - Ll[r]);
-        if (P != 0.0f) {
-          const float f = p.dropout_p > 0.0f ? dropout_factor(p, (uint32_t)bh, i, j) : 1.0f;
-          delta_part[ii] += P * f * dP[ii][jj];
-          psum_part[ii] += P;
-        }
+        delta_part[ii] = fmaf(S[ii][jj], dP[ii][jj], delta_part[ii]);
+        psum_part[ii] += S[ii][jj];
       }
     // the tile's Delta_i and c_i shares: over the 8 lanes of a warp row (lane & 7), then into the
     // warp column's slot (one lane owns it; registers stay free while the scores are computed)
@@ -270,7 +290,6 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   const int warp = tid >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);
-  const int gk = tid >> 2, part = tid & 3;              // dv: key gk
   const int rc = tid & (kFwdKeys - 1), re = tid >> 6;  // reductions: row / key rc, feature re of a group
 
   const float* trows = p.trows + bh * kRowFields * Dp * N;
@@ -281,21 +300,19 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   const scalar_t* dout = p.dout + bh * N * Dv;
 
   for (int idx = tid; idx < kFwdKeys * Dp; idx += kFwdThreads) dks[idx] = 0.0f;
-  // dv of key gk: summed per query tile in registers, across tiles in p.dv_acc (float32), which
-  // keeps the registers free while the scores are computed
+  // dv of the block's keys: summed per query tile in registers, across tiles in p.dv_acc (float32),
+  // which keeps the registers free while the scores are computed
   const int nk = ff_min(kFwdKeys, M - j0);
-  float* dv_sum = p.dv_acc + (bh * M + j0 + gk) * Dv;
-  if (gk < nk) {
-#pragma unroll
-    for (int k = 0; k < kO; ++k)
-      if (dv_column<kO>(part, k) < Dv) dv_sum[dv_column<kO>(part, k)] = 0.0f;
-  }
+  float* dv_block = p.dv_acc + (bh * M + j0) * Dv;  // (nk, Dv)
+  for (int idx = tid; idx < nk * Dv; idx += kFwdThreads) dv_block[idx] = 0.0f;
+  const int dv_kg = tid & 15, dv_slot = tid >> 4;  // see DvTile
+  const int dv_cg0 = dv_slot % DvTile<kO>::kColumnGroups, dv_qs = dv_slot / DvTile<kO>::kColumnGroups;
   // Query i sees key j iff j <= i + (M - N): the block's first key bounds the first query.
   const int i_begin = p.causal ? ff_max(0, j0 - (M - N)) : 0;
 
   for (int i0 = i_begin; i0 < N; i0 += kFwdRows) {
     float S[kMicro][kMicro];
-    tile_scores(p, bh, i0, j0, tx, ty, region, S);
+    tile_scores_log2(p, bh, i0, j0, tx, ty, region, S);
     __syncthreads();  // the score chunks and the previous tile's partials are consumed
     for (int idx = tid; idx < kFwdRows * Dv; idx += kFwdThreads) {
       const int r = idx / Dv, c = idx - r * Dv;
@@ -313,7 +330,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     }
     if (tid < kFwdRows) {
       const int i = i0 + tid;
-      split_lse_or_inf(i < N ? p.lse_bwd[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
+      split_lse_log2_or_inf(i < N ? p.lse_bwd[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
       Dl[tid] = i < N ? p.delta[bh * N + i] : 0.0f;
     }
     __syncthreads();
@@ -332,60 +349,97 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
         for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = fmaf(o, vv[jj], dP[ii][jj]);
       }
     }
-    // C = p dS' = p P (f dP - Delta / c), kept in registers for the g pass; P f for dv.
-    float C[kMicro][kMicro], Wr[kMicro][kMicro];
+    // C = dS' = P (f dP - Delta / c), kept in registers for the g pass (the power multiplies dq,
+    // dk and dradius at the end); P f for dv, in S.
+    float C[kMicro][kMicro];
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii)
+    for (int ii = 0; ii < kMicro; ++ii) {
+      const int r = ty * kMicro + ii;
+      const float lh = Lh[r], ll = Ll[r], dl = Dl[r];
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
-        const int r = ty * kMicro + ii, i = i0 + r, j = j0 + tx * kMicro + jj;
-        const float s = S[ii][jj];
-        const float P = s == -ff_inf<float>() ? 0.0f : ff_exp((s - Lh[r]) - Ll[r]);
-        float w = 0.0f, coef = 0.0f;
-        if (P != 0.0f) {
-          const float f = p.dropout_p > 0.0f ? dropout_factor(p, (uint32_t)bh, i, j) : 1.0f;
-          w = P * f;
-          coef = p.power * P * (dP[ii][jj] * f - Dl[r]);
-        }
-        Wr[ii][jj] = w;
-        C[ii][jj] = coef;
+        const float P = softmax_weight(S[ii][jj], lh, ll);
+        S[ii][jj] = P;
+        C[ii][jj] = P * (dP[ii][jj] - dl);
       }
+    }
+    if (p.dropout_p > 0.0f) {  // (block-uniform) the keep factor f
+#pragma unroll
+      for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj) {
+          const int r = ty * kMicro + ii;
+          if (S[ii][jj] != 0.0f) {
+            const float f = dropout_factor(p, (uint32_t)bh, i0 + r, j0 + tx * kMicro + jj);
+            C[ii][jj] = S[ii][jj] * (dP[ii][jj] * f - Dl[r]);
+            S[ii][jj] *= f;
+          }
+        }
+    }
     __syncthreads();  // V^T is consumed (W takes its place)
 #pragma unroll
     for (int ii = 0; ii < kMicro; ++ii)
       *reinterpret_cast<float4*>(W + (ty * kMicro + ii) * kFwdKeys + tx * kMicro) =
-          make_float4(Wr[ii][0], Wr[ii][1], Wr[ii][2], Wr[ii][3]);
+          make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
     __syncthreads();
-    // dv: key gk, columns 16 t + 4 part + (0..3) (kO >= 4) or part * kO + e
+    // dv = P^T dO (see dv_tile): keys 4 kg + (0..3) times value columns 4 (cg0 + 16 n) + (0..3),
+    // over the queries qs + kPhases m of the tile
     const int nq = ff_min(kFwdRows, N - i0);
-    float dv_acc[kO];
+    {
+      using T = DvTile<kO>;
+      float acc[T::kGroups][4][4];
 #pragma unroll
-    for (int t = 0; t < kO; ++t) dv_acc[t] = 0.0f;
-    for (int ii = 0; ii < nq; ++ii) {
-      const float w = W[ii * kFwdKeys + gk];
-      if (w == 0.0f) continue;
-      if constexpr (kO >= 4) {
-        const float* orow = Ot + ii * ostride + part * 4;
+      for (int n = 0; n < T::kGroups; ++n)
 #pragma unroll
-        for (int t = 0; t < kO / 4; ++t) {
-          if (16 * t < Dv) {
-            const float4 o4 = load4(orow + 16 * t);
-            dv_acc[4 * t + 0] = fmaf(w, o4.x, dv_acc[4 * t + 0]);
-            dv_acc[4 * t + 1] = fmaf(w, o4.y, dv_acc[4 * t + 1]);
-            dv_acc[4 * t + 2] = fmaf(w, o4.z, dv_acc[4 * t + 2]);
-            dv_acc[4 * t + 3] = fmaf(w, o4.w, dv_acc[4 * t + 3]);
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[n][e][c] = 0.0f;
+      const float* wcol = W + 4 * dv_kg;
+      const float* ocol = Ot + 4 * dv_cg0;
+      for (int ii = dv_qs; ii < nq; ii += T::kPhases) {
+        const float4 w4 = load4(wcol + ii * kFwdKeys);
+        const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+        for (int n = 0; n < T::kGroups; ++n) {
+          const float4 o4 = load4(ocol + ii * ostride + 64 * n);  // (padding columns: 0)
+          const float o[4] = {o4.x, o4.y, o4.z, o4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[n][e][c] = fmaf(w[e], o[c], acc[n][e][c]);
+        }
+      }
+      if (T::kPhases == 1) {  // the thread's keys and columns are its own: into p.dv_acc
+#pragma unroll
+        for (int n = 0; n < T::kGroups; ++n) {
+          const int c0 = 4 * (dv_cg0 + 16 * n);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = 4 * dv_kg + e;
+            if (key < nk) {
+#pragma unroll
+              for (int c = 0; c < 4; ++c)
+                if (c0 + c < Dv) dv_block[key * Dv + c0 + c] += acc[n][e][c];
+            }
           }
         }
-      } else {
-        const float* orow = Ot + ii * ostride + part * kO;
+      } else {  // the kPhases partial sums through shared memory (Ot and W are consumed)
+        constexpr int kW = 4 * T::kColumnGroups;  // columns of the partial tile
+        float* red = region;                        // (kPhases, kFwdKeys, kW)
+        __syncthreads();
 #pragma unroll
-        for (int e = 0; e < kO; ++e) dv_acc[e] = fmaf(w, orow[e], dv_acc[e]);
+        for (int e = 0; e < 4; ++e)
+          *reinterpret_cast<float4*>(red + (dv_qs * kFwdKeys + 4 * dv_kg + e) * kW + 4 * dv_cg0) =
+              make_float4(acc[0][e][0], acc[0][e][1], acc[0][e][2], acc[0][e][3]);
+        __syncthreads();
+        for (int idx = tid; idx < kFwdKeys * kW; idx += kFwdThreads) {
+          const int key = idx / kW, c = idx % kW;  // (compile-time divisor)
+          float sum = 0.0f;
+#pragma unroll
+          for (int ph = 0; ph < T::kPhases; ++ph) sum += red[ph * kFwdKeys * kW + idx];
+          if (key < nk && c < Dv) dv_block[key * Dv + c] += sum;
+        }
       }
-    }
-    if (gk < nk) {
-#pragma unroll
-      for (int k = 0; k < kO; ++k)
-        if (dv_column<kO>(part, k) < Dv) dv_sum[dv_column<kO>(part, k)] += dv_acc[k];
     }
     // g pass: the thread's 4 x 4 (query, key) pairs, coefficients C; per group of kGroup features
     // the partial sums over its 4 keys (dq) and 4 queries (dk) go through shared memory.
@@ -455,11 +509,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   }
 
   __syncthreads();  // dks complete (also with no query tile)
-  // dk = -|R| sum_i dS' g; the keys' share of dradius, sign(R) / c sum_j (k c - m) (-sum_i dS' g)
+  // dk = -p |R| sum_i dS' g; the keys' share of dradius, p sign(R) / c sum_j (k c - m) (-sum_i dS' g)
   // with m = q c of the slice's first query (see backward_dq_finish_kernel).
   for (int idx = tid; idx < nk * D; idx += kFwdThreads) {
     const int c = idx / D, d = idx - c * D;
-    p.dk[(bh * M + j0 + c) * D + d] = static_cast<scalar_t>(-fabsf(p.radius[(int64_t)h * D + d]) * dks[d * kFwdKeys + c]);
+    p.dk[(bh * M + j0 + c) * D + d] =
+        static_cast<scalar_t>(-p.power * fabsf(p.radius[(int64_t)h * D + d]) * dks[d * kFwdKeys + c]);
   }
   if (N > 0) {
     for (int d = tid; d < D; d += kFwdThreads) {
@@ -468,17 +523,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
       float sum = 0.0f;
       for (int c = 0; c < nk; ++c) sum = fmaf(kc[c] - m, dks[d * kFwdKeys + c], sum);
       const float R = p.radius[(int64_t)h * D + d];
-      const float dr = x_per_u[d] == 0.0f ? 0.0f : -sum * (x_per_u[d] / R);
+      const float dr = x_per_u[d] == 0.0f ? 0.0f : -p.power * sum * (x_per_u[d] / R);
       if (dr != 0.0f) atomicAdd(p.dradius + (int64_t)h * D + d, dr);
     }
   }
-  if (gk >= nk) return;
-  scalar_t* dv_j = p.dv + (bh * M + j0 + gk) * Dv;
-#pragma unroll
-  for (int k = 0; k < kO; ++k) {
-    const int c = dv_column<kO>(part, k);
-    if (c < Dv) dv_j[c] = static_cast<scalar_t>(dv_sum[c]);
-  }
+  for (int idx = tid; idx < nk * Dv; idx += kFwdThreads)
+    p.dv[(bh * M + j0) * Dv + idx] = static_cast<scalar_t>(dv_block[idx]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -512,14 +562,14 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dq_finish_kernel(const Par
     const int r = idx / D, d = idx - r * D;
     const int i = i0 + r;
     const float a = acc[(int64_t)i * Dp + d];
-    p.dq[(bh * N + i) * D + d] = static_cast<scalar_t>(fabsf(p.radius[(int64_t)h * D + d]) * a);
+    p.dq[(bh * N + i) * D + d] = static_cast<scalar_t>(p.power * fabsf(p.radius[(int64_t)h * D + d]) * a);
     if (a != 0.0f) atomicAdd(dr_sum + d, (qc[(int64_t)d * N + i] - qc[(int64_t)d * N]) * a);
   }
   __syncthreads();
   for (int d = tid; d < D; d += kFwdThreads) {
     const float xu = p.x_per_u[(int64_t)h * Dp + d];
     const float R = p.radius[(int64_t)h * D + d];
-    const float dr = xu == 0.0f ? 0.0f : dr_sum[d] * (xu / R);
+    const float dr = xu == 0.0f ? 0.0f : p.power * dr_sum[d] * (xu / R);
     if (dr != 0.0f) atomicAdd(p.dradius + (int64_t)h * D + d, dr);
   }
 }

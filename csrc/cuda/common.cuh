@@ -141,6 +141,25 @@ FF_DEV float log_near_one(float y) {
   return log_poly_near_one(y - 1.0f) + e * 0.693147180559945f;
 }
 
+// log(a / b) for a, b in [1, 2) (so a / b in (1/2, 2)): 2 atanh(s), s = (a - b) / (a + b) in
+// (-1/3, 1/3) (a - b exact), as s P(s^2) with P a degree-4 fit of 2 atanh(s) / s on s^2 <= 1/9
+// (relative error 4e-9; in float about 6e-8 absolute, as log_near_one), the quotient to about
+// 2 ulp (div.approx, as the a / b that log_near_one would take): 11 instructions, no branch.
+FF_DEV float log_ratio(float a, float b) {
+#if defined(FF_HOST_EMULATION)
+  const float s = (a - b) / (a + b);
+#else
+  float s;
+  asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(s) : "f"(a - b), "f"(a + b));
+#endif
+  const float z = s * s;
+  float q = fmaf(z, 0.2817833423614502f, 0.27960604429244995f);
+  q = fmaf(q, z, 0.40024909377098083f);
+  q = fmaf(q, z, 0.6666631698608398f);
+  q = fmaf(q, z, 2.0f);
+  return s * q;
+}
+
 // Accurate log of a positive normal float (logf would be __logf under --use_fast_math).
 FF_DEV float ff_log_acc(float y) {
   const int e = take_exponent(y);

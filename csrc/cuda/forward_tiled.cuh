@@ -188,7 +188,7 @@ FF_DEV float add_log2(float s, float add) { return fmaf(add, kLog2eHigh, fmaf(ad
 // kSplit 2: a block of 2 kFwdThreads threads, thread tid and tid + kFwdThreads (same tx, ty) each
 // take half of every chunk's features, then swap products: S[ii][jj] (ii < kMicro / 2) is then
 // that of row ty * kMicro + half * kMicro / 2 + ii, half = threadIdx.x / kFwdThreads.
-template <bool kLog2, int kSplit, typename scalar_t>
+template <bool kLog2, int kSplit, bool kRareHere, typename scalar_t>
 FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
                              float* region, float (&S)[kMicro][kMicro], bool& rare) {
   static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
@@ -290,18 +290,19 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   }
 
   // ---- kSplit 2: the halves swap quotients, each keeps kRows of the kMicro rows ----
-  // ratio = |num / den| in (1/2, 2) (kSplit 2: the product of the halves' quotients, brought
-  // back to [1, 2) with its exponent moved to ex: log_near_one's range)
+  // rn / rd = |num / den| in (1/2, 2), rn and rd in [1, 2) (kSplit 2: the product of the halves'
+  // quotients brought back to [1, 2) with its exponent moved to ex, over 1): log_ratio's range
   constexpr int kRows = kMicro / kSplit;
   const int row0 = ty * kMicro + half * kRows;  // the thread's rows: row0 + (0 .. kRows - 1)
-  float rt[kRows][kMicro];
+  float rn[kRows][kMicro], rd[kRows][kMicro];
   int ex[kRows][kMicro];
   if (kSplit == 1) {
 #pragma unroll
     for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
-        rt[ii][jj] = fabsf(ff_divide_approx(num[ii][jj], den[ii][jj]));
+        rn[ii][jj] = fabsf(num[ii][jj]);
+        rd[ii][jj] = fabsf(den[ii][jj]);
         ex[ii][jj] = expo[ii][jj];
       }
   } else {
@@ -333,7 +334,8 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         const int ke = half == 0 ? expo[ii][jj] : expo[kRows + ii][jj];
         float r = fabsf(ff_divide_approx(kn, kd)) * *slot(0, other, q);  // in (1/4, 4)
         const int e = take_exponent(r);                                  // r to [1, 2)
-        rt[ii][jj] = r;
+        rn[ii][jj] = r;
+        rd[ii][jj] = 1.0f;
         ex[ii][jj] = ke + ff_float_bits(*slot(1, other, q)) + e;
       }
     const int other_min = ff_float_bits(region[4 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
@@ -367,21 +369,19 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
     for (int jj = 0; jj < kMicro; ++jj) {
+      // (computed for every pair, then selected: no branch; a key past the end holds the last
+      // key's fields, finite)
       const int j = j0 + tx * kMicro + jj;
-      float s = NEG_INF;
-      if (j < row_end[ii]) {
-        const float ratio = rt[ii][jj];
-        const float e = (float)ex[ii][jj];
-        const float sum =
-            fmaf(e, kLn2High, log_high[ii]) + (fmaf(e, kLn2Low, log_low[ii]) + (log_near_one(ratio) + klog[jj]));
-        s = kLog2 ? fmaf(sum, power_high, sum * power_low) : p.power * sum;
-      }
-      S[ii][jj] = s;
+      const float e = (float)ex[ii][jj];
+      const float sum = fmaf(e, kLn2High, log_high[ii]) +
+                        (fmaf(e, kLn2Low, log_low[ii]) + (log_ratio(rn[ii][jj], rd[ii][jj]) + klog[jj]));
+      const float s = kLog2 ? fmaf(sum, power_high, sum * power_low) : p.power * sum;
+      S[ii][jj] = j < row_end[ii] ? s : NEG_INF;
     }
   // ---- 2. the rare path ----
-  // (kLog2: left to the caller, rare_scores_log2)
-  rare = kLog2 && den_field_min == 0;
-  if (!kLog2 && den_field_min == 0) {
+  // (kRareHere false: left to the caller, rare_scores_log2)
+  rare = !kRareHere && den_field_min == 0;
+  if (kRareHere && den_field_min == 0) {
     const float* trows = p.trows + bh * kRowFields * Dp * N;
     const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
     const float* x_per_u = p.x_per_u + (bh % p.H) * Dp;
@@ -390,7 +390,10 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
         const int i = i0 + row0 + ii, j = j0 + tx * kMicro + jj;
-        if (j < row_end[ii]) S[ii][jj] = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, S[ii][jj]);
+        if (j < row_end[ii]) {
+          const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN);
+          if (s == s) S[ii][jj] = kLog2 ? fmaf(s, kLog2eHigh, s * kLog2eLow) : s;  // (NaN: not a rare pair)
+        }
       }
     }
   }
@@ -418,12 +421,13 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   }
 }
 
-// Scores of a tile in natural log (see tile_scores_impl), the backward's.
+// Scores of a tile times log2(e) (see tile_scores_impl), rare path and masks included: the
+// backward's (P = 2^(S log2(e) - lse log2(e)), the forward's roundings).
 template <typename scalar_t>
-FF_DEV void tile_scores(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty, float* region,
-                        float (&S)[kMicro][kMicro]) {
-  bool rare;  // (false: the natural-log scores include the rare path)
-  tile_scores_impl<false, 1>(p, bh, i0, j0, tx, ty, region, S, rare);
+FF_DEV void tile_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
+                             float* region, float (&S)[kMicro][kMicro]) {
+  bool rare;  // (false: the rare path is done here)
+  tile_scores_impl<true, 1, true>(p, bh, i0, j0, tx, ty, region, S, rare);
 }
 
 // The forward's rare path: after the scores of the tile are in St (row stride kScoreStride),
@@ -504,7 +508,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
     bool rare;
-    tile_scores_impl<true, kSplit>(p, bh, i0, j0, tx, ty, region, S, rare);  // log2 units
+    tile_scores_impl<true, kSplit, false>(p, bh, i0, j0, tx, ty, region, S, rare);  // log2 units
     const int row0 = ty * kMicro + (tid / kFwdThreads) * (kMicro / kSplit);  // the rows of S
 #pragma unroll
     for (int ii = 0; ii < kMicro / kSplit; ++ii)
