@@ -340,11 +340,10 @@ LOOP_SPECS = [
          name="dP = dO V^T", step="1", trips="Dv", elems="kMicro * kMicro", unit="qkc"),
     dict(file="backward_tiled.cuh", text=r"for \(int i0 = i_begin; i0 < N; i0 \+= kFwdRows\)",
          name="query tiles", step="kFwdRows", trips="ceil(N / kFwdRows)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdRows \* Dv; idx \+= kFwdThreads\)",
-         name="dO staging", step="kFwdThreads", trips="kFwdRows * Dv / kFwdThreads"),
-    dict(file="backward_tiled.cuh",
-         text=r"for \(int idx = tid; idx < kFwdRows \* \(ostride - Dv\); idx \+= kFwdThreads\)",
-         name="dO padding", step="kFwdThreads", trips="kFwdRows * (ostride - Dv) / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int r = tid >> 4; r < kFwdRows; r \+= kFwdThreads / 16\)",
+         name="dO staging rows", step="kFwdThreads / 16", trips="kFwdRows * 16 / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int c = tid & 15; c < ostride; c \+= 16\)",
+         name="dO staging columns", step="16", trips="(Dvs + 4) / 16"),
     dict(file="backward_tiled.cuh", text=r"for \(int ii = dv_qs; ii < nq; ii \+= T::kPhases\)",
          name="dv = P^T dO", step="dv_phases", trips="kFwdRows / dv_phases", elems="16 * dv_groups", unit="qkc"),
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* kW; idx \+= kFwdThreads\)",
@@ -360,7 +359,7 @@ LOOP_SPECS = [
     dict(file="backward_tiled.cuh", text=r"for \(int d0 = 0; d0 < Dp; d0 \+= kChunk\)",
          name="g-pass chunks", step="kChunk", trips="ceil(Dp / kChunk)"),
     dict(file="backward_tiled.cuh", text=r"for \(int dd = dd0; dd < dc; dd \+= kStageStep",
-         name="g-pass staging", step="kStageStep", trips="chunk_dc / kStageStep"),
+         name="g-pass staging (scalar, not run)", step="kStageStep", trips="chunk_dc / kStageStep"),
     dict(file="backward_tiled.cuh", text=r"for \(int dd = 0; dd < dc; dd \+= kGroup\)",
          name="g pass (dq, dk)", step="kGroup", trips="chunk_dc / kGroup",
          elems="kMicro * kMicro * kGroup", unit="qkd"),
@@ -390,7 +389,14 @@ COLD_REGIONS = [
     dict(file="forward_tiled.cuh", start=r"if \(rare\) rare_scores_log2", end=None, why="rare path of the forward"),
     dict(file="forward_tiled.cuh", start=r"\} else if \(half == 0\) \{  // scalar staging", end=r"^    \}$",
          why="scalar staging (N or M not a multiple of 4)"),
+    dict(file="backward_tiled.cuh", start=r"\} else \{  // scalar staging", end=r"^        \}$",
+         why="scalar staging (N or M not a multiple of 4)"),
     dict(file="*", start=r"dropout_factor\(p, ", end=None, why="dropout"),
+    # the backward's block-uniform dropout branches (pre-pass and main pass)
+    dict(file="backward_tiled.cuh", start=r"if \(p\.dropout_p > 0\.0f\) \{  // \(block-uniform\)", end=r"^    \}$",
+         why="dropout"),
+    dict(file="forward_tiled.cuh", start=r"if \(p\.dropout_p > 0\.0f\) \{  // \(block-uniform\)", end=r"^      \}$",
+         why="dropout"),
     dict(file="fourier_element_math.h", start=r"FF_HD uint32_t ff_mix32\(", end=r"^}$", why="dropout (hash)"),
     dict(file="fourier_element_math.h", start=r"FF_HD float ff_dropout_uniform\(", end=r"^}$", why="dropout (hash)"),
     dict(file="tables.cuh", start=r"if \(r >= 0\.0 && r < kFlatRadius\) \{\s*// flat", end=r"\} else if \(r > 0\.0\) \{",
@@ -822,8 +828,11 @@ def analyse(inst, fn, names, sources):
         for reg in TABLE_BRANCHES:
             branch_w.append((region_lines(sources, reg), evaluate(reg["weight"], names)))
 
+    def is_cold(chain):
+        return any(line in cold.get(f, ()) for f, line in chain)
+
     def weight(ins):
-        if any(line in cold.get(f, ()) for f, line in ins.chain):
+        if is_cold(ins.chain):
             return 0.0
         w = 1.0
         for lines, bw in branch_w:
@@ -831,6 +840,8 @@ def analyse(inst, fn, names, sources):
                 w *= bw
         for lp in loops:
             if lp.head <= ins.addr <= lp.latch:
+                if is_cold(lp.chain):  # a loop of a cold region: all of it, whatever line its
+                    return 0.0         # address arithmetic is attributed to
                 w *= lp.trips
         return w
 

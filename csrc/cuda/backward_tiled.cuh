@@ -119,7 +119,8 @@ FF_HD int64_t tiled_main_union_floats(int Dv) {  // V^T, then P f, then the part
   return main_partials_floats() > u ? main_partials_floats() : u;
 }
 FF_HD int64_t tiled_main_smem_floats(int Dp, int Dv) {
-  return tiled_main_region_floats(Dv) + tiled_main_union_floats(Dv) + (int64_t)kFwdKeys * Dp + 3 * kFwdRows + kChunk;
+  return tiled_main_region_floats(Dv) + tiled_main_union_floats(Dv) + (int64_t)kFwdKeys * Dp + 3 * kFwdRows + kChunk +
+         4;  // (ids)
 }
 
 // lse log2(e) as two floats, +inf as (+inf, 0): P = 2^((S log2(e) - high) - low) is then 0.
@@ -282,46 +283,59 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   float* Dl = Ll + kFwdRows;                           // (kFwdRows,) Delta / c
   float* xus = Dl + kFwdRows;                          // (kChunk,) x / u of the chunk's features
 
-  const int tid = threadIdx.x;
-  const int key_blocks = (M + kFwdKeys - 1) / kFwdKeys;
-  const int64_t bh = blockIdx.x / key_blocks;
-  const int j0 = (int)(blockIdx.x - bh * key_blocks) * kFwdKeys;
-  const int h = (int)(bh % p.H);
-  const int warp = tid >> 5, lane = tid & 31;
-  const int tx = (warp & 1) * 8 + (lane & 7);
-  const int ty = (warp >> 1) * 4 + (lane >> 3);
-  const int rc = tid & (kFwdKeys - 1), re = tid >> 6;  // reductions: row / key rc, feature re of a group
-
-  const float* trows = p.trows + bh * kRowFields * Dp * N;
-  const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
-  const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
-  float* dq_acc = p.dq_acc + bh * N * Dp;
-  const scalar_t* v = p.v + bh * M * Dv;
-  const scalar_t* dout = p.dout + bh * N * Dv;
-
-  for (int idx = tid; idx < kFwdKeys * Dp; idx += kFwdThreads) dks[idx] = 0.0f;
-  // dv of the block's keys: summed per query tile in registers, across tiles in p.dv_acc (float32),
-  // which keeps the registers free while the scores are computed
-  const int nk = ff_min(kFwdKeys, M - j0);
-  float* dv_block = p.dv_acc + (bh * M + j0) * Dv;  // (nk, Dv)
-  for (int idx = tid; idx < nk * Dv; idx += kFwdThreads) dv_block[idx] = 0.0f;
-  const int dv_kg = tid & 15, dv_slot = tid >> 4;  // see DvTile
-  const int dv_cg0 = dv_slot % DvTile<kO>::kColumnGroups, dv_qs = dv_slot / DvTile<kO>::kColumnGroups;
-  // Query i sees key j iff j <= i + (M - N): the block's first key bounds the first query.
-  const int i_begin = p.causal ? ff_max(0, j0 - (M - N)) : 0;
+  // The block's (batch, head) slice and first key, kept in shared memory (ids) and the thread's
+  // indices re-derived from fresh_thread_index() in each query tile: no register holds them
+  // across the score code.
+  int* ids = reinterpret_cast<int*>(xus + kChunk);  // (2,): bh, j0
+  int i_begin;
+  {
+    const int tid = threadIdx.x;
+    const int key_blocks = (M + kFwdKeys - 1) / kFwdKeys;
+    const int bh = (int)blockIdx.x / key_blocks;  // (32-bit division: the grid is below 2^31 blocks)
+    const int j0 = ((int)blockIdx.x - bh * key_blocks) * kFwdKeys;
+    if (tid == 0) {
+      ids[0] = bh;
+      ids[1] = j0;
+    }
+    for (int idx = tid; idx < kFwdKeys * Dp; idx += kFwdThreads) dks[idx] = 0.0f;
+    // dv of the block's keys: summed per query tile in registers, across tiles in p.dv_acc
+    // (float32), which keeps the registers free while the scores are computed
+    const int nk = ff_min(kFwdKeys, M - j0);
+    float* dv_block = p.dv_acc + ((int64_t)bh * M + j0) * Dv;  // (nk, Dv)
+    for (int idx = tid; idx < nk * Dv; idx += kFwdThreads) dv_block[idx] = 0.0f;
+    // Query i sees key j iff j <= i + (M - N): the block's first key bounds the first query.
+    i_begin = p.causal ? ff_max(0, j0 - (M - N)) : 0;
+  }
+  __syncthreads();  // ids
 
   for (int i0 = i_begin; i0 < N; i0 += kFwdRows) {
     float S[kMicro][kMicro];
-    tile_scores_log2(p, bh, i0, j0, tx, ty, region, S);
-    __syncthreads();  // the score chunks and the previous tile's partials are consumed
-    for (int idx = tid; idx < kFwdRows * Dv; idx += kFwdThreads) {
-      const int r = idx / Dv, c = idx - r * Dv;
-      const int i = i0 + r;
-      Ot[r * ostride + c] = i < N ? load_as<float>(dout, (int64_t)i * Dv + c) : 0.0f;
+    {
+      const int tid = fresh_thread_index(), warp = tid >> 5, lane = tid & 31;
+      tile_scores_log2(p, (int64_t)ids[0], i0, ids[1], (warp & 1) * 8 + (lane & 7), (warp >> 1) * 4 + (lane >> 3),
+                       region, S);
     }
-    for (int idx = tid; idx < kFwdRows * (ostride - Dv); idx += kFwdThreads) {  // padding columns: 0
-      const int r = idx / (ostride - Dv), c = Dv + idx - r * (ostride - Dv);
-      Ot[r * ostride + c] = 0.0f;
+    __syncthreads();  // the score chunks and the previous tile's partials are consumed
+    const int tid = fresh_thread_index();
+    const int64_t bh = ids[0];
+    const int j0 = ids[1], h = (int)(bh % p.H);
+    const int warp = tid >> 5, lane = tid & 31;
+    const int tx = (warp & 1) * 8 + (lane & 7);
+    const int ty = (warp >> 1) * 4 + (lane >> 3);
+    const int rc = tid & (kFwdKeys - 1), re = tid >> 6;  // reductions: row / key rc, feature re of a group
+    const int dv_kg = tid & 15, dv_slot = tid >> 4;     // see DvTile
+    const int dv_cg0 = dv_slot % DvTile<kO>::kColumnGroups, dv_qs = dv_slot / DvTile<kO>::kColumnGroups;
+    const int nk = ff_min(kFwdKeys, M - j0);
+    float* dv_block = p.dv_acc + (bh * M + j0) * Dv;
+    const scalar_t* v = p.v + bh * M * Dv;
+    const scalar_t* dout = p.dout + bh * N * Dv;
+    // dO of the query tile, padding columns 0: columns tid % 16 + 16 n of rows tid / 16 + 16 m
+    // (no integer division)
+    for (int r = tid >> 4; r < kFwdRows; r += kFwdThreads / 16) {
+      const int i = i0 + r;
+      const scalar_t* src = dout + (int64_t)i * Dv;
+#pragma unroll 1
+      for (int c = tid & 15; c < ostride; c += 16) Ot[r * ostride + c] = (i < N && c < Dv) ? load_as<float>(src, c) : 0.0f;
     }
     for (int idx = tid; idx < Dv * kFwdKeys; idx += kFwdThreads) {
       const int c = idx >> kFwdKeysLog2, r = idx & (kFwdKeys - 1);
@@ -446,20 +460,44 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     for (int d0 = 0; d0 < Dp; d0 += kChunk) {
       const int dc = ff_min(kChunk, Dp - d0);
       __syncthreads();  // dO and P f, or the previous chunk and partials, are consumed
-      {  // as tile_scores: thread tid stages row / key tid % 64 of features tid / 64 + 4 n
-        const int r = tid & (kFwdRows - 1), dd0 = tid >> kFwdRowsLog2;
-        const bool row_on = i0 + r < N, key_on = j0 + r < M;
-        const float* rsrc = trows + (int64_t)(d0 + dd0) * N + (i0 + r);
-        const float* ksrc = tkeys + (int64_t)(d0 + dd0) * M + (j0 + r);
+      {  // as tile_scores: where N and M are multiples of 4, thread tid stages feature tid / 16 of
+         // the chunk, rows and keys 4 (tid % 16) + (0..3), one float4 per field; else rows / keys
+         // tid % 64 of features tid / 64 + 4 n one float at a time. Rows past N stage 0, keys
+         // past M a padding key (finite g; their C is 0).
+        const float* trows = p.trows + bh * kRowFields * Dp * N;  // (recomputed: registers)
+        const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
         const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
-        for (int dd = dd0; dd < dc; dd += kStageStep, rsrc += kStageStep * (int64_t)N, ksrc += kStageStep * (int64_t)M) {
+        if (((N | M) & 3) == 0) {  // block-uniform
+          const int r = 4 * (tid & 15), dd = tid >> 4;
+          if (dd < dc) {
+            const bool row_on = i0 + r < N, key_on = j0 + r < M;
+            const float* rsrc = trows + (int64_t)(d0 + dd) * N + (i0 + r);
+            const float* ksrc = tkeys + (int64_t)(d0 + dd) * M + (j0 + r);
 #pragma unroll
-          for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + r] = row_on ? rsrc[f * rfield] : 0.0f;
+            for (int f = 0; f < kRowFields; ++f)
+              *reinterpret_cast<float4*>(Rf + (f * kChunk + dd) * kFwdRows + r) =
+                  row_on ? load4(rsrc + f * rfield) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-          for (int f = 0; f < kKeyFields; ++f)
-            Kf[(f * kChunk + dd) * kFwdKeys + r] = key_on ? ksrc[f * kfield] : pad_key_field(f);
+            for (int f = 0; f < kKeyFields; ++f) {
+              const float pad = pad_key_field(f);
+              *reinterpret_cast<float4*>(Kf + (f * kChunk + dd) * kFwdKeys + r) =
+                  key_on ? load4(ksrc + f * kfield) : make_float4(pad, pad, pad, pad);
+            }
+          }
+        } else {  // scalar staging
+          const int r = tid & (kFwdRows - 1), dd0 = tid >> kFwdRowsLog2;
+          const bool row_on = i0 + r < N, key_on = j0 + r < M;
+          const float* rsrc = trows + (int64_t)(d0 + dd0) * N + (i0 + r);
+          const float* ksrc = tkeys + (int64_t)(d0 + dd0) * M + (j0 + r);
+          for (int dd = dd0; dd < dc; dd += kStageStep, rsrc += kStageStep * (int64_t)N, ksrc += kStageStep * (int64_t)M) {
+#pragma unroll
+            for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + r] = row_on ? rsrc[f * rfield] : 0.0f;
+#pragma unroll
+            for (int f = 0; f < kKeyFields; ++f)
+              Kf[(f * kChunk + dd) * kFwdKeys + r] = key_on ? ksrc[f * kfield] : pad_key_field(f);
+          }
         }
-        if (tid < dc) xus[tid] = x_per_u[d0 + tid];
+        if (tid < dc) xus[tid] = p.x_per_u[(int64_t)h * Dp + d0 + tid];
       }
       __syncthreads();
       for (int dd = 0; dd < dc; dd += kGroup) {
@@ -501,7 +539,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
           }
           const int d = d0 + dd + re;
           dks[d * kFwdKeys + rc] += sk;
-          if (sq != 0.0f && i0 + rc < N) atomicAdd(dq_acc + (int64_t)(i0 + rc) * Dp + d, sq);
+          if (sq != 0.0f && i0 + rc < N) atomicAdd(p.dq_acc + (bh * N + i0 + rc) * Dp + d, sq);
         }
         __syncthreads();  // the partials are consumed
       }
@@ -509,6 +547,11 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   }
 
   __syncthreads();  // dks complete (also with no query tile)
+  const int tid = threadIdx.x;
+  const int64_t bh = ids[0];
+  const int j0 = ids[1], h = (int)(bh % p.H);
+  const int nk = ff_min(kFwdKeys, M - j0);
+  const float* dv_block = p.dv_acc + (bh * M + j0) * Dv;
   // dk = -p |R| sum_i dS' g; the keys' share of dradius, p sign(R) / c sum_j (k c - m) (-sum_i dS' g)
   // with m = q c of the slice's first query (see backward_dq_finish_kernel).
   for (int idx = tid; idx < nk * D; idx += kFwdThreads) {
@@ -517,6 +560,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
         static_cast<scalar_t>(-p.power * fabsf(p.radius[(int64_t)h * D + d]) * dks[d * kFwdKeys + c]);
   }
   if (N > 0) {
+    const float* trows = p.trows + bh * kRowFields * Dp * N;
+    const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
+    const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
     for (int d = tid; d < D; d += kFwdThreads) {
       const float m = trows[((int64_t)kRowQ * Dp + d) * N];
       const float* kc = tkeys + ((int64_t)kKeyK * Dp + d) * M + j0;

@@ -298,6 +298,19 @@ FF_DEV T warp_max(T v) {
   return v;
 }
 
+// threadIdx.x read anew (asm volatile: the compiler neither hoists it out of a loop nor keeps it
+// in a register across one), so that indices derived from it need no register across the score
+// code of a tile (spills otherwise, at 128 registers).
+FF_DEV int fresh_thread_index() {
+#if defined(FF_HOST_EMULATION)
+  return (int)threadIdx.x;
+#else
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+#endif
+}
+
 FF_DEV int ff_min(int a, int b) { return a < b ? a : b; }
 FF_DEV int ff_max(int a, int b) { return a > b ? a : b; }
 

@@ -85,9 +85,15 @@ FF_HD constexpr int forward_split() { return kO > 16 ? 2 : 1; }
 FF_HD int forward_threads(int Dv) { return kFwdThreads * (Dv > 64 ? forward_split<32>() : 1); }
 constexpr int kSplitExchangeFloats = (2 * kMicro * kMicro + 2) * kFwdThreads;  // see tile_scores_impl
 
+// Row stride of the forward's V tile: 4 kO, the most value columns of the kernel instance that
+// the launcher runs at Dv (forward_tiled_kernel<scalar_t, kO>, kO = 4, 16, 32, 64 for Dv up to
+// 16, 64, 128, 256): a compile-time stride in the P V loop (a runtime one cost two instructions
+// per key and column group there).
+FF_HD int forward_value_stride(int Dv) { return Dv <= 16 ? 16 : Dv <= 64 ? 64 : Dv <= 128 ? 128 : 256; }
+
 FF_HD int64_t tiled_forward_region_floats(int Dv) {
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
-  const int64_t vtile = (int64_t)kFwdKeys * padded_value_columns(Dv);
+  const int64_t vtile = (int64_t)kFwdKeys * forward_value_stride(Dv);
   const int64_t exchange = Dv > 64 ? kSplitExchangeFloats : 0;
   const int64_t m = chunk > vtile ? chunk : vtile;
   return m > exchange ? m : exchange;
@@ -98,7 +104,7 @@ FF_HD int output_stride(int Dv) {
 }
 FF_HD int64_t tiled_forward_smem_floats(int Dv) {
   return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride + (int64_t)kFwdRows * output_stride(Dv) +
-         2 * (int64_t)forward_threads(Dv);
+         2 * (int64_t)forward_threads(Dv) + 4;  // (+ ids)
 }
 
 // One element step (see above). Signs drop out at the end (p is even).
@@ -474,16 +480,29 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   const int N = p.N, M = p.M, Dv = p.Dv;
   const int Dvs = padded_value_columns(Dv);
   float* region = reinterpret_cast<float*>(smem_raw);
-  float* Vs = region;                                    // (kFwdKeys, Dvs), once the scores are done
+  constexpr int kVStride = 4 * kO;                       // forward_value_stride(Dv)
+  float* Vs = region;                                    // (kFwdKeys, kVStride), once the scores are done
   float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
   float* Os = St + kFwdRows * kScoreStride;              // (kFwdRows, output_stride): out, unnormalised
   float* ML = Os + kFwdRows * output_stride(Dv);         // (2, kThreads): m_run and l_part of each thread
   const float NEG_INF = -ff_inf<float>();
 
+  int* ids = reinterpret_cast<int*>(ML + 2 * kThreads);  // (2,): the block's bh and i0, see below
+
   const int tid = threadIdx.x;
-  const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
-  const int64_t bh = (int)blockIdx.x / row_blocks;  // (32-bit division: the grid is below 2^31 blocks)
-  const int i0 = ((int)blockIdx.x - (int)bh * row_blocks) * kFwdRows;
+  int block_end;  // keys any row of the block sees
+  {
+    const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
+    const int bh = (int)blockIdx.x / row_blocks;  // (32-bit division: the grid is below 2^31 blocks)
+    const int i0 = ((int)blockIdx.x - bh * row_blocks) * kFwdRows;
+    // (read back from shared memory in each key tile: no register across the score code, and no
+    // division that the compiler would otherwise redo in the loop to spare the register)
+    if (tid == 0) {
+      ids[0] = bh;
+      ids[1] = i0;
+    }
+    block_end = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));
+  }
 
   // Score phase: warps of 4 x 8 threads, each half of the block 16 x 16: rows ty * 4 + ii, keys
   // tx * 4 + jj.
@@ -504,11 +523,13 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   ML[tid] = NEG_INF;
   ML[kThreads + tid] = 0.0f;
 
-  const int block_end = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));  // keys any row of the block sees
+  __syncthreads();  // ids
   for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
     bool rare;
-    tile_scores_impl<true, kSplit, false>(p, bh, i0, j0, tx, ty, region, S, rare);  // log2 units
+    tile_scores_impl<true, kSplit, false>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);  // log2 units
+    const int64_t bh = ids[0];
+    const int i0 = ids[1];
     const int row0 = ty * kMicro + (tid / kFwdThreads) * (kMicro / kSplit);  // the rows of S
 #pragma unroll
     for (int ii = 0; ii < kMicro / kSplit; ++ii)
@@ -522,7 +543,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
       const int j = j0 + r;
 #pragma unroll 1
       for (int c = tid & 15; c < Dvs; c += 16)
-        Vs[r * Dvs + c] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
+        Vs[r * kVStride + c] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
     }
     __syncthreads();
 
@@ -545,10 +566,16 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
 #pragma unroll
       for (int t = 0; t < kPartKeys; ++t) {
         const int c = part * kPartKeys + t;
-        float e = ff_exp2_approx(srow[c] - m_new);  // 0 for masked keys
-        l_part += e;                                // the normaliser counts every key
-        if (p.dropout_p > 0.0f && e != 0.0f) e *= dropout_factor(p, (uint32_t)bh, pi, j0 + c);
+        const float e = ff_exp2_approx(srow[c] - m_new);  // 0 for masked keys
+        l_part += e;                                      // the normaliser counts every key
         srow[c] = e;
+      }
+      if (p.dropout_p > 0.0f) {  // (block-uniform) dropout: P times the keep factor
+#pragma unroll
+        for (int t = 0; t < kPartKeys; ++t) {
+          const int c = part * kPartKeys + t;
+          if (srow[c] != 0.0f) srow[c] *= dropout_factor(p, (uint32_t)bh, pi, j0 + c);
+        }
       }
       m_run = m_new;
       ML[tid] = m_run;
@@ -583,7 +610,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
           const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float* vr = Vs + (jj + e) * Dvs + part * 4 + kColStep * t0;
+            const float* vr = Vs + (jj + e) * kVStride + part * 4 + kColStep * t0;
 #pragma unroll
             for (int t = 0; t < kGroupsPerPass; ++t) {
               if (col_on[t]) {
@@ -607,9 +634,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
 
   const float m_run = ML[tid];
   float l = ML[kThreads + tid];
-  {  // (recomputed: fewer registers held across the key tiles)
-    const int64_t bh = (int)blockIdx.x / row_blocks;
-    const int i0 = ((int)blockIdx.x - (int)bh * row_blocks) * kFwdRows;
+  {
+    const int64_t bh = ids[0];
+    const int i0 = ids[1];
 #pragma unroll
   for (int o = 1; o < kParts; o <<= 1) l += __shfl_xor_sync(kFullMask, l, o);
   const int pi = i0 + pr;
