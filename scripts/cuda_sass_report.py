@@ -312,10 +312,6 @@ LOOP_SPECS = [
     # forward_tiled_kernel
     dict(file="forward_tiled.cuh", text=r"for \(int j0 = 0; j0 < block_end; j0 \+= kFwdKeys\)",
          name="key tiles", step="kFwdKeys", trips="ceil(M / kFwdKeys)"),
-    dict(file="forward_tiled.cuh", text=r"for \(int r = tid >> 4; r < kFwdKeys; r \+= kThreads / 16\)",
-         name="V staging rows", step="kFwdThreads * split / 16", trips="kFwdKeys * 16 / (kFwdThreads * split)"),
-    dict(file="forward_tiled.cuh", text=r"for \(int c = tid & 15; c < Dvs; c \+= 16\)",
-         name="V staging columns", step="16", trips="Dvs / 16"),
     dict(file="forward_tiled.cuh", text=r"for \(int pass = 0; pass < kCols / kPassCols; \+\+pass\)",
          name="P V column passes", step="1", trips="fwd_passes"),
     dict(file="forward_tiled.cuh", text=r"for \(int jj = 0; jj < nk; jj \+= 4\)",

@@ -180,6 +180,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
     float S[kMicro][kMicro];
     tile_scores_log2(p, bh, i0, j0, tx, ty, region, S);
     __syncthreads();  // the score chunks are consumed
+#pragma unroll 2  // (unrolled further, its remainder code weighs more than the loop at small Dv)
     for (int idx = tid; idx < Dv * kFwdKeys; idx += kFwdThreads) {
       const int c = idx >> kFwdKeysLog2, r = idx & (kFwdKeys - 1);
       const int j = j0 + r;
@@ -337,6 +338,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
 #pragma unroll 1
       for (int c = tid & 15; c < ostride; c += 16) Ot[r * ostride + c] = (i < N && c < Dv) ? load_as<float>(src, c) : 0.0f;
     }
+#pragma unroll 2  // (unrolled further, its remainder code weighs more than the loop at small Dv)
     for (int idx = tid; idx < Dv * kFwdKeys; idx += kFwdThreads) {
       const int c = idx >> kFwdKeysLog2, r = idx & (kFwdKeys - 1);
       const int j = j0 + r;

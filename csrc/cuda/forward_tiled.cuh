@@ -85,11 +85,14 @@ FF_HD constexpr int forward_split() { return kO > 16 ? 2 : 1; }
 FF_HD int forward_threads(int Dv) { return kFwdThreads * (Dv > 64 ? forward_split<32>() : 1); }
 constexpr int kSplitExchangeFloats = (2 * kMicro * kMicro + 2) * kFwdThreads;  // see tile_scores_impl
 
-// Row stride of the forward's V tile: 4 kO, the most value columns of the kernel instance that
-// the launcher runs at Dv (forward_tiled_kernel<scalar_t, kO>, kO = 4, 16, 32, 64 for Dv up to
-// 16, 64, 128, 256): a compile-time stride in the P V loop (a runtime one cost two instructions
-// per key and column group there).
-FF_HD int forward_value_stride(int Dv) { return Dv <= 16 ? 16 : Dv <= 64 ? 64 : Dv <= 128 ? 128 : 256; }
+// Row stride of the forward's V tile: up to Dv = 128, 4 kO, the most value columns of the kernel
+// instance that the launcher runs at Dv (forward_tiled_kernel<scalar_t, kO>, kO = 4, 16, 32 for
+// Dv up to 16, 64, 128): a compile-time stride in the P V loop (a runtime one cost two
+// instructions per key and column group there); above, Dv padded to 16 (kO = 64: a fixed 256
+// would cost shared memory that GPUs with 99 KiB per block do not have).
+FF_HD int forward_value_stride(int Dv) {
+  return Dv <= 16 ? 16 : Dv <= 64 ? 64 : Dv <= 128 ? 128 : padded_value_columns(Dv);
+}
 
 FF_HD int64_t tiled_forward_region_floats(int Dv) {
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
@@ -480,7 +483,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   const int N = p.N, M = p.M, Dv = p.Dv;
   const int Dvs = padded_value_columns(Dv);
   float* region = reinterpret_cast<float*>(smem_raw);
-  constexpr int kVStride = 4 * kO;                       // forward_value_stride(Dv)
+  const int kVStride = kO <= 32 ? 4 * kO : Dvs;          // forward_value_stride(Dv) (compile-time up to kO 32)
   float* Vs = region;                                    // (kFwdKeys, kVStride), once the scores are done
   float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
   float* Os = St + kFwdRows * kScoreStride;              // (kFwdRows, output_stride): out, unnormalised
@@ -538,20 +541,34 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
     if (rare) rare_scores_log2(p, bh, i0, j0, tx, row0, kMicro / kSplit, St);
     __syncthreads();  // scores written; the chunk region is free for V
     const scalar_t* v = p.v + bh * M * Dv;
-    // thread tid: columns tid % 16 + 16 n of keys tid / 16 + kThreads / 16 m (no integer division)
-    for (int r = tid >> 4; r < kFwdKeys; r += kThreads / 16) {
-      const int j = j0 + r;
+    if (kO <= 32) {  // element tid + kThreads n of the (kFwdKeys, kVStride) tile: compile-time row
+                     // and column (columns past Dv: 0)
+#pragma unroll
+      for (int n = 0; n < kFwdKeys * 4 * kO / kThreads; ++n) {
+        const int e = tid + kThreads * n, r = e / (4 * kO), c = e % (4 * kO);
+        const int j = j0 + r;
+        Vs[e] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
+      }
+    } else {  // columns tid % 16 + 16 n of keys tid / 16 + kThreads / 16 m
+      for (int r = tid >> 4; r < kFwdKeys; r += kThreads / 16) {
+        const int j = j0 + r;
 #pragma unroll 1
-      for (int c = tid & 15; c < Dvs; c += 16)
-        Vs[r * kVStride + c] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
+        for (int c = tid & 15; c < Dvs; c += 16)
+          Vs[r * kVStride + c] = (j < M && c < Dv) ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
+      }
     }
     __syncthreads();
 
-    float* srow = St + pr * kScoreStride;
+    float* srow = St + pr * kScoreStride + part * kPartKeys;  // the thread's kPartKeys scores
+    float sv[kPartKeys];
     float tile_max = NEG_INF;
 #pragma unroll
     for (int t = 0; t < kPartKeys / 4; ++t) {
-      const float4 s4 = load4(srow + part * kPartKeys + 4 * t);
+      const float4 s4 = load4(srow + 4 * t);
+      sv[4 * t] = s4.x;
+      sv[4 * t + 1] = s4.y;
+      sv[4 * t + 2] = s4.z;
+      sv[4 * t + 3] = s4.w;
       tile_max = fmaxf(tile_max, fmaxf(fmaxf(s4.x, s4.y), fmaxf(s4.z, s4.w)));
     }
 #pragma unroll
@@ -565,18 +582,17 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
       const int pi = i0 + pr;
 #pragma unroll
       for (int t = 0; t < kPartKeys; ++t) {
-        const int c = part * kPartKeys + t;
-        const float e = ff_exp2_approx(srow[c] - m_new);  // 0 for masked keys
-        l_part += e;                                      // the normaliser counts every key
-        srow[c] = e;
+        sv[t] = ff_exp2_approx(sv[t] - m_new);  // 0 for masked keys
+        l_part += sv[t];                        // the normaliser counts every key
       }
       if (p.dropout_p > 0.0f) {  // (block-uniform) dropout: P times the keep factor
 #pragma unroll
-        for (int t = 0; t < kPartKeys; ++t) {
-          const int c = part * kPartKeys + t;
-          if (srow[c] != 0.0f) srow[c] *= dropout_factor(p, (uint32_t)bh, pi, j0 + c);
-        }
+        for (int t = 0; t < kPartKeys; ++t)
+          if (sv[t] != 0.0f) sv[t] *= dropout_factor(p, (uint32_t)bh, pi, j0 + part * kPartKeys + t);
       }
+#pragma unroll
+      for (int t = 0; t < kPartKeys / 4; ++t)
+        *reinterpret_cast<float4*>(srow + 4 * t) = make_float4(sv[4 * t], sv[4 * t + 1], sv[4 * t + 2], sv[4 * t + 3]);
       m_run = m_new;
       ML[tid] = m_run;
       ML[kThreads + tid] = l_part;
@@ -605,8 +621,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
         bool col_on[kGroupsPerPass];  // (kSplit 1: always; Dvs is a multiple of kColStep = 16)
 #pragma unroll
         for (int t = 0; t < kGroupsPerPass; ++t) col_on[t] = kSplit == 1 || kColStep * (t0 + t) + 4 * part < Dvs;
+        const float* prow = St + pr * kScoreStride;  // the row's P
         for (int jj = 0; jj < nk; jj += 4) {
-          const float4 p4 = load4(srow + jj);
+          const float4 p4 = load4(prow + jj);
           const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {

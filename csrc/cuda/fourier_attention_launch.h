@@ -123,9 +123,14 @@ void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const 
     launch(forward_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,
            sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
   } else {
+    const size_t smem = sizeof(float) * tiled_forward_smem_floats(p.Dv);
+    if (smem > launch.smem_optin) {  // (Dv > 128 on GPUs with 99 KiB per block: the simple kernel)
+      launch(forward_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,
+             sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
+      return;
+    }
     const at::Tensor tables = build_tables(sh, p, options, launch);
     const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
-    const size_t smem = sizeof(float) * tiled_forward_smem_floats(p.Dv);
     const int threads = forward_threads(p.Dv);
     if (p.Dv <= 16)
       launch(forward_tiled_kernel<scalar_t, 4>, blocks, threads, smem, p);
@@ -193,7 +198,10 @@ template <typename scalar_t, typename acc_t, typename Launcher>
 void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
                      const Launcher& launch) {
   if constexpr (!std::is_same_v<acc_t, double>) {
-    if (padded_features(p.D) <= kBwdMaxFeatures && p.Dv <= kBwdMaxValueColumns) {
+    const size_t tiled_smem = sizeof(float) * (tiled_delta_smem_floats(p.Dv) > tiled_main_smem_floats(p.Dp, p.Dv)
+                                                   ? tiled_delta_smem_floats(p.Dv)
+                                                   : tiled_main_smem_floats(p.Dp, p.Dv));
+    if (padded_features(p.D) <= kBwdMaxFeatures && p.Dv <= kBwdMaxValueColumns && tiled_smem <= launch.smem_optin) {
       const at::Tensor tables = build_tables(sh, p, options, launch);
       const at::Tensor dq_acc = at::zeros({sh.B * sh.H * sh.N * p.Dp}, options.dtype(at::kFloat));
       p.dq_acc = dq_acc.data_ptr<float>();

@@ -12,16 +12,29 @@
 
 #include <torch/extension.h>
 
+#include <cstdlib>
+
 #include "../../fourier_attention_ops.cpp"
 #include "../fourier_attention_launch.h"
 
 namespace fourierformer {
 namespace {
+// smem_optin: the per-block shared memory the emulated GPU allows (FF_EMU_SMEM_OPTIN bytes,
+// e.g. 101376 for the 99 KiB of sm_86 / sm_89; unset: no limit), as CudaLauncher's.
 struct EmuLauncher {
+  size_t smem_optin = emulated_smem_optin();
+
+  static size_t emulated_smem_optin() {
+    const char* env = std::getenv("FF_EMU_SMEM_OPTIN");
+    return env && *env ? (size_t)std::strtoull(env, nullptr, 10) : (size_t)-1;
+  }
+
   template <typename scalar_t, typename acc_t>
   void operator()(void (*kernel)(cuda::Params<scalar_t, acc_t>), int64_t blocks, int threads, size_t smem_bytes,
                   const cuda::Params<scalar_t, acc_t>& p) const {
     if (blocks <= 0) return;
+    TORCH_CHECK(smem_bytes <= smem_optin, "fourier_attention (emulated cuda): head dims D = ", p.D, ", Dv = ", p.Dv,
+                " need ", smem_bytes, " bytes of shared memory per block, the emulated GPU allows ", smem_optin);
     ff_emu::launch(kernel, blocks, threads, smem_bytes, p);
   }
 };
