@@ -273,13 +273,13 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   float* Ot = region;                                  // (kFwdRows, ostride): dO of the query tile
   float* Rf = region;                                  // g pass: (kRowFields, kChunk, kFwdRows)
   float* Kf = region + kRowFields * kChunk * kFwdRows;  // g pass: (kKeyFields, kChunk, kFwdKeys)
-  float* uni = region + tiled_main_region_floats(Dv);
+  float* uni = region + (int)tiled_main_region_floats(Dv);  // (int offsets: 32-bit shared-memory arithmetic)
   float* Vt = uni;                                     // (Dv, kFwdKeys): v of the block, transposed
   float* W = uni;                                      // (kFwdRows, kFwdKeys): P f, [query][key]
   float* Pq = uni;                                     // (kGroup, 16, kPqStride): dq partials
   float* Pk = uni + kGroup * 16 * kPqStride;           // (kGroup, 16, kFwdKeys): dk partials
-  float* dks = uni + tiled_main_union_floats(Dv);      // (Dp, kFwdKeys): sum_i dS' g of the block's keys
-  float* Lh = dks + (int64_t)kFwdKeys * Dp;            // (kFwdRows,) lse_bwd high part
+  float* dks = uni + (int)tiled_main_union_floats(Dv);  // (Dp, kFwdKeys): sum_i dS' g of the block's keys
+  float* Lh = dks + kFwdKeys * Dp;                      // (kFwdRows,) lse_bwd high part
   float* Ll = Lh + kFwdRows;                           // (kFwdRows,) low part
   float* Dl = Ll + kFwdRows;                           // (kFwdRows,) Delta / c
   float* xus = Dl + kFwdRows;                          // (kChunk,) x / u of the chunk's features
@@ -287,7 +287,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   // The block's (batch, head) slice and first key, kept in shared memory (ids) and the thread's
   // indices re-derived from fresh_thread_index() in each query tile: no register holds them
   // across the score code.
-  int* ids = reinterpret_cast<int*>(xus + kChunk);  // (2,): bh, j0
+  int* ids = reinterpret_cast<int*>(xus + kChunk);  // (3,): bh, j0, h
   int i_begin;
   {
     const int tid = threadIdx.x;
@@ -297,6 +297,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     if (tid == 0) {
       ids[0] = bh;
       ids[1] = j0;
+      ids[2] = bh % p.H;
     }
     for (int idx = tid; idx < kFwdKeys * Dp; idx += kFwdThreads) dks[idx] = 0.0f;
     // dv of the block's keys: summed per query tile in registers, across tiles in p.dv_acc
@@ -319,7 +320,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     __syncthreads();  // the score chunks and the previous tile's partials are consumed
     const int tid = fresh_thread_index();
     const int64_t bh = ids[0];
-    const int j0 = ids[1], h = (int)(bh % p.H);
+    const int j0 = ids[1], h = ids[2];
     const int warp = tid >> 5, lane = tid & 31;
     const int tx = (warp & 1) * 8 + (lane & 7);
     const int ty = (warp >> 1) * 4 + (lane >> 3);
@@ -551,7 +552,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   __syncthreads();  // dks complete (also with no query tile)
   const int tid = threadIdx.x;
   const int64_t bh = ids[0];
-  const int j0 = ids[1], h = (int)(bh % p.H);
+  const int j0 = ids[1], h = ids[2];
   const int nk = ff_min(kFwdKeys, M - j0);
   const float* dv_block = p.dv_acc + (bh * M + j0) * Dv;
   // dk = -p |R| sum_i dS' g; the keys' share of dradius, p sign(R) / c sum_j (k c - m) (-sum_i dS' g)
