@@ -57,11 +57,12 @@ This is a static model: it does not know about stalls, bank conflicts or latency
 issued under a false predicate still counts (it takes an issue slot), and a loop exit or `continue`
 that the plain case does not take (P = 0) is assumed not taken.
 
-For the kernels of 2026-11-27 (nvcc 13.0.88, this script at its defaults, on a 2-core CPU machine
-without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 15.97 / 15.68 at D = 16
-(score loop 8.9 per element) and 11.63 / 11.56 at D = 128 (512-thread two-half blocks, 10.1);
-backward (pre-pass + main pass + dq finish) 67.32 / 65.65 at D = 16 and 49.58 / 48.99 at D = 128
-(main pass: scores 9.1, g pass for dq and dk 23.1); the table kernel 3.33 / 0.83 and 2.66 / 0.66.
+For the kernels of 2026-11-28 (nvcc 13.0.88, this script at its defaults, on a 2-core CPU machine
+without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 13.85 / 13.52 at D = 16
+(score loop 8.9 per element) and 11.35 / 11.27 at D = 128 (512-thread two-half blocks, 10.0);
+backward (pre-pass + main pass + dq finish) 55.73 / 54.04 at D = 16 and 45.28 / 44.67 at D = 128
+(main pass: scores 9.0, g pass for dq and dk 21.1-21.2); the table kernel 3.33 / 0.83 and
+2.66 / 0.66; no kernel spills.
 
 Requirements: nvcc (the CUDA toolkit, 12.x or 13.x) and nvdisasm; cuobjdump (optional) cross-checks
 the register counts. The two disassemblers come as PyPI wheels (not needed by the project itself):
@@ -69,8 +70,8 @@ the register counts. The two disassemblers come as PyPI wheels (not needed by th
     python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
 
 They are found on PATH, next to nvcc, under $CUDA_HOME/bin, or in those wheels (nvidia/cu*/bin).
-On 2 shared cores a cold run at the default head dims (7 instances) took 40-134 s, a cached one 1-6 s
-(2026-11-27).
+On 2 shared cores a cold run at the default head dims (7 instances) took 21-134 s, a cached one 1-6 s
+(2026-11-27 and 28).
 """
 import argparse
 import glob

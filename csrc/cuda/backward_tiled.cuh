@@ -1,46 +1,50 @@
 // Backward of the float32 path (float32, float16, bfloat16 inputs), on the tables of
 // tables.cuh and the score tiles of forward_tiled.cuh. Three kernels:
 //
-//   pre-pass (block of kFwdRows queries, sweeping key tiles): the scores (tile_scores),
-//        P_ij = exp(S_ij - lse_i) and dP_ij = dO_i . v_j in 4 x 4 register tiles; Delta_i =
-//        sum_j P f dP and c_i = sum_j P from this pass's own P (see the comment above
-//        backward_dq_kernel in backward.cuh: the radius gradient needs that). It writes
+//   pre-pass (block of kFwdRows queries, sweeping key tiles): the scores in log2 units
+//        (tile_scores_log2, the forward's code and roundings), P_ij = 2^(S_ij log2(e) - lse_i
+//        log2(e)) (softmax_weight: ex2.approx, no branch) and dP_ij = dO_i . v_j in 4 x 4 register
+//        tiles; Delta_i = sum_j P f dP and c_i = sum_j P from this pass's own P (see the comment
+//        above backward_dq_kernel in backward.cuh: the radius gradient needs that). It writes
 //        Delta_i / c_i and lse_i + log c_i (with the null key's share).
 //   main pass (block of kFwdKeys keys, sweeping query tiles): the scores again, P with the
-//        pre-pass's lse, dS' = p P (f dP - Delta / c) kept in the thread's 4 x 4 register tile;
-//        dv_j += sum_i P f dO_i (4 threads per key, kO columns each: 1, 2, 4, 8, 16 or 32, so
-//        Dv = 4, 8, 16 run no predicated-off columns); then the g pass over the features: per
-//        feature each thread computes g(x_ijd) once for its 16 (query, key) pairs and sums
-//        dS' g over its 4 keys (for dq) and its 4 queries (for dk). Those partial sums go, per
-//        group of kGroup features, through shared memory (float4 stores that 8 lanes of distinct
-//        key columns / query rows put in distinct banks; reads by consecutive rows), are summed
-//        over the block's 16 thread columns / rows, and land in the block's dk sums (shared
-//        memory, for the whole sweep) and, one float atomicAdd per (query, feature) and key
-//        block, in p.dq_acc (float32). The features are staged kChunk at a time in the layout
-//        of tile_scores (lanes read float4s of 4 rows or 4 keys: no bank conflicts). The block
-//        then writes dk = -|R| sum_i dS' g and the keys' share of dradius.
-//   dq kernel (block of kFwdRows queries): dq = |R| p.dq_acc and the queries' share of dradius.
+//        pre-pass's lse, dS' = P (f dP - Delta / c) kept in the thread's 4 x 4 register tile (the
+//        power p multiplies dq, dk and dradius once, at the end); dv_j += sum_i P f dO_i in 4 keys
+//        x 4 columns register tiles (DvTile: per query a float4 of P f, a float4 of dO, 16 FMAs);
+//        then the g pass over the features: per feature each thread computes g(x_ijd) once for its
+//        16 (query, key) pairs and sums dS' g over its 4 keys (for dq) and its 4 queries (for dk).
+//        Those partial sums go, per group of kGroup features, through shared memory (float4
+//        stores that 8 lanes of distinct key columns / query rows put in distinct banks; reads by
+//        consecutive rows), are summed over the block's 16 thread columns / rows, and land in the
+//        block's dk sums (shared memory, for the whole sweep) and, one float atomicAdd per (query,
+//        feature) and key block, in p.dq_acc (float32). The features are staged kChunk at a time
+//        in the layout of tile_scores (one float4 per field and thread where N and M are multiples
+//        of 4; lanes read float4s of 4 rows or 4 keys: no bank conflicts). The block then writes
+//        dk = -p |R| sum_i dS' g and the keys' share of dradius. The block's slice, first key and
+//        head sit in shared memory and the thread's indices are re-derived from
+//        fresh_thread_index() in each query tile: nothing but the query tile's start is held in
+//        a register across the score code (no spills at 128 registers).
+//   dq kernel (block of kFwdRows queries): dq = p |R| p.dq_acc and the queries' share of dradius.
 // dradius from dq and dk, without per-element sums: S depends on R_d only through
 // |R_d| (q_id - k_jd), so sum_i q_id dq_id + sum_j k_jd dk_jd = R_d dS/dR_d (see
 // backward_dq_finish_kernel; q and k centred per feature so that a common offset cancels).
 //
 // g from the tables: with s' = t X - Y (as in the forward) and c' = X + t Y = rho cos(x) / cos(a),
-// cot x = c' / s' and g(x) = cot x - 1/x = (c' x - s') / (s' x), or g's Taylor series where
-// |x| < kSincTaylorBound (there c' x - s' cancels); s' is floored at kSinFloor in magnitude (at a
-// zero of sinc, where P is 0 anyway). Per element: u, s' (3), x, c', the floor (2), the fraction
-// (fma, mul, a reciprocal and a mul), x^2 and the series (5), the select and the two sums (2).
-// SASS counts (sm_90, nvcc 13.0.88 -O3 -lineinfo, 2026-11-27; the static reading of
-// scripts/cuda_sass_report.py, extended to these kernels; per (query, key, feature) element):
-// the g pass loop (4 features x 16 pairs per iteration, the partial sums and their reduction
-// included) 1480 instructions, 23.1 per element (572 FFMA, 256 FMUL, 161 FADD, 64 each of
-// FMNMX, LOP3, MUFU.RCP, FMUL.FTZ, FSETP, 37 LDS, 28 LDS.128, 8 STS.128, ...); the scores
-// ~9.4 per element in each of the two passes. Whole backward (pre-pass + main pass + dq kernel,
-// N = M = 1024, tables not included): 72.5 per element at D = Dv = 16 (21.1 + 51.4 + 0.1) and
-// 55.6 at 128 (13.2 + 42.3 + 0.1); the dq and dk/dv kernels before this layout: 110.3 and 87.0.
-// Every kernel at 128 registers or fewer (launch bounds (256, 2): 16 warps per SM); what still
-// spills (28-68 bytes, outside the g pass) is tile_scores', as in the forward at the same bounds.
-// dq's sums over key blocks are float atomics, so its last bits depend on their order (as
-// dradius's already did).
+// cot x = c' / s' and g(x) = cot x - 1/x = (c' x - s') / (s' x), or g's series (a minimax
+// x (c0 + c1 x^2 + c2 x^4), dlog_sinc_taylor) where |x| < kSincTaylorBound (there c' x - s'
+// cancels); s' is floored at kSinFloor in magnitude (at a zero of sinc, where P is 0 anyway). Per
+// element: u, s' (3), x, c', the floor (2), the fraction (fma, mul, a reciprocal and a mul), x^2
+// and the series (3), the select and the two sums (2).
+// SASS counts (sm_90, nvcc 13.0.88 -O3 -lineinfo, 2026-11-28; scripts/cuda_sass_report.py; per
+// (query, key, feature) element): the g pass loop (4 features x 16 pairs per iteration, the
+// partial sums and their reduction included) about 1355 instructions, 21.2 per element (508
+// FFMA, 320 FMUL, 161 FADD, 65 LDS, 64 each of MUFU.RCP and the floor, ...); the scores 8.3-8.5
+// per element in each of the two passes. Whole backward (pre-pass + main pass + dq kernel,
+// N = M = 1024, tables not included): 54.0 per element at D = Dv = 16 (14.3 + 39.6 + 0.2) and
+// 44.7 at 128 (10.5 + 34.1 + 0.1); 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
+// dk/dv kernels before this layout. Every kernel at 128 registers or fewer (launch bounds (256,
+// 2): 16 warps per SM), none spills. dq's sums over key blocks are float atomics, so its last
+// bits depend on their order (as dradius's already did).
 //
 // Head dims: D <= kBwdMaxFeatures and Dv <= kBwdMaxValueColumns; larger ones take the simple
 // path (backward.cuh).

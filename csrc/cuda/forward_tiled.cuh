@@ -22,9 +22,11 @@
 //      unrolled): 518 instructions for 64 elements (128 FFMA, 128 FMUL, 128 FADD, 48 IADD3,
 //      32 LOP3, 28 LDS.128, 17 LEA, 8 VIMNMX3, 1 branch), 8.1 per element at Dv <= 64, and
 //      531-536 (8.3-8.4) in the two-half blocks; 9.4 before (an FMNMX per element for the q = k check,
-//      runtime offsets, the exponents shifted per group). Per pair at the end: a division and a
-//      log polynomial of num / den in (1/2, 2) plus the row and key constants (the key constants
-//      loaded once per key, not per pair), times power log2(e) as a float pair.
+//      runtime offsets, the exponents shifted per group). Per pair at the end: log |num / den|
+//      with num and den in [1, 2) (log_ratio: 2 atanh of (num - den) / (num + den), one
+//      division and a degree-4 polynomial, no branch) plus the row and key constants (the key
+//      constants loaded once per key, not per pair), times power log2(e) as a float pair; the
+//      pair's visibility selected, not branched on.
 //   2. the rare path: a thread whose den had a zero or subnormal exponent field (a u exactly 0,
 //      q = k in that feature, or |u| below 2^-31) rewrites, after the tile's scores are in shared
 //      memory (rare_scores_log2), the pairs that have |u| <= kUFloor (|x| < 2^-14) in some
@@ -38,14 +40,17 @@
 //      with ex2.approx (about 2 ulp, as the expf that CUDA builds on it) and out += P V with V
 //      staged as float32, the unnormalised output and the running max and sums kept in shared
 //      memory between key tiles (no register spills in any instance; shared memory per block:
-//      52 KB at Dv <= 16, 69 KB at Dv <= 64, 89 KB at Dv = 128, 153 KB at Dv = 256).
+//      52 KB at Dv <= 16, 69 KB at Dv <= 64, 89 KB at Dv = 128, 153 KB at Dv = 256: where the GPU
+//      allows less per block, 99 KiB on sm_86 and sm_89, the launcher runs the simple forward
+//      for Dv above 128). The block's bh and i0 are read back from shared memory in each key
+//      tile, and dropout is applied in a block-uniform branch after the exponentials.
 //
 // Static SASS reading (scripts/cuda_sass_report.py's model, nvcc 13.0, sm_90, N = M = 1024, plain
-// case, dropout hash counted as not run): whole forward kernel 15.4 instructions per (query, key,
-// feature) at D = Dv = 16 (19.6 before) and 11.6 at D = Dv = 128 (14.6 before); the feature-chunk
-// loop with its staging 8.3 and 8.9 (the scalar staging, not run there, left out); registers 128
-// and 126 (no spills; before 128 with 68 B of spills at Dv <= 16, 232 at Dv = 128), 16 warps per
-// SM at both (8 before at Dv = 128).
+// case, dropout hash counted as not run): whole forward kernel 13.5 instructions per (query, key,
+// feature) at D = Dv = 16 (15.7 the day before, 21.1 before the rewrite) and 11.3 at D = Dv = 128
+// (11.6, 14.8); the feature-chunk loop with its staging 8.3 and 8.9 (the scalar staging, not run
+// there, left out), P V 1.44 and 1.36 per value column (compile-time V stride); registers 128
+// at both, no spills, 16 warps per SM at both.
 //
 // The row constant row_log_i (tables.cuh) is large (of order D) and cancels against the
 // exponents of num / den: it is added as fma(e, ln2_high, row_log_high) first, exact in e
