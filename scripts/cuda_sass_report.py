@@ -61,8 +61,8 @@ For the kernels of 2026-11-28 (nvcc 13.0.88, this script at its defaults, on a 2
 without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 13.85 / 13.52 at D = 16
 (score loop 8.9 per element) and 11.35 / 11.27 at D = 128 (512-thread two-half blocks, 10.0);
 backward (pre-pass + main pass + dq finish) 55.73 / 54.04 at D = 16 and 45.28 / 44.67 at D = 128
-(main pass: scores 9.0, g pass for dq and dk 21.1-21.2); the table kernel 3.33 / 0.83 and
-2.66 / 0.66; no kernel spills.
+(main pass: scores 9.0, g pass for dq and dk 21.1-21.2); the table kernel 2.79 / 0.70 and
+2.10 / 0.52; no kernel spills.
 
 Requirements: nvcc (the CUDA toolkit, 12.x or 13.x) and nvdisasm; cuobjdump (optional) cross-checks
 the register counts. The two disassemblers come as PyPI wheels (not needed by the project itself):

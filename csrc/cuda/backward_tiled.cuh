@@ -295,9 +295,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   int i_begin;
   {
     const int tid = threadIdx.x;
-    const int key_blocks = (M + kFwdKeys - 1) / kFwdKeys;
-    const int bh = (int)blockIdx.x / key_blocks;  // (32-bit division: the grid is below 2^31 blocks)
-    const int j0 = ((int)blockIdx.x - bh * key_blocks) * kFwdKeys;
+    int j0;
+    const int bh = block_slice(M, kFwdKeys, j0);
     if (tid == 0) {
       ids[0] = bh;
       ids[1] = j0;

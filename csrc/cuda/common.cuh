@@ -311,6 +311,15 @@ FF_DEV int fresh_thread_index() {
 #endif
 }
 
+// The (batch, head) slice of this block and the first row / key of its tile, for a grid of
+// ceil(len / tile) blocks per slice, slice-major (32-bit divisions: the grid is below 2^31 blocks).
+FF_DEV int block_slice(int len, int tile, int& first) {
+  const int per_slice = (len + tile - 1) / tile;
+  const int bh = (int)blockIdx.x / per_slice;
+  first = ((int)blockIdx.x - bh * per_slice) * tile;
+  return bh;
+}
+
 FF_DEV int ff_min(int a, int b) { return a < b ? a : b; }
 FF_DEV int ff_max(int a, int b) { return a > b ? a : b; }
 

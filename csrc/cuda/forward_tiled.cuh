@@ -500,9 +500,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   const int tid = threadIdx.x;
   int block_end;  // keys any row of the block sees
   {
-    const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
-    const int bh = (int)blockIdx.x / row_blocks;  // (32-bit division: the grid is below 2^31 blocks)
-    const int i0 = ((int)blockIdx.x - bh * row_blocks) * kFwdRows;
+    int i0;
+    const int bh = block_slice(N, kFwdRows, i0);
     // (read back from shared memory in each key tile: no register across the score code, and no
     // division that the compiler would otherwise redo in the loop to spare the register)
     if (tid == 0) {
