@@ -311,7 +311,7 @@ LOOP_SPECS = [
          name="scores (chunk)", step="kChunk", trips="ceil(Dp / kChunk)",
          elems="kMicro * kMicro * chunk_dc / split", unit="qkd"),
     # forward_tiled_kernel
-    dict(file="forward_tiled.cuh", text=r"for \(int j0 = 0; j0 < block_end; j0 \+= kFwdKeys\)",
+    dict(file="forward_tiled.cuh", text=r"for \(int j0 = 0; j0 < ids\[2\]; j0 \+= kFwdKeys\)",
          name="key tiles", step="kFwdKeys", trips="ceil(M / kFwdKeys)"),
     dict(file="forward_tiled.cuh", text=r"for \(int pass = 0; pass < kCols / kPassCols; \+\+pass\)",
          name="P V column passes", step="1", trips="fwd_passes"),

@@ -124,7 +124,7 @@ FF_HD int64_t tiled_main_union_floats(int Dv) {  // V^T, then P f, then the part
 }
 FF_HD int64_t tiled_main_smem_floats(int Dp, int Dv) {
   return tiled_main_region_floats(Dv) + tiled_main_union_floats(Dv) + (int64_t)kFwdKeys * Dp + 3 * kFwdRows + kChunk +
-         4;  // (ids)
+         4;  // (ids, at the start)
 }
 
 // lse log2(e) as two floats, +inf as (+inf, 0): P = 2^((S log2(e) - high) - low) is then 0.
@@ -273,7 +273,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv, D = p.D;
   const int ostride = dkv_out_stride(Dv);
-  float* region = reinterpret_cast<float*>(smem_raw);  // score chunks, then dO, then the g pass's chunks
+  int* ids = reinterpret_cast<int*>(smem_raw);  // (4 ints: bh, j0, h; see below; a constant address)
+  float* region = reinterpret_cast<float*>(smem_raw) + 4;  // score chunks, then dO, then the g pass's chunks
   float* Ot = region;                                  // (kFwdRows, ostride): dO of the query tile
   float* Rf = region;                                  // g pass: (kRowFields, kChunk, kFwdRows)
   float* Kf = region + kRowFields * kChunk * kFwdRows;  // g pass: (kKeyFields, kChunk, kFwdKeys)
@@ -291,7 +292,6 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   // The block's (batch, head) slice and first key, kept in shared memory (ids) and the thread's
   // indices re-derived from fresh_thread_index() in each query tile: no register holds them
   // across the score code.
-  int* ids = reinterpret_cast<int*>(xus + kChunk);  // (3,): bh, j0, h
   int i_begin;
   {
     const int tid = threadIdx.x;

@@ -112,7 +112,7 @@ FF_HD int output_stride(int Dv) {
 }
 FF_HD int64_t tiled_forward_smem_floats(int Dv) {
   return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride + (int64_t)kFwdRows * output_stride(Dv) +
-         2 * (int64_t)forward_threads(Dv) + 4;  // (+ ids)
+         2 * (int64_t)forward_threads(Dv) + 4;  // (+ ids, at the start)
 }
 
 // One element step (see above). Signs drop out at the end (p is even).
@@ -124,20 +124,38 @@ FF_DEV void sinc_factor_step(float q, float t, float t_low, float k, float X, fl
   den *= u;
 }
 
+// The exponent fields that renormalise() watches, for the rare path (see ScoreFlags).
+struct FieldWatch {
+  int den_min = 0x7F800000;  // smallest exponent field of den
+  int num_min = 0x7F800000;  // smallest exponent field of num
+  int max = 0;               // largest exponent field of num and den
+};
+
+// What the rare path must do for a thread's pairs: kRareSelect, den left the normal range
+// downwards (a u exactly 0, q = k in that feature: 0 / 0, or, the smallest of the group's 8
+// factors being at most their geometric mean, some |u| of the group at or below 2^-15.75, under
+// kUFloor): recompute the pairs that have |u| <= kUFloor in some feature; kRareAll, num
+// underflowed (8 factors near sinc's zeros or q = k: 0) or num or den overflowed (a product of
+// 8 factors past 2^127): recompute every pair of the thread.
+enum ScoreFlags : int { kRareSelect = 1, kRareAll = 2 };
+FF_DEV int score_flags(const FieldWatch& w) {
+  return (w.den_min == 0 ? kRareSelect : 0) | (w.num_min == 0 || w.max == 0x7F800000 ? kRareAll : 0);
+}
+
 // num and den to their mantissas in [1, 2) (sign kept), expo += exponent(num) - exponent(den),
-// all in the exponent bits (2 LOP3, 3 IADD3 and one LEA.HI per pair). den_field_min keeps the
-// smallest exponent field of den seen: 0 when a u was exactly 0 (q = k in that feature: 0 / 0)
-// or den left the normal range (the same factor of 4 u's then holds one |u| below 2^-31, far
-// below kUFloor: the rare path). A zero or subnormal num reads as exponent -127; with a normal den
-// it cannot happen (|s'| >= |u| / 2 for small x, and near sinc's zeros 4 factors of at least
-// 2^-30 stay normal).
-FF_DEV void renormalise(float& num, float& den, int& expo, int& den_field_min) {
+// all in the exponent bits (2 LOP3, 3 IADD3 and one LEA.HI per pair), every kRenormEvery = 8
+// features; the fields seen go to the watch (about 2 VIMNMX3 per pair: 1 instruction per element
+// with the renormalisation, 1.6 with 4-feature groups and den's minimum alone).
+FF_DEV void renormalise(float& num, float& den, int& expo, FieldWatch& w) {
   const int nb = ff_float_bits(num), db = ff_float_bits(den);
   const int ne = nb & 0x7F800000, de = db & 0x7F800000;
   num = ff_bits_float(nb - ne + 0x3F800000);
   den = ff_bits_float(db - de + 0x3F800000);
   expo += (ne - de) >> 23;  // ne - de fits an int; arithmetic shift
-  den_field_min = de < den_field_min ? de : den_field_min;
+  w.den_min = de < w.den_min ? de : w.den_min;
+  w.num_min = ne < w.num_min ? ne : w.num_min;
+  const int m = ne > de ? ne : de;
+  w.max = m > w.max ? m : w.max;
 }
 
 // a / b to about 2 ulp: reciprocal and multiply (div.approx.ftz: no range fix-up, so b must be
@@ -156,21 +174,21 @@ FF_DEV float pad_key_field(int f) { return f == kKeySin ? -1.0f : (f == kKeySinL
 
 FF_DEV float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
-// The rare path for pair (i, j): if |u| <= kUFloor in some feature, its score from the
-// per-element math of the simple path (Taylor branch, floors), else `fast` unchanged. Out of
-// line: the tile loop should not carry its registers.
+// The rare path for pair (i, j): if |u| <= kUFloor in some feature, or with `all`, its score
+// from the per-element math of the simple path (Taylor branch, floors), else `fast` unchanged.
+// Out of line: the tile loop should not carry its registers.
 #if defined(FF_HOST_EMULATION)
 inline
 #else
 static __device__ __noinline__  // (static: one copy per translation unit, see launch_<dtype>.cu)
 #endif
 float rare_pair_score(const float* trows, const float* tkeys, const float* x_per_u, int N, int M, int Dp, int i, int j,
-                      float power, float fast) {
+                      float power, float fast, bool all) {
   const float* qc = trows + (int64_t)kRowQ * Dp * N + i;
   const float* kc = tkeys + (int64_t)kKeyK * Dp * M + j;
   float closest = ff_inf<float>();
   for (int d = 0; d < Dp; ++d) closest = fminf(closest, fabsf(qc[(int64_t)d * N] - kc[(int64_t)d * M]));
-  if (!(closest <= kUFloor)) return fast;
+  if (!all && !(closest <= kUFloor)) return fast;
   return power * LogSincSum<float>::run(qc, N, kc, M, x_per_u, Dp);
 }
 
@@ -204,7 +222,7 @@ FF_DEV float add_log2(float s, float add) { return fmaf(add, kLog2eHigh, fmaf(ad
 // that of row ty * kMicro + half * kMicro / 2 + ii, half = threadIdx.x / kFwdThreads.
 template <bool kLog2, int kSplit, bool kRareHere, typename scalar_t>
 FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
-                             float* region, float (&S)[kMicro][kMicro], bool& rare) {
+                             float* region, float (&S)[kMicro][kMicro], int& rare) {
   static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
   const int N = p.N, M = p.M, Dp = p.Dp;
   const int tid = threadIdx.x & (kFwdThreads - 1);
@@ -224,7 +242,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       den[ii][jj] = 1.0f;
       expo[ii][jj] = 0;
     }
-  int den_field_min = 0x7F800000;  // see renormalise
+  FieldWatch watch;  // see renormalise
   // Staging. Where N and M are multiples of 4 (the table rows then start 16-byte aligned),
   // thread tid stages feature tid / 16 of the chunk, rows and keys 4 (tid % 16) + (0..3), as one
   // float4 per field (kSplit 2: the rows by the first half, the keys by the second); otherwise
@@ -298,11 +316,12 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 #pragma unroll
         for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
-          for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj], den_field_min);
+          for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj], watch);
       }
     }
   }
 
+  int flags = score_flags(watch);  // (kSplit 2: both halves', below)
   // ---- kSplit 2: the halves swap quotients, each keeps kRows of the kMicro rows ----
   // rn / rd = |num / den| in (1/2, 2), rn and rd in [1, 2) (kSplit 2: the product of the halves'
   // quotients brought back to [1, 2) with its exponent moved to ex, over 1): log_ratio's range
@@ -335,7 +354,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         *slot(0, half, q) = fabsf(ff_divide_approx(hn, hd));
         *slot(1, half, q) = ff_bits_float(he);
       }
-    region[4 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(den_field_min);
+    region[4 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(score_flags(watch));
     __syncthreads();
     const int other = 1 - half;
 #pragma unroll
@@ -352,8 +371,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         rd[ii][jj] = 1.0f;
         ex[ii][jj] = ke + ff_float_bits(*slot(1, other, q)) + e;
       }
-    const int other_min = ff_float_bits(region[4 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
-    den_field_min = other_min < den_field_min ? other_min : den_field_min;
+    flags = score_flags(watch) | ff_float_bits(region[4 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
   }
 
   // ---- scores (what follows is loaded or computed only now: fewer registers live in the loop) ----
@@ -394,8 +412,8 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     }
   // ---- 2. the rare path ----
   // (kRareHere false: left to the caller, rare_scores_log2)
-  rare = !kRareHere && den_field_min == 0;
-  if (kRareHere && den_field_min == 0) {
+  rare = kRareHere ? 0 : flags;
+  if (kRareHere && flags != 0) {
     const float* trows = p.trows + bh * kRowFields * Dp * N;
     const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
     const float* x_per_u = p.x_per_u + (bh % p.H) * Dp;
@@ -405,7 +423,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       for (int jj = 0; jj < kMicro; ++jj) {
         const int i = i0 + row0 + ii, j = j0 + tx * kMicro + jj;
         if (j < row_end[ii]) {
-          const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN);
+          const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, flags & kRareAll);
           if (s == s) S[ii][jj] = kLog2 ? fmaf(s, kLog2eHigh, s * kLog2eLow) : s;  // (NaN: not a rare pair)
         }
       }
@@ -440,18 +458,18 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 template <typename scalar_t>
 FF_DEV void tile_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
                              float* region, float (&S)[kMicro][kMicro]) {
-  bool rare;  // (false: the rare path is done here)
+  int rare;  // (0: the rare path is done here)
   tile_scores_impl<true, 1, true>(p, bh, i0, j0, tx, ty, region, S, rare);
 }
 
 // The forward's rare path: after the scores of the tile are in St (row stride kScoreStride),
 // the thread whose tile_scores_impl<true> said `rare` rewrites those of its visible pairs (rows
 // row0 .. row0 + rows - 1, keys tx * kMicro + (0 .. kMicro - 1)) that
-// have |u| <= kUFloor in some feature from the per-element math (rare_pair_score), masks
-// included. A loop, not unrolled, outside the score code: no registers held across the calls.
+// have |u| <= kUFloor in some feature (all of them with `all`, kRareAll) from the per-element
+// math (rare_pair_score), masks included. A loop, not unrolled, outside the score code: no registers held across the calls.
 template <typename scalar_t>
 FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int row0,
-                             int rows, float* St) {
+                             int rows, float* St, bool all) {
   const int N = p.N, M = p.M, Dp = p.Dp;
   const float* trows = p.trows + bh * kRowFields * Dp * N;
   const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
@@ -462,7 +480,7 @@ FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
     const int r = row0 + pair / kMicro, c = tx * kMicro + pair % kMicro;
     const int i = i0 + r, j = j0 + c;
     if (i >= N || j >= visible_end(p, i)) continue;
-    const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN);
+    const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, all);
     if (!(s == s)) continue;  // not a rare pair
     float s2 = fmaf(s, kLog2eHigh, s * kLog2eLow);
     if (p.attn_mask || p.key_bias) {
@@ -487,7 +505,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dv = p.Dv;
   const int Dvs = padded_value_columns(Dv);
-  float* region = reinterpret_cast<float*>(smem_raw);
+  // the block's bh and i0 first (see below): a constant address, no register for it
+  int* ids = reinterpret_cast<int*>(smem_raw);  // (4 ints: bh, i0, the block's visible keys)
+  float* region = reinterpret_cast<float*>(smem_raw) + 4;
   const int kVStride = kO <= 32 ? 4 * kO : Dvs;          // forward_value_stride(Dv) (compile-time up to kO 32)
   float* Vs = region;                                    // (kFwdKeys, kVStride), once the scores are done
   float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
@@ -495,10 +515,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   float* ML = Os + kFwdRows * output_stride(Dv);         // (2, kThreads): m_run and l_part of each thread
   const float NEG_INF = -ff_inf<float>();
 
-  int* ids = reinterpret_cast<int*>(ML + 2 * kThreads);  // (2,): the block's bh and i0, see below
 
   const int tid = threadIdx.x;
-  int block_end;  // keys any row of the block sees
   {
     int i0;
     const int bh = block_slice(N, kFwdRows, i0);
@@ -507,8 +525,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
     if (tid == 0) {
       ids[0] = bh;
       ids[1] = i0;
+      ids[2] = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));  // keys any row of the block sees
     }
-    block_end = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));
   }
 
   // Score phase: warps of 4 x 8 threads, each half of the block 16 x 16: rows ty * 4 + ii, keys
@@ -531,9 +549,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   ML[kThreads + tid] = 0.0f;
 
   __syncthreads();  // ids
-  for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
+  for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
-    bool rare;
+    int rare;  // ScoreFlags
     tile_scores_impl<true, kSplit, false>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);  // log2 units
     const int64_t bh = ids[0];
     const int i0 = ids[1];
@@ -542,7 +560,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
     for (int ii = 0; ii < kMicro / kSplit; ++ii)
       *reinterpret_cast<float4*>(St + (row0 + ii) * kScoreStride + tx * kMicro) =
           make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
-    if (rare) rare_scores_log2(p, bh, i0, j0, tx, row0, kMicro / kSplit, St);
+    if (rare) rare_scores_log2(p, bh, i0, j0, tx, row0, kMicro / kSplit, St, (rare & kRareAll) != 0);
     __syncthreads();  // scores written; the chunk region is free for V
     const scalar_t* v = p.v + bh * M * Dv;
     if (kO <= 32) {  // element tid + kThreads n of the (kFwdKeys, kVStride) tile: compile-time row

@@ -40,7 +40,7 @@ enum TableRowField : int { kRowQ = 0, kRowTan, kRowTanLow, kRowFields };
 enum TableKeyField : int { kKeyK = 0, kKeyCos, kKeySin, kKeySinLow, kKeyFields };
 // The products over the features are renormalised every kRenormEvery features (see
 // forward_tiled.cuh); the tables pad D to a multiple of it with flat features.
-constexpr int kRenormEvery = 4;
+constexpr int kRenormEvery = 8;
 // |u| at or below this (|x| below 2^-14) is the rare path: sinc is 1 within 1e-9 there, and
 // s' / u, exact 0 / 0 at q = k, loses its relative accuracy (see forward_tiled.cuh).
 constexpr float kUFloor = 1.0f / 32768.0f;

@@ -273,6 +273,13 @@ def special_cases():
     q[0, 0, 5] = k[0, 0, 70]
     cases.append(("float4 staging N12 M72 D128 Dv100 causal", q, k, torch.randn(1, 1, 72, 100, generator=g),
                   0.5 + torch.rand(1, 128, generator=g), dict(power=2, causal=True)))
+    # rows at tan's poles: |R q| within an ulp of pi / 2 in every feature, |1 / cos(R q)| ~ 2^24
+    # per feature, so that a product of 8 table factors overflows float (the rare path's kRareAll)
+    q = torch.randn(1, 1, 8, 16, generator=g) * 0.5
+    q[0, 0, ::2] = torch.tensor(math.pi / 2, dtype=torch.float32)
+    k = torch.randn(1, 1, 40, 16, generator=g) * 0.5
+    cases.append(("rows at tan's poles (product overflow)", q, k, torch.randn(1, 1, 40, 8, generator=g),
+                  torch.tensor(1.0), dict(power=2)))
     # the published normaliser's null key: a share of each row (eps near the rows' mass), and
     # rows whose keys all underflow next to eps (out and gradients 0)
     q = torch.randn(2, 2, 9, 16, generator=g) * 0.7
