@@ -94,14 +94,33 @@ struct DvTile {
   static_assert(kColumnGroups * kPhases == 16 && kGroups * kColumnGroups == kO, "16 slots of 16 threads");
 };
 
+// V of keys j0 .. j0 + kFwdKeys - 1, transposed into Vt (Dv rounded up to 4, kFwdKeys) as
+// float32 (keys past M and columns past Dv: 0): thread tid takes key tid % 64 and the column
+// quads tid / 64 + 4 n, four loads and four stores per quad from one index computation, no branch.
+template <typename scalar_t>
+FF_DEV void stage_v_transposed(const scalar_t* v, int j0, int M, int Dv, float* Vt, int tid) {
+  const int r = tid & (kFwdKeys - 1);
+  const bool on = j0 + r < M;
+  const scalar_t* src = v + (int64_t)(j0 + r) * Dv;
+  const int quads = (Dv + 3) >> 2;
+#pragma unroll 2
+  for (int c4 = tid >> kFwdKeysLog2; c4 < quads; c4 += kFwdThreads / kFwdKeys) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 4 * c4 + e;
+      Vt[c * kFwdKeys + r] = (on && c < Dv) ? load_as<float>(src, c) : 0.0f;
+    }
+  }
+}
+
 // Shared memory of the tiled backward kernels, in floats.
 FF_HD int64_t tiled_delta_region_floats(int Dv) {
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
-  const int64_t vt = (int64_t)Dv * kFwdKeys;
+  const int64_t vt = (int64_t)(Dv + 3) / 4 * 4 * kFwdKeys;  // (stage_v_transposed: whole quads)
   return chunk > vt ? chunk : vt;
 }
 FF_HD int64_t tiled_delta_smem_floats(int Dv) {
-  return tiled_delta_region_floats(Dv) + (int64_t)Dv * kFwdRows + 6 * kFwdRows;
+  return 4 + tiled_delta_region_floats(Dv) + (int64_t)Dv * kFwdRows + 6 * kFwdRows;  // (4: ids)
 }
 FF_HD int dkv_out_stride(int Dv) { return padded_value_columns(Dv) + 4; }
 // The main pass's g-pass partial sums per group of kGroup features: dq's (feature, key column tx,
@@ -117,7 +136,7 @@ FF_HD int64_t tiled_main_region_floats(int Dv) {  // score chunks, then dO, then
   return chunk > ot ? chunk : ot;
 }
 FF_HD int64_t tiled_main_union_floats(int Dv) {  // V^T, then P f, then the partial sums
-  int64_t u = (int64_t)Dv * kFwdKeys;
+  int64_t u = (int64_t)(Dv + 3) / 4 * 4 * kFwdKeys;  // (stage_v_transposed: whole quads)
   const int64_t w = (int64_t)kFwdRows * kFwdKeys;
   if (w > u) u = w;
   return main_partials_floats() > u ? main_partials_floats() : u;
@@ -151,7 +170,10 @@ template <typename scalar_t>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(const Params<scalar_t, float> p) {
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dv = p.Dv;
-  float* region = reinterpret_cast<float*>(smem_raw);  // score chunks, then V^T
+  // the block's bh, i0 and visible keys first: read back in each key tile (no register across
+  // the score code, no division redone there), at a constant address
+  int* ids = reinterpret_cast<int*>(smem_raw);             // (4 ints)
+  float* region = reinterpret_cast<float*>(smem_raw) + 4;  // score chunks, then V^T
   float* Vt = region;                                  // (Dv, kFwdKeys)
   float* dOt = region + tiled_delta_region_floats(Dv);  // (Dv, kFwdRows): the block's dO, transposed
   float* row_sums = dOt + (int64_t)Dv * kFwdRows;      // (2, kFwdRows, 2): Delta and c partials per warp column
@@ -159,14 +181,17 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
   float* Ll = Lh + kFwdRows;                           // (kFwdRows,) low part
 
   const int tid = threadIdx.x;
-  const int row_blocks = (N + kFwdRows - 1) / kFwdRows;
-  const int64_t bh = blockIdx.x / row_blocks;
-  const int i0 = (int)(blockIdx.x - bh * row_blocks) * kFwdRows;
   const int warp = tid >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);
-  const scalar_t* v = p.v + bh * M * Dv;
-
+  {
+  int i0;
+  const int64_t bh = block_slice(N, kFwdRows, i0);
+  if (tid == 0) {
+    ids[0] = (int)bh;
+    ids[1] = i0;
+    ids[2] = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));
+  }
   for (int idx = tid; idx < Dv * kFwdRows; idx += kFwdThreads) {
     const int c = idx >> kFwdRowsLog2, r = idx & (kFwdRows - 1);
     const int i = i0 + r;
@@ -177,19 +202,16 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
     split_lse_log2_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
   }
   for (int idx = tid; idx < 4 * kFwdRows; idx += kFwdThreads) row_sums[idx] = 0.0f;
+  }
+  __syncthreads();  // ids
 
-  const int last_row = ff_min(N - 1, i0 + kFwdRows - 1);
-  const int block_end = visible_end(p, last_row);
-  for (int j0 = 0; j0 < block_end; j0 += kFwdKeys) {
+  for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
-    tile_scores_log2(p, bh, i0, j0, tx, ty, region, S);
+    tile_scores_log2(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S);
     __syncthreads();  // the score chunks are consumed
-#pragma unroll 2  // (unrolled further, its remainder code weighs more than the loop at small Dv)
-    for (int idx = tid; idx < Dv * kFwdKeys; idx += kFwdThreads) {
-      const int c = idx >> kFwdKeysLog2, r = idx & (kFwdKeys - 1);
-      const int j = j0 + r;
-      Vt[idx] = j < M ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
-    }
+    const int64_t bh = ids[0];
+    const int i0 = ids[1];
+    stage_v_transposed(p.v + bh * M * Dv, j0, M, Dv, Vt, tid);
     __syncthreads();
     float dP[kMicro][kMicro], delta_part[kMicro], psum_part[kMicro];
 #pragma unroll
@@ -250,6 +272,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
   }
 
   __syncthreads();
+  const int64_t bh = ids[0];
+  const int i0 = ids[1];
   if (tid < kFwdRows && i0 + tid < N) {
     const int r = tid, i = i0 + r;
     const float psum = row_sums[r * 2 + 1] + row_sums[(kFwdRows + r) * 2 + 1];  // c_i; 0 without a gradient
@@ -334,20 +358,21 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     float* dv_block = p.dv_acc + (bh * M + j0) * Dv;
     const scalar_t* v = p.v + bh * M * Dv;
     const scalar_t* dout = p.dout + bh * N * Dv;
-    // dO of the query tile, padding columns 0: columns tid % 16 + 16 n of rows tid / 16 + 16 m
-    // (no integer division)
+    // dO of the query tile, padding columns 0: column quads tid % 16 + 16 n of rows tid / 16 + 16 m,
+    // a float4 store each (no integer division)
     for (int r = tid >> 4; r < kFwdRows; r += kFwdThreads / 16) {
       const int i = i0 + r;
+      const bool on = i < N;
       const scalar_t* src = dout + (int64_t)i * Dv;
 #pragma unroll 1
-      for (int c = tid & 15; c < ostride; c += 16) Ot[r * ostride + c] = (i < N && c < Dv) ? load_as<float>(src, c) : 0.0f;
+      for (int c = 4 * (tid & 15); c < ostride; c += 64) {
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = (on && c + e < Dv) ? load_as<float>(src, c + e) : 0.0f;
+        *reinterpret_cast<float4*>(Ot + r * ostride + c) = make_float4(o[0], o[1], o[2], o[3]);
+      }
     }
-#pragma unroll 2  // (unrolled further, its remainder code weighs more than the loop at small Dv)
-    for (int idx = tid; idx < Dv * kFwdKeys; idx += kFwdThreads) {
-      const int c = idx >> kFwdKeysLog2, r = idx & (kFwdKeys - 1);
-      const int j = j0 + r;
-      Vt[idx] = j < M ? load_as<float>(v, (int64_t)j * Dv + c) : 0.0f;
-    }
+    stage_v_transposed(v, j0, M, Dv, Vt, tid);
     if (tid < kFwdRows) {
       const int i = i0 + tid;
       split_lse_log2_or_inf(i < N ? p.lse_bwd[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);

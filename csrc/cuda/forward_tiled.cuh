@@ -13,28 +13,34 @@
 //      one float4 per field and thread where N and M are multiples of 4), and per (row, key,
 //      feature) the element step is
 //          u = q c - k c;  s' = fma(t_hi, X, -y_hi) + fma(t_lo, X, -y_lo);  num *= s';  den *= u
-//      (FADD, 2 FFMA, FADD, 2 FMUL), plus per kRenormEvery = 4 features one renormalisation of
-//      num and den kept in the exponent bits (2 LOP3, 3 IADD3, one LEA.HI per pair: 1.5 per
-//      element), whose smallest exponent field of den (one VIMNMX3 per two pairs) is the q = k
-//      check, once per feature group: 0 when some u was exactly 0; and per feature 7 float4 loads
-//      from shared memory for the 16 pairs (0.44 per element). The sm_90 SASS of one group of 4
-//      features (nvcc 13.0, -O3; compile-time shared-memory offsets, the 4 groups of a chunk
-//      unrolled): 518 instructions for 64 elements (128 FFMA, 128 FMUL, 128 FADD, 48 IADD3,
-//      32 LOP3, 28 LDS.128, 17 LEA, 8 VIMNMX3, 1 branch), 8.1 per element at Dv <= 64, and
-//      531-536 (8.3-8.4) in the two-half blocks; 9.4 before (an FMNMX per element for the q = k check,
+//      (FADD, 2 FFMA, FADD, 2 FMUL), plus per kRenormEvery = 8 features one renormalisation of
+//      num and den kept in the exponent bits (2 LOP3, 3 IADD3, one LEA.HI per pair) with the
+//      exponent fields watched (FieldWatch: den's and num's smallest, the largest of both, about
+//      2 VIMNMX3 per pair): about 1 per element; den's smallest field is the q = k check, once
+//      per feature group (0 when some u was exactly 0), the others catch a product of 8 factors
+//      that underflowed or overflowed (the rare path then recomputes the thread's pairs); and
+//      per feature 7 float4 loads from shared memory for the 16 pairs (0.44 per element). The
+//      sm_90 SASS of one chunk of 16 features (nvcc 13.0, -O3; compile-time shared-memory
+//      offsets, its 2 groups unrolled; 2026-11-28): 2128 instructions for 256 elements (512
+//      each of FFMA, FMUL and FADD, 125 IADD3, 112 LDS.128, 64 LOP3, 51 LEA, 48 VIMNMX3, 32
+//      VIMNMX, the staging), 8.3 per element, 7.7 without the scalar staging that does not run
+//      where N and M are multiples of 4 (with groups of 4 features and den's minimum alone: 8.9
+//      and 8.3; 9.4 the day before, with an FMNMX per element for the q = k check,
 //      runtime offsets, the exponents shifted per group). Per pair at the end: log |num / den|
 //      with num and den in [1, 2) (log_ratio: 2 atanh of (num - den) / (num + den), one
 //      division and a degree-4 polynomial, no branch) plus the row and key constants (the key
 //      constants loaded once per key, not per pair), times power log2(e) as a float pair; the
 //      pair's visibility selected, not branched on.
 //   2. the rare path: a thread whose den had a zero or subnormal exponent field (a u exactly 0,
-//      q = k in that feature, or |u| below 2^-31) rewrites, after the tile's scores are in shared
+//      q = k in that feature, or, the group's smallest |u| being at most the geometric mean of
+//      its 8, some |u| at or below 2^-15.75) rewrites, after the tile's scores are in shared
 //      memory (rare_scores_log2), the pairs that have |u| <= kUFloor (|x| < 2^-14) in some
 //      feature with the exact per-element math of the simple path (ff_sincosf, Taylor branch,
 //      floors), reading the tables from global memory. A pair with 0 < |u| <= kUFloor in a group
 //      whose den stayed normal keeps the fast score: there s' is the table difference t X - Y,
 //      accurate to 2^-48 |tan a| |X| absolutely, and |x| >= 2^-24 |a| for q != k, so s' / u keeps
-//      about float accuracy (a few ulps) relative to the factor.
+//      about float accuracy (a few ulps) relative to the factor. A thread whose num underflowed
+//      or whose num or den overflowed in some group (kRareAll) rewrites every visible pair.
 //   3. masks; the scores (in log2 units: S log2(e), with the same roundings as S but the last)
 //      go to shared memory; 4 threads per row (8 in the two-half blocks) do the online softmax
 //      with ex2.approx (about 2 ulp, as the expf that CUDA builds on it) and out += P V with V
