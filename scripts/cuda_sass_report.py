@@ -295,7 +295,9 @@ def check_launcher():
 # Loop model: trip counts and elements of the loops of the kernels, by their source `for`
 # ---------------------------------------------------------------------------------------------
 # file: header of the `for`; text: regex on its line; step: the source increment of the induction
-# variable (for the unroll factor); trips: source iterations per entry of the enclosing code;
+# variable (for the unroll factor; unroll: the factor itself, for the tile loops, which are never
+# unrolled and whose exit test the compiler may rescale); trips: source iterations per entry of
+# the enclosing code;
 # elems / unit: elements of one source iteration of one thread (inner loops only);
 # chunks: the loop is repeated once per feature chunk by an unrolled enclosing loop, and copy k
 # (in address order) runs iff k < chunks.
@@ -307,12 +309,12 @@ LOOP_SPECS = [
     # tile_scores_impl (forward_tiled.cuh), in the forward and in the backward's kernels: the chunk
     # loop is the element loop (its renormalisation groups and the staging are unrolled in it; with
     # two halves each thread takes half of the groups of a chunk)
-    dict(file="forward_tiled.cuh", text=r"for \(int d0 = 0; d0 < Dp; d0 \+= (kChunk|kC)\b",
-         name="scores (chunk)", step="kChunk", trips="ceil(Dp / kChunk)",
+    dict(file="forward_tiled.cuh", text=r"for \(int d0 = kC; d0 < Dp; d0 \+= kC\) chunk\(d0, ",
+         name="scores (chunk)", step="kChunk", trips="ceil(Dp / kChunk) - 1",
          elems="kMicro * kMicro * chunk_dc / split", unit="qkd"),
     # forward_tiled_kernel
     dict(file="forward_tiled.cuh", text=r"for \(int j0 = 0; j0 < ids\[2\]; j0 \+= kFwdKeys\)",
-         name="key tiles", step="kFwdKeys", trips="ceil(M / kFwdKeys)"),
+         name="key tiles", step="kFwdKeys", unroll="1", trips="ceil(M / kFwdKeys)"),
     dict(file="forward_tiled.cuh", text=r"for \(int pass = 0; pass < kCols / kPassCols; \+\+pass\)",
          name="P V column passes", step="1", trips="fwd_passes"),
     dict(file="forward_tiled.cuh", text=r"for \(int jj = 0; jj < nk; jj \+= 4\)",
@@ -330,13 +332,13 @@ LOOP_SPECS = [
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < Dv \* kFwdRows; idx \+= kFwdThreads\)",
          name="dO staging", step="kFwdThreads", trips="Dv * kFwdRows / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int j0 = 0; j0 < ids\[2\]; j0 \+= kFwdKeys\)",
-         name="key tiles", step="kFwdKeys", trips="ceil(M / kFwdKeys)"),
+         name="key tiles", step="kFwdKeys", unroll="1", trips="ceil(M / kFwdKeys)"),
     dict(file="backward_tiled.cuh", text=r"for \(int c4 = tid >> kFwdKeysLog2; c4 < quads; c4 \+= kFwdThreads / kFwdKeys\)",
          name="V staging", step="kFwdThreads / kFwdKeys", trips="ceil(Dv / 4) * kFwdKeys / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int c = 0; c < Dv; \+\+c\)",
          name="dP = dO V^T", step="1", trips="Dv", elems="kMicro * kMicro", unit="qkc"),
     dict(file="backward_tiled.cuh", text=r"for \(int i0 = i_begin; i0 < N; i0 \+= kFwdRows\)",
-         name="query tiles", step="kFwdRows", trips="ceil(N / kFwdRows)"),
+         name="query tiles", step="kFwdRows", unroll="1", trips="ceil(N / kFwdRows)"),
     dict(file="backward_tiled.cuh", text=r"for \(int r = tid >> 4; r < kFwdRows; r \+= kFwdThreads / 16\)",
          name="dO staging rows", step="kFwdThreads / 16", trips="kFwdRows * 16 / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int c = 4 \* \(tid & 15\); c < ostride; c \+= 64\)",
@@ -784,7 +786,10 @@ def analyse(inst, fn, names, sources):
         lp.text = text
         lp.spec = spec
         step = evaluate(spec["step"], names) if spec else None
-        lp.unroll, lp.unroll_how = unroll_factor(lp, step)
+        if spec and "unroll" in spec:  # a loop the compiler does not unroll (its body is the kernel)
+            lp.unroll, lp.unroll_how = int(spec["unroll"]), "fixed by the model"
+        else:
+            lp.unroll, lp.unroll_how = unroll_factor(lp, step)
     # copies of one source loop under the same parent: main (largest unroll) + remainder loops; or
     # copies of equal unroll, one per iteration of an unrolled enclosing loop (each runs its trips);
     # or one copy per feature chunk, of which the first `chunks` run

@@ -63,6 +63,8 @@
 // (ln2_high has 9 bits), so that S_ij keeps float accuracy relative to |S_ij|.
 #pragma once
 
+#include <type_traits>
+
 #include "tables.cuh"
 
 namespace fourierformer {
@@ -146,6 +148,13 @@ struct FieldWatch {
 enum ScoreFlags : int { kRareSelect = 1, kRareAll = 2 };
 FF_DEV int score_flags(const FieldWatch& w) {
   return (w.den_min == 0 ? kRareSelect : 0) | (w.num_min == 0 || w.max == 0x7F800000 ? kRareAll : 0);
+}
+
+// The first element step of a product: num and den set, not multiplied.
+FF_DEV void first_factor_step(float q, float t, float t_low, float k, float X, float Y, float Y_low, float& num,
+                              float& den) {
+  num = fmaf(t, X, -Y) + fmaf(t_low, X, -Y_low);
+  den = q - k;
 }
 
 // num and den to their mantissas in [1, 2) (sign kept), expo += exponent(num) - exponent(den),
@@ -244,8 +253,10 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
     for (int jj = 0; jj < kMicro; ++jj) {
-      num[ii][jj] = 1.0f;
-      den[ii][jj] = 1.0f;
+      if (kSplit == 2) {  // (kSplit 1: set by the first feature, first_factor_step)
+        num[ii][jj] = 1.0f;
+        den[ii][jj] = 1.0f;
+      }
       expo[ii][jj] = 0;
     }
   FieldWatch watch;  // see renormalise
@@ -265,7 +276,12 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   constexpr int kGroups = kChunk / kRenormEvery / kSplit;  // renormalisation groups per half and chunk
   const float* rf0 = Rf + (half * kGroups * kRenormEvery) * kFwdRows + ty * kMicro;
   const float* kf0 = Kf + (half * kGroups * kRenormEvery) * kFwdKeys + tx * kMicro;
-  for (int d0 = 0; d0 < Dp; d0 += kC, rsrc += kC * (int64_t)N, ksrc += kC * (int64_t)M) {
+  // One chunk of kC features from d0 (rsrc and ksrc at its first feature). The first chunk
+  // (kFirst) runs outside the loop: with one half (kSplit 1) its first group always runs (Dp >= 8,
+  // padded_features), and its first feature sets num and den instead of multiplying them
+  // (no initialisation to 1, no multiply by 1, which FTZ does not let the compiler fold).
+  auto chunk = [&](int d0, auto first) {
+    constexpr bool kFirst = decltype(first)::value && kSplit == 1;
     const int dc = ff_min(kC, Dp - d0);  // a multiple of kRenormEvery
     __syncthreads();  // the previous chunk, or whatever the caller kept in region, is consumed
     if (wide) {  // (kSplit 2: the first half stages the rows, the second the keys)
@@ -300,7 +316,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     __syncthreads();
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
-      if ((half * kGroups + g) * kRenormEvery < dc) {  // uniform in each half
+      if ((kFirst && g == 0) || (half * kGroups + g) * kRenormEvery < dc) {  // uniform in each half
 #pragma unroll
         for (int e = 0; e < kRenormEvery; ++e) {
           const int dd = g * kRenormEvery + e;  // compile-time offsets below
@@ -316,8 +332,12 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 #pragma unroll
           for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
-            for (int jj = 0; jj < kMicro; ++jj)
-              sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj]);
+            for (int jj = 0; jj < kMicro; ++jj) {
+              if (kFirst && g == 0 && e == 0)
+                first_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj]);
+              else
+                sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj]);
+            }
         }
 #pragma unroll
         for (int ii = 0; ii < kMicro; ++ii)
@@ -325,7 +345,11 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
           for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj], watch);
       }
     }
-  }
+    rsrc += kC * (int64_t)N;
+    ksrc += kC * (int64_t)M;
+  };
+  chunk(0, std::true_type{});
+  for (int d0 = kC; d0 < Dp; d0 += kC) chunk(d0, std::false_type{});
 
   int flags = score_flags(watch);  // (kSplit 2: both halves', below)
   // ---- kSplit 2: the halves swap quotients, each keeps kRows of the kMicro rows ----

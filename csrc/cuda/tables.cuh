@@ -47,7 +47,8 @@ constexpr float kUFloor = 1.0f / 32768.0f;
 // |R| below this: a flat feature (sinc(R u) = 1 to float precision for every u that matters).
 constexpr double kFlatRadius = 1e-9;
 
-FF_HD int padded_features(int D) { return (D + kRenormEvery - 1) / kRenormEvery * kRenormEvery; }
+// (at least one group: the score loop's first group always runs)
+FF_HD int padded_features(int D) { return D < 1 ? kRenormEvery : (D + kRenormEvery - 1) / kRenormEvery * kRenormEvery; }
 
 // Floats of the tables for a call (see Params).
 FF_HD int64_t table_floats(int64_t BH, int64_t H, int64_t N, int64_t M, int64_t Dp) {
