@@ -386,6 +386,8 @@ COLD_REGIONS = [
     dict(file="forward_tiled.cuh", start=r"FF_DEV void rare_scores_log2\(", end=r"^}$",
          why="rare path of the forward (|x| < 2^-14)"),
     dict(file="forward_tiled.cuh", start=r"if \(rare\) rare_scores_log2", end=None, why="rare path of the forward"),
+    dict(file="forward_tiled.cuh", start=r"if \(j0 \+ tx \* kMicro \+ kMicro > first_end\) \{  // partial tile",
+         end=r"^    \}$", why="a partial tile (the causal diagonal, the last keys)"),
     dict(file="forward_tiled.cuh", start=r"\} else if \(half == 0\) \{  // scalar staging", end=r"^    \}$",
          why="scalar staging (N or M not a multiple of 4)"),
     dict(file="backward_tiled.cuh", start=r"\} else \{  // scalar staging", end=r"^        \}$",

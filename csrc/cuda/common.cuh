@@ -70,6 +70,9 @@ struct Params {
   int Dp;               // D rounded up to a multiple of kRenormEvery (padding features are flat)
   int B, H, N, M, D, Dv;
   acc_t power;
+  // power log2(e) as a high and a low part (the float32 path's scores in log2 units:
+  // S log2(e) = fma(sum, high, sum * low)), set with power
+  float power_log2_high, power_log2_low;
   bool causal;
   float dropout_p;  // compared with ff_dropout_uniform (a float), as on the CPU
   acc_t keep_scale;  // 1 / (1 - dropout_p)

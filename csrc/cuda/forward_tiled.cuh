@@ -420,26 +420,32 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     const int j = j0 + tx * kMicro + jj;
     klog[jj] = j < M ? p.key_log[bh * M + j] : 0.0f;
   }
-  // power (times log2(e) for kLog2) as a high and a low float: S = fma(sum, high, sum * low)
-  float power_high = p.power, power_low = 0.0f;
-  if (kLog2) {
-    const double pw = (double)p.power * 1.44269504088896340736;
-    power_high = (float)pw;
-    power_low = (float)(pw - (double)power_high);
-  }
+  // power (times log2(e) for kLog2, from the launcher) as a high and a low float:
+  // S = fma(sum, high, sum * low)
+  const float power_high = kLog2 ? p.power_log2_high : p.power, power_low = kLog2 ? p.power_log2_low : 0.0f;
 #pragma unroll
   for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
     for (int jj = 0; jj < kMicro; ++jj) {
-      // (computed for every pair, then selected: no branch; a key past the end holds the last
-      // key's fields, finite)
-      const int j = j0 + tx * kMicro + jj;
+      // (computed for every pair; a key past the end holds the last key's fields, finite)
       const float e = (float)ex[ii][jj];
       const float sum = fmaf(e, kLn2High, log_high[ii]) +
                         (fmaf(e, kLn2Low, log_low[ii]) + (log_ratio(rn[ii][jj], rd[ii][jj]) + klog[jj]));
-      const float s = kLog2 ? fmaf(sum, power_high, sum * power_low) : p.power * sum;
-      S[ii][jj] = j < row_end[ii] ? s : NEG_INF;
+      S[ii][jj] = kLog2 ? fmaf(sum, power_high, sum * power_low) : p.power * sum;
     }
+  {  // keys a row does not see: -inf (a thread-uniform test: the thread's keys all visible to all
+     // its rows, as in every tile but the causal diagonal's and the last, needs no select)
+    int first_end = row_end[0];
+#pragma unroll
+    for (int ii = 1; ii < kRows; ++ii) first_end = ff_min(first_end, row_end[ii]);
+    if (j0 + tx * kMicro + kMicro > first_end) {  // partial tile
+#pragma unroll
+      for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj)
+          if (j0 + tx * kMicro + jj >= row_end[ii]) S[ii][jj] = NEG_INF;
+    }
+  }
   // ---- 2. the rare path ----
   // (kRareHere false: left to the caller, rare_scores_log2)
   rare = kRareHere ? 0 : flags;

@@ -65,6 +65,11 @@ Params<scalar_t, acc_t> make_params(const AttentionShape& sh, const at::Tensor& 
   p.D = (int)sh.D;
   p.Dv = (int)sh.Dv;
   p.power = (acc_t)power;
+  {
+    const double pw = (double)(float)power * 1.44269504088896340736;
+    p.power_log2_high = (float)pw;
+    p.power_log2_low = (float)(pw - (double)p.power_log2_high);
+  }
   p.causal = causal;
   p.log_eps = -INFINITY;  // no null key unless the backward sets it
   p.dropout_p = (float)dropout_p;
