@@ -317,7 +317,7 @@ LOOP_SPECS = [
          name="key tiles", step="kFwdKeys", unroll="1", trips="ceil(M / kFwdKeys)"),
     dict(file="forward_tiled.cuh", text=r"for \(int pass = 0; pass < kCols / kPassCols; \+\+pass\)",
          name="P V column passes", step="1", trips="fwd_passes"),
-    dict(file="forward_tiled.cuh", text=r"for \(int jj = 0; jj < nk; jj \+= 4\)",
+    dict(file="forward_tiled.cuh", text=r"for \(int jj = 0; jj < nk; jj \+= 4, prow \+= 4, vrow \+= 4 \* kVStride\)",
          name="P V", step="4", trips="kFwdKeys / 4", elems="4 * fwd_cols", unit="qkc"),
     # the output tile (zeroed, then written out): column groups kColStep t + 4 part, on average
     # over the kParts = 4 split threads of a row

@@ -679,13 +679,16 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
         bool col_on[kGroupsPerPass];  // (kSplit 1: always; Dvs is a multiple of kColStep = 16)
 #pragma unroll
         for (int t = 0; t < kGroupsPerPass; ++t) col_on[t] = kSplit == 1 || kColStep * (t0 + t) + 4 * part < Dvs;
-        const float* prow = St + pr * kScoreStride;  // the row's P
-        for (int jj = 0; jj < nk; jj += 4) {
-          const float4 p4 = load4(prow + jj);
+        // the row's P and the V rows of its keys, as pointers stepped by the loop (no address
+        // arithmetic per key)
+        const float* prow = St + pr * kScoreStride;
+        const float* vrow = Vs + part * 4 + kColStep * t0;
+        for (int jj = 0; jj < nk; jj += 4, prow += 4, vrow += 4 * kVStride) {
+          const float4 p4 = load4(prow);
           const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float* vr = Vs + (jj + e) * kVStride + part * 4 + kColStep * t0;
+            const float* vr = vrow + e * kVStride;
 #pragma unroll
             for (int t = 0; t < kGroupsPerPass; ++t) {
               if (col_on[t]) {
