@@ -37,11 +37,11 @@
 // and the series (3), the select and the two sums (2).
 // SASS counts (sm_90, nvcc 13.0.88 -O3 -lineinfo, 2026-11-28; scripts/cuda_sass_report.py; per
 // (query, key, feature) element): the g pass loop (4 features x 16 pairs per iteration, the
-// partial sums and their reduction included) about 1355 instructions, 21.2 per element (508
-// FFMA, 320 FMUL, 161 FADD, 65 LDS, 64 each of MUFU.RCP and the floor, ...); the scores 8.3-8.5
+// partial sums and their reduction included) about 1355 instructions, 21.1-21.2 per element (508
+// FFMA, 320 FMUL, 161 FADD, 65 LDS, 64 each of MUFU.RCP and the floor, ...); the scores 8.2-8.4
 // per element in each of the two passes. Whole backward (pre-pass + main pass + dq kernel,
-// N = M = 1024, tables not included): 54.0 per element at D = Dv = 16 (14.3 + 39.6 + 0.2) and
-// 44.7 at 128 (10.5 + 34.1 + 0.1); 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
+// N = M = 1024, tables not included): 51.1 per element at D = Dv = 16 (12.9 + 38.0 + 0.2) and
+// 42.8 at 128 (9.6 + 33.1 + 0.1); 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
 // dk/dv kernels before this layout. Every kernel at 128 registers or fewer (launch bounds (256,
 // 2): 16 warps per SM), none spills. dq's sums over key blocks are float atomics, so its last
 // bits depend on their order (as dradius's already did).
