@@ -39,7 +39,8 @@ Per kernel instance it prints:
   * the whole kernel per (query, key, feature) element at N = M = 256 and 1024: every instruction
     of the kernel weighted by the trip counts of the loops around it (per entry, for the shape),
     summed over the threads of all blocks of one (batch, head) slice, divided by N M D. The count
-    is for the plain case: no mask, no key bias, no dropout, not causal, no pair on the rare path
+    is for the plain case: no mask, no key bias, no dropout, not causal, the backward's score cache
+    present (its main pass reads the pre-pass's scores; --no-score-cache: computes them again), no pair on the rare path
     (|x| < 2^-14), no flat feature: the source lines of those branches (COLD_REGIONS) weigh 0,
     and out-of-line subroutines (the rare path's function, slow paths of divisions and of
     float64 sincos) are not counted. In the table kernel the per-feature x / u branch is weighted
@@ -266,7 +267,8 @@ def launcher_instances(D, Dv, c):
         out.append(Instance("delta", "backward_delta_tiled_kernel<float>", {}, "kFwdThreads",
                             "delta_smem_floats", "kFwdRows"))
         kOk = 1 if Dv <= 4 else 2 if Dv <= 8 else 4 if Dv <= 16 else 8 if Dv <= 32 else 16 if Dv <= 64 else 32
-        out.append(Instance("main", f"backward_main_tiled_kernel<float, {kOk}>", {"kO": kOk},
+        cache = "true" if SCORE_CACHE else "false"  # (the pre-pass's scores read, or computed again)
+        out.append(Instance("main", f"backward_main_tiled_kernel<float, {kOk}, {cache}>", {"kO": kOk},
                             "kFwdThreads", "main_smem_floats", "kFwdKeys"))
         out.append(Instance("finish", "backward_dq_finish_kernel<float>", {}, "kFwdThreads",
                             "finish_smem_floats", "kFwdRows"))
@@ -282,7 +284,8 @@ LAUNCHER_LINES = [
     r"else\s*launch\(forward_tiled_kernel<scalar_t, 64>, blocks, threads,",
     r"launch\(backward_delta_tiled_kernel<scalar_t>",
     r"launch\(backward_dq_finish_kernel<scalar_t>",
-    r"if \(p\.Dv <= 4\)\s*launch\(backward_main_tiled_kernel<scalar_t, 1>",
+    r"if \(p\.Dv <= 4\)\s*launch\(backward_main_tiled_kernel<scalar_t, 1, kCache>",
+    r"if \(p\.score_cache\)\s*launch_main_tiled<scalar_t, true>",
     r"launch\(table_kernel<scalar_t>, blocks, kTableThreads, table_smem_bytes\(\),",
 ]
 
@@ -379,6 +382,17 @@ LOOP_SPECS = [
 # Source regions that the plain case does not run (weight 0 in the whole-kernel count), and the
 # two branches of the table kernel (a thread takes one: N / (N + M) of them the query branch).
 # file, first line (regex), last line (regex, searched from the first; None: the first line only).
+# The backward's score cache (kScoreCacheBytes in backward_tiled.cuh): present (the default, as
+# where B H N M floats fit and M is a multiple of 4: the main pass reads the pre-pass's scores) or
+# absent (--no-score-cache: the main pass computes them again).
+# (the main pass is a kernel instance of its own for each: backward_main_tiled_kernel<..., kCache>;
+# the pre-pass's store weighs 0 without the cache)
+SCORE_CACHE_REGIONS = {
+    True: [],
+    False: [dict(file="backward_tiled.cuh", start=r"if \(p\.score_cache && j0 \+ tx \* kMicro < M\) \{",
+                 end=r"^    \}$", why="the score cache (written)")],
+}
+SCORE_CACHE = True  # (main: --no-score-cache)
 COLD_REGIONS = [
     dict(file="forward_tiled.cuh", start=r"// ---- 2\. the rare path ----", end=r"// ---- 3\. masks ----",
          why="rare path (|x| < 2^-14)"),
@@ -826,7 +840,7 @@ def analyse(inst, fn, names, sources):
                 left -= lp.trips * lp.unroll
     # instruction weights
     cold = {}
-    for reg in COLD_REGIONS:
+    for reg in COLD_REGIONS + SCORE_CACHE_REGIONS[SCORE_CACHE]:
         for f, ls in region_lines(sources, reg).items():
             cold.setdefault(f, set()).update(ls)
     branch_w = []
@@ -903,10 +917,15 @@ def main(argv=None):
     ap.add_argument("--head-dims", default="16,128", help="comma-separated D = Dv values (default 16,128)")
     ap.add_argument("--shapes", default="256,1024", help="N = M values of the whole-kernel counts (default 256,1024)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--no-score-cache", action="store_true",
+                    help="count the backward's main pass without the pre-pass's score cache (it computes the "
+                         "scores again, as where B H N M floats exceed kScoreCacheBytes or M is not a multiple of 4)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (.cu, ptxas logs, SASS) and print it")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fourierformer-sass-cache"),
                     help="cubin cache (default: %(default)s)")
     args = ap.parse_args(argv)
+    global SCORE_CACHE
+    SCORE_CACHE = not args.no_score_cache
     try:
         head_dims = sorted({int(x) for x in args.head_dims.split(",") if x.strip()})
         shapes = [int(x) for x in args.shapes.split(",") if x.strip()]
@@ -959,7 +978,7 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
         warnings.append("fourier_attention_launch.h no longer has these launches that the report mirrors "
                         "(update launcher_instances): " + "; ".join(stale))
     sources = {}
-    for reg in COLD_REGIONS + TABLE_BRANCHES:
+    for reg in COLD_REGIONS + SCORE_CACHE_REGIONS[True] + SCORE_CACHE_REGIONS[False] + TABLE_BRANCHES:
         if not region_lines(sources, reg):
             warnings.append(f"source region not found ({reg.get('why', 'table branch')}: {reg['start']}): "
                             f"counted as run")

@@ -59,6 +59,12 @@ constexpr int kBwdMaxFeatures = 128;  // largest padded D of the tiled backward
 // largest Dv of the tiled backward: its shared memory (about 100 KiB at Dv = 128) then fits
 // every GPU the build targets (sm_80 allows 163 KiB per block)
 constexpr int kBwdMaxValueColumns = 128;
+// The pre-pass keeps its scores (log2 units, masks and rare path included: the main pass's P must
+// be the pre-pass's, bit for bit) for the main pass, which then reads them instead of computing
+// them again, where they take at most this much memory (B H N M floats) and M is a multiple of 4
+// (float4 rows): 8.4 instructions per element less in the main pass for 8 bytes of memory
+// traffic per (query, key) pair; beyond, the main pass recomputes them.
+constexpr int64_t kScoreCacheBytes = int64_t(256) << 20;
 
 // g(x) = d/dx log|sinc x| of one element from the table fields; u = q c - k c through u_out.
 FF_DEV float dlog_sinc_tables(float q, float t, float t_low, float k, float X, float Y, float Y_low, float x_per_u,
@@ -213,6 +219,15 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
     const int i0 = ids[1];
     stage_v_transposed(p.v + bh * M * Dv, j0, M, Dv, Vt, tid);
     __syncthreads();
+    if (p.score_cache && j0 + tx * kMicro < M) {  // (M a multiple of 4: the thread's 4 keys or none)
+#pragma unroll
+      for (int ii = 0; ii < kMicro; ++ii) {
+        const int i = i0 + ty * kMicro + ii;
+        if (i < N)
+          *reinterpret_cast<float4*>(p.score_cache + (bh * N + i) * M + j0 + tx * kMicro) =
+              make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
+      }
+    }
     float dP[kMicro][kMicro], delta_part[kMicro], psum_part[kMicro];
 #pragma unroll
     for (int ii = 0; ii < kMicro; ++ii) {
@@ -291,7 +306,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
 // B * H * ceil(M / kFwdKeys) blocks of kFwdThreads (after the pre-pass). kO value columns per
 // thread (4 threads per key): 1, 2 (Dv <= 4, 8), else 4 per 16 columns.
 // ---------------------------------------------------------------------------------------
-template <typename scalar_t, int kO>
+template <typename scalar_t, int kO, bool kCache>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(const Params<scalar_t, float> p) {
   static_assert(kO == 1 || kO == 2 || kO % 4 == 0, "value columns per thread");
   FF_DYNAMIC_SHARED(smem_raw);
@@ -339,7 +354,20 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
 
   for (int i0 = i_begin; i0 < N; i0 += kFwdRows) {
     float S[kMicro][kMicro];
-    {
+    if constexpr (kCache) {  // the pre-pass's scores (p.score_cache; -inf where not visible)
+      const int tid = fresh_thread_index(), warp = tid >> 5, lane = tid & 31;
+      const int64_t bh = ids[0];
+      const int j = ids[1] + ((warp & 1) * 8 + (lane & 7)) * kMicro;  // the thread's first key
+#pragma unroll
+      for (int ii = 0; ii < kMicro; ++ii) {
+        const int i = i0 + ((warp >> 1) * 4 + (lane >> 3)) * kMicro + ii;
+        const int end = i < N ? visible_end(p, i) : 0;  // (M a multiple of 4: 4 keys or none)
+        const float4 s4 = j < end ? load4(p.score_cache + (bh * N + i) * M + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = j + jj < end ? sv[jj] : -ff_inf<float>();
+      }
+    } else {  // no score cache: the scores again
       const int tid = fresh_thread_index(), warp = tid >> 5, lane = tid & 31;
       tile_scores_log2(p, (int64_t)ids[0], i0, ids[1], (warp & 1) * 8 + (lane & 7), (warp >> 1) * 4 + (lane >> 3),
                        region, S);

@@ -20,6 +20,7 @@ namespace cuda {
 struct CudaLauncher {
   cudaStream_t stream;
   size_t smem_optin;
+  int64_t score_cache_bytes = kScoreCacheBytes;  // the backward's score cache, at most
 
   template <typename scalar_t, typename acc_t>
   void operator()(void (*kernel)(Params<scalar_t, acc_t>), int64_t blocks, int threads, size_t smem_bytes,

@@ -177,23 +177,24 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   return {out, lse};
 }
 
-// The main pass of the tiled backward, by value columns per thread (4 threads per key).
-template <typename scalar_t, typename Launcher>
+// The main pass of the tiled backward, by value columns per thread (4 threads per key) and by
+// whether it reads the pre-pass's scores (kCache: p.score_cache) or computes them.
+template <typename scalar_t, bool kCache, typename Launcher>
 void launch_main_tiled(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
   const int64_t blocks = grid_blocks(sh, sh.M, kFwdKeys);
   const size_t smem = sizeof(float) * tiled_main_smem_floats(p.Dp, p.Dv);
   if (p.Dv <= 4)
-    launch(backward_main_tiled_kernel<scalar_t, 1>, blocks, kFwdThreads, smem, p);
+    launch(backward_main_tiled_kernel<scalar_t, 1, kCache>, blocks, kFwdThreads, smem, p);
   else if (p.Dv <= 8)
-    launch(backward_main_tiled_kernel<scalar_t, 2>, blocks, kFwdThreads, smem, p);
+    launch(backward_main_tiled_kernel<scalar_t, 2, kCache>, blocks, kFwdThreads, smem, p);
   else if (p.Dv <= 16)
-    launch(backward_main_tiled_kernel<scalar_t, 4>, blocks, kFwdThreads, smem, p);
+    launch(backward_main_tiled_kernel<scalar_t, 4, kCache>, blocks, kFwdThreads, smem, p);
   else if (p.Dv <= 32)
-    launch(backward_main_tiled_kernel<scalar_t, 8>, blocks, kFwdThreads, smem, p);
+    launch(backward_main_tiled_kernel<scalar_t, 8, kCache>, blocks, kFwdThreads, smem, p);
   else if (p.Dv <= 64)
-    launch(backward_main_tiled_kernel<scalar_t, 16>, blocks, kFwdThreads, smem, p);
+    launch(backward_main_tiled_kernel<scalar_t, 16, kCache>, blocks, kFwdThreads, smem, p);
   else
-    launch(backward_main_tiled_kernel<scalar_t, 32>, blocks, kFwdThreads, smem, p);
+    launch(backward_main_tiled_kernel<scalar_t, 32, kCache>, blocks, kFwdThreads, smem, p);
 }
 
 // float64 and head dims above kBwdMaxFeatures / kBwdMaxValueColumns: the simple path
@@ -212,11 +213,21 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
       p.dq_acc = dq_acc.data_ptr<float>();
       const at::Tensor dv_acc = at::empty({sh.B * sh.H * sh.M * sh.Dv}, options.dtype(at::kFloat));
       p.dv_acc = dv_acc.data_ptr<float>();
+      at::Tensor score_cache;  // (see kScoreCacheBytes; the launcher's budget)
+      if ((sh.M & 3) == 0 && sh.B * sh.H * sh.N * sh.M * (int64_t)sizeof(float) <= launch.score_cache_bytes) {
+        score_cache = at::empty({sh.B * sh.H * sh.N * sh.M}, options.dtype(at::kFloat));
+        p.score_cache = score_cache.data_ptr<float>();
+      }
       const int64_t row_blocks = grid_blocks(sh, sh.N, kFwdRows);
       if (sh.N > 0)
         launch(backward_delta_tiled_kernel<scalar_t>, row_blocks, kFwdThreads,
                sizeof(float) * tiled_delta_smem_floats(p.Dv), p);
-      if (sh.M > 0) launch_main_tiled(sh, p, launch);  // with N = 0 this writes zero dk and dv
+      if (sh.M > 0) {  // with N = 0 this writes zero dk and dv
+        if (p.score_cache)
+          launch_main_tiled<scalar_t, true>(sh, p, launch);
+        else
+          launch_main_tiled<scalar_t, false>(sh, p, launch);
+      }
       if (sh.N > 0)
         launch(backward_dq_finish_kernel<scalar_t>, row_blocks, kFwdThreads, sizeof(float) * kBwdMaxFeatures, p);
       return;

@@ -184,6 +184,36 @@ def check_smem_limit(f32):
     print("  ok  99 KiB per block: Dv 160 runs the simple forward kernel")
 
 
+def check_score_cache(f32):
+    """The tiled backward's main pass with the pre-pass's score cache (M a multiple of 4, within
+    kScoreCacheBytes: the default) and without (FF_EMU_SCORE_CACHE_BYTES=0: it computes the scores
+    again): both against the reference, and the two alike (the same P; dq's atomics may add in
+    another order). Causal with a key padding mask and dropout: the cache holds no scores for the
+    keys a query block does not see, which the main pass must read as -inf."""
+    case = make_case(2, 1, 70, 72, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
+    kpm = case["key_padding"]
+    key_bias = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
+    args = (case["q"], case["k"], case["v"], case["radius"].float(), 4.0, None, key_bias, True, 0.2, 5, 0.0)
+    out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(11))
+
+    def backward():
+        return torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:])
+
+    cached = backward()
+    os.environ["FF_EMU_SCORE_CACHE_BYTES"] = "0"
+    try:
+        recomputed = backward()
+        run_case("f32 causal kpm dropout, no score cache", case, 4, 0.2, **f32)
+    finally:
+        del os.environ["FF_EMU_SCORE_CACHE_BYTES"]
+    run_case("f32 causal kpm dropout, score cache", case, 4, 0.2, **f32)
+    for name, a, b in zip(("dq", "dk", "dv", "dradius"), cached, recomputed):
+        err = (a - b).abs().max().item()
+        assert err <= 1e-6 * max(1.0, b.abs().max().item()), f"score cache: {name} differs by {err:.3e}"
+    print("  ok  score cache and recomputed scores agree (dq, dk, dv, dradius)")
+
+
 def check_empty_shapes():
     """M = 0 (no keys: out 0, lse +inf, zero grads), N = 0 (zero dk, dv), B = 0."""
     for B, N, M in ((1, 3, 0), (2, 0, 5), (0, 3, 4)):
@@ -390,6 +420,7 @@ def main():
     for name, case, power, p, tol in cases:
         run_case(name, case, power, dropout_p=p, **tol)
     check_smem_limit(f32)
+    check_score_cache(f32)
     if run_special():
         sys.exit(1)
     if args.fuzz and run_fuzz(args.fuzz):

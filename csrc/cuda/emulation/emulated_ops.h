@@ -21,8 +21,16 @@ namespace fourierformer {
 namespace {
 // smem_optin: the per-block shared memory the emulated GPU allows (FF_EMU_SMEM_OPTIN bytes,
 // e.g. 101376 for the 99 KiB of sm_86 / sm_89; unset: no limit), as CudaLauncher's.
+// score_cache_bytes: the backward's score cache budget (FF_EMU_SCORE_CACHE_BYTES; unset:
+// kScoreCacheBytes, as on a GPU), so that both main passes can be checked.
 struct EmuLauncher {
   size_t smem_optin = emulated_smem_optin();
+  int64_t score_cache_bytes = emulated_score_cache_bytes();
+
+  static int64_t emulated_score_cache_bytes() {
+    const char* env = std::getenv("FF_EMU_SCORE_CACHE_BYTES");
+    return env && *env ? (int64_t)std::strtoll(env, nullptr, 10) : cuda::kScoreCacheBytes;
+  }
 
   static size_t emulated_smem_optin() {
     const char* env = std::getenv("FF_EMU_SMEM_OPTIN");
