@@ -61,11 +61,11 @@ that the plain case does not take (P = 0) is assumed not taken.
 For the kernels of 2026-11-28 (nvcc 13.0.88, this script at its defaults, on a 2-core CPU machine
 without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 12.77 / 12.44 at D = 16
 and 10.74 / 10.65 at D = 128 (512-thread two-half blocks); backward (pre-pass + main pass + dq
-finish) 52.78 / 51.06 at D = 16 and 43.36 / 42.76 at D = 128 (main pass: g pass for dq and dk
-21.1-21.2); the scores' chunk loop 8.2-8.4 per element (9.4 in the two-half blocks); the table
-kernel 2.79 / 0.70 and 2.10 / 0.52; no kernel spills. The first feature chunk of the scores runs
-outside that loop (peeled): at D = 16 the loop does not run and the chunk counts in the tile
-loop's share.
+finish) 44.24 / 42.52 at D = 16 and 35.44 / 34.83 at D = 128 with the score cache (--no-score-cache:
+52.81 / 51.09 and 43.37 / 42.76); the g pass for dq and dk 21.1-21.2, the scores' chunk loop 8.2-8.4
+per element (9.4 in the two-half blocks); the table kernel 2.79 / 0.70 and 2.10 / 0.52; no kernel
+spills. The first feature chunk of the scores runs outside that loop (peeled): at D = 16 the loop
+does not run and the chunk counts in the tile loop's share.
 
 Requirements: nvcc (the CUDA toolkit, 12.x or 13.x) and nvdisasm; cuobjdump (optional) cross-checks
 the register counts. The two disassemblers come as PyPI wheels (not needed by the project itself):

@@ -7,7 +7,8 @@
 //        tiles; Delta_i = sum_j P f dP and c_i = sum_j P from this pass's own P (see the comment
 //        above backward_dq_kernel in backward.cuh: the radius gradient needs that). It writes
 //        Delta_i / c_i and lse_i + log c_i (with the null key's share).
-//   main pass (block of kFwdKeys keys, sweeping query tiles): the scores again, P with the
+//   main pass (block of kFwdKeys keys, sweeping query tiles): the scores again (or, within
+//        kScoreCacheBytes, the pre-pass's, from p.score_cache: kCache), P with the
 //        pre-pass's lse, dS' = P (f dP - Delta / c) kept in the thread's 4 x 4 register tile (the
 //        power p multiplies dq, dk and dradius once, at the end); dv_j += sum_i P f dO_i in 4 keys
 //        x 4 columns register tiles (DvTile: per query a float4 of P f, a float4 of dO, 16 FMAs);
@@ -39,9 +40,10 @@
 // (query, key, feature) element): the g pass loop (4 features x 16 pairs per iteration, the
 // partial sums and their reduction included) about 1355 instructions, 21.1-21.2 per element (508
 // FFMA, 320 FMUL, 161 FADD, 65 LDS, 64 each of MUFU.RCP and the floor, ...); the scores 8.2-8.4
-// per element in each of the two passes. Whole backward (pre-pass + main pass + dq kernel,
-// N = M = 1024, tables not included): 51.1 per element at D = Dv = 16 (12.9 + 38.0 + 0.2) and
-// 42.8 at 128 (9.6 + 33.1 + 0.1); 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
+// per element in the pre-pass (and in the main pass without the score cache, kScoreCacheBytes).
+// Whole backward (pre-pass + main pass + dq kernel, N = M = 1024, tables not included): 42.5 per
+// element at D = Dv = 16 (13.2 + 29.1 + 0.2) and 34.8 at 128 (9.6 + 25.1 + 0.1) with the score
+// cache, 51.1 and 42.8 without; 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
 // dk/dv kernels before this layout. Every kernel at 128 registers or fewer (launch bounds (256,
 // 2): 16 warps per SM), none spills. dq's sums over key blocks are float atomics, so its last
 // bits depend on their order (as dradius's already did).
@@ -63,7 +65,8 @@ constexpr int kBwdMaxValueColumns = 128;
 // be the pre-pass's, bit for bit) for the main pass, which then reads them instead of computing
 // them again, where they take at most this much memory (B H N M floats) and M is a multiple of 4
 // (float4 rows): 8.4 instructions per element less in the main pass for 8 bytes of memory
-// traffic per (query, key) pair; beyond, the main pass recomputes them.
+// traffic per (query, key) pair; beyond, the main pass recomputes them. The environment variable
+// FOURIERFORMER_SCORE_CACHE_MB sets another budget (0: never; cuda_launcher.cuh).
 constexpr int64_t kScoreCacheBytes = int64_t(256) << 20;
 
 // g(x) = d/dx log|sinc x| of one element from the table fields; u = q c - k c through u_out.

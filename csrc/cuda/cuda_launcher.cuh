@@ -10,6 +10,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
+#include <cstdlib>
+
 #include "fourier_attention_launch.h"
 
 namespace fourierformer {
@@ -37,9 +39,17 @@ struct CudaLauncher {
   }
 };
 
+// The backward's score cache budget: kScoreCacheBytes, or FOURIERFORMER_SCORE_CACHE_MB MiB
+// (0: no cache, the main pass computes the scores again).
+inline int64_t score_cache_budget() {
+  const char* env = std::getenv("FOURIERFORMER_SCORE_CACHE_MB");
+  return env && *env ? (int64_t)std::strtoll(env, nullptr, 10) << 20 : kScoreCacheBytes;
+}
+
 inline CudaLauncher current_launcher() {
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  return CudaLauncher{at::cuda::getCurrentCUDAStream().stream(), (size_t)prop->sharedMemPerBlockOptin};
+  return CudaLauncher{at::cuda::getCurrentCUDAStream().stream(), (size_t)prop->sharedMemPerBlockOptin,
+                      score_cache_budget()};
 }
 
 }  // namespace cuda
