@@ -107,3 +107,24 @@ def test_cuda_fuzz_float64_against_oracle(seed):
     case = {**case, **{n: case[n].double() for n in ("q", "k", "v", "radius", "grad_out")}}
     bad = float64_mismatches(cuda_gradients(case, torch.float64), *_args(case), **case["kwargs"])
     assert not bad, case["label"] + "\n" + "\n".join(bad)
+
+
+def test_cuda_score_cache_on_and_off_agree(monkeypatch):
+    """The float32 backward's main pass reads the pre-pass's cached scores (M a multiple of 4,
+    within the budget) or, with FOURIERFORMER_SCORE_CACHE_MB=0, computes them again: both within
+    the oracle's bound, and alike (the same P; dq's float atomics may add in another order)."""
+    seeds = [s for s in range(N_CASES) if draw_case(s)["k"].shape[-2] % 4 == 0][:6]
+    assert seeds, "no fuzz case with M a multiple of 4"
+    for seed in seeds:
+        case = _rounded(draw_case(seed), torch.float32)
+        monkeypatch.delenv("FOURIERFORMER_SCORE_CACHE_MB", raising=False)
+        cached = cuda_gradients(case, torch.float32)
+        monkeypatch.setenv("FOURIERFORMER_SCORE_CACHE_MB", "0")
+        recomputed = cuda_gradients(case, torch.float32)
+        for ours in (cached, recomputed):
+            bad = oracle_mismatches(ours, *_args(case), **case["kwargs"])
+            assert not bad, case["label"] + "\n" + "\n".join(bad)
+        for name, a, b in zip(NAMES, cached, recomputed):
+            scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
+            err = (a - b).abs().max().item() if a.numel() else 0.0
+            assert err <= 1e-6 * scale, f"{case['label']}: {name} differs by {err:.3e} with and without the cache"
