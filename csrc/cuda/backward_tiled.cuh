@@ -306,8 +306,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
 
 // ---------------------------------------------------------------------------------------
 // Main pass: dk, dv, the dq sums (into p.dq_acc) and the keys' share of dradius. Grid:
-// B * H * ceil(M / kFwdKeys) blocks of kFwdThreads (after the pre-pass). kO value columns per
-// thread (4 threads per key): 1, 2 (Dv <= 4, 8), else 4 per 16 columns.
+// B * H * ceil(M / kFwdKeys) blocks of kFwdThreads (after the pre-pass). Value columns up to
+// 4 kO (kO = 1, 2, 4, 8, 16, 32: the dv tiles of DvTile<kO>); kCache: the scores from
+// p.score_cache (kScoreCacheBytes), else computed.
 // ---------------------------------------------------------------------------------------
 template <typename scalar_t, int kO, bool kCache>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(const Params<scalar_t, float> p) {

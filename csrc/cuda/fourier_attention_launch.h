@@ -177,7 +177,7 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   return {out, lse};
 }
 
-// The main pass of the tiled backward, by value columns per thread (4 threads per key) and by
+// The main pass of the tiled backward, by its value columns (up to 4 kO, DvTile) and by
 // whether it reads the pre-pass's scores (kCache: p.score_cache) or computes them.
 template <typename scalar_t, bool kCache, typename Launcher>
 void launch_main_tiled(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
