@@ -193,24 +193,24 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
   const int warp = tid >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);
-  {
-  int i0;
-  const int64_t bh = block_slice(N, kFwdRows, i0);
-  if (tid == 0) {
-    ids[0] = (int)bh;
-    ids[1] = i0;
-    ids[2] = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));
-  }
-  for (int idx = tid; idx < Dv * kFwdRows; idx += kFwdThreads) {
-    const int c = idx >> kFwdRowsLog2, r = idx & (kFwdRows - 1);
-    const int i = i0 + r;
-    dOt[idx] = i < N ? load_as<float>(p.dout, (bh * N + i) * Dv + c) : 0.0f;
-  }
-  if (tid < kFwdRows) {
-    const int i = i0 + tid;
-    split_lse_log2_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
-  }
-  for (int idx = tid; idx < 4 * kFwdRows; idx += kFwdThreads) row_sums[idx] = 0.0f;
+  {  // (bh and i0 live only here: the key-tile loop reads them from ids)
+    int i0;
+    const int64_t bh = block_slice(N, kFwdRows, i0);
+    if (tid == 0) {
+      ids[0] = (int)bh;
+      ids[1] = i0;
+      ids[2] = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));
+    }
+    for (int idx = tid; idx < Dv * kFwdRows; idx += kFwdThreads) {
+      const int c = idx >> kFwdRowsLog2, r = idx & (kFwdRows - 1);
+      const int i = i0 + r;
+      dOt[idx] = i < N ? load_as<float>(p.dout, (bh * N + i) * Dv + c) : 0.0f;
+    }
+    if (tid < kFwdRows) {
+      const int i = i0 + tid;
+      split_lse_log2_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
+    }
+    for (int idx = tid; idx < 4 * kFwdRows; idx += kFwdThreads) row_sums[idx] = 0.0f;
   }
   __syncthreads();  // ids
 

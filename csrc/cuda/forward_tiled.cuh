@@ -228,14 +228,14 @@ FF_DEV float add_log2(float s, float add) { return fmaf(add, kLog2eHigh, fmaf(ad
 
 // Scores of a tile, masks included: S[ii][jj] of query i0 + ty * kMicro + ii and key
 // j0 + tx * kMicro + jj (-inf where the key is not visible or masked; rows past N see nothing),
-// natural log (kLog2 false) or times log2(e) (kLog2 true, the forward's softmax: P = 2^(S - m)),
-// the two with the same roundings but the last.
+// times log2(e) (the softmax's units in the forward and the backward: P = 2^(S - m)), with the
+// roundings of S but the last.
 // All threads of the block call it (it stages the features chunk by chunk into `region`,
 // with barriers; the caller must not touch region before the next barrier either).
 // kSplit 2: a block of 2 kFwdThreads threads, thread tid and tid + kFwdThreads (same tx, ty) each
 // take half of every chunk's features, then swap products: S[ii][jj] (ii < kMicro / 2) is then
 // that of row ty * kMicro + half * kMicro / 2 + ii, half = threadIdx.x / kFwdThreads.
-template <bool kLog2, int kSplit, bool kRareHere, typename scalar_t>
+template <int kSplit, bool kRareHere, typename scalar_t>
 FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
                              float* region, float (&S)[kMicro][kMicro], int& rare) {
   static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
@@ -420,9 +420,8 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     const int j = j0 + tx * kMicro + jj;
     klog[jj] = j < M ? p.key_log[bh * M + j] : 0.0f;
   }
-  // power (times log2(e) for kLog2, from the launcher) as a high and a low float:
-  // S = fma(sum, high, sum * low)
-  const float power_high = kLog2 ? p.power_log2_high : p.power, power_low = kLog2 ? p.power_log2_low : 0.0f;
+  // power log2(e) (from the launcher) as a high and a low float: S = fma(sum, high, sum * low)
+  const float power_high = p.power_log2_high, power_low = p.power_log2_low;
 #pragma unroll
   for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
@@ -431,7 +430,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       const float e = (float)ex[ii][jj];
       const float sum = fmaf(e, kLn2High, log_high[ii]) +
                         (fmaf(e, kLn2Low, log_low[ii]) + (log_ratio(rn[ii][jj], rd[ii][jj]) + klog[jj]));
-      S[ii][jj] = kLog2 ? fmaf(sum, power_high, sum * power_low) : p.power * sum;
+      S[ii][jj] = fmaf(sum, power_high, sum * power_low);
     }
   {  // keys a row does not see: -inf (a thread-uniform test: the thread's keys all visible to all
      // its rows, as in every tile but the causal diagonal's and the last, needs no select)
@@ -460,7 +459,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         const int i = i0 + row0 + ii, j = j0 + tx * kMicro + jj;
         if (j < row_end[ii]) {
           const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, flags & kRareAll);
-          if (s == s) S[ii][jj] = kLog2 ? fmaf(s, kLog2eHigh, s * kLog2eLow) : s;  // (NaN: not a rare pair)
+          if (s == s) S[ii][jj] = fmaf(s, kLog2eHigh, s * kLog2eLow);  // (NaN: not a rare pair)
         }
       }
     }
@@ -477,14 +476,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 #pragma unroll
     for (int jj = 0; jj < kMicro; ++jj) {
       const int j = j0 + tx * kMicro + jj;
-      if (j < row_end[ii]) {
-        if (kLog2) {
-          S[ii][jj] = add_log2(S[ii][jj], (mrow ? mrow[j] : 0.0f) + (kbias ? kbias[j] : 0.0f));
-        } else {
-          if (mrow) S[ii][jj] += mrow[j];
-          if (kbias) S[ii][jj] += kbias[j];
-        }
-      }
+      if (j < row_end[ii]) S[ii][jj] = add_log2(S[ii][jj], (mrow ? mrow[j] : 0.0f) + (kbias ? kbias[j] : 0.0f));
     }
   }
 }
@@ -495,11 +487,11 @@ template <typename scalar_t>
 FF_DEV void tile_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
                              float* region, float (&S)[kMicro][kMicro]) {
   int rare;  // (0: the rare path is done here)
-  tile_scores_impl<true, 1, true>(p, bh, i0, j0, tx, ty, region, S, rare);
+  tile_scores_impl<1, true>(p, bh, i0, j0, tx, ty, region, S, rare);
 }
 
 // The forward's rare path: after the scores of the tile are in St (row stride kScoreStride),
-// the thread whose tile_scores_impl<true> said `rare` rewrites those of its visible pairs (rows
+// the thread whose tile_scores_impl said `rare` rewrites those of its visible pairs (rows
 // row0 .. row0 + rows - 1, keys tx * kMicro + (0 .. kMicro - 1)) that
 // have |u| <= kUFloor in some feature (all of them with `all`, kRareAll) from the per-element
 // math (rare_pair_score), masks included. A loop, not unrolled, outside the score code: no registers held across the calls.
@@ -588,7 +580,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
     int rare;  // ScoreFlags
-    tile_scores_impl<true, kSplit, false>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);  // log2 units
+    tile_scores_impl<kSplit, false>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);  // log2 units
     const int64_t bh = ids[0];
     const int i0 = ids[1];
     const int row0 = ty * kMicro + (tid / kFwdThreads) * (kMicro / kSplit);  // the rows of S
