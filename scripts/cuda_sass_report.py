@@ -376,7 +376,7 @@ LOOP_SPECS = [
     # atomicAdd's compare-and-swap retry loop (shared memory float): once without contention
     dict(file="sm_20_atomic_functions.hpp", text=None, name="atomicAdd CAS loop", step="1", trips="1"),
     # table_kernel
-    dict(file="tables.cuh", text=r"for \(int d = slot; d < Dp; d \+= kTableSlots\)", name="features",
+    dict(file="tables.cuh", text=r"for \(int d = slot; d < Dp; d \+= kTableSlots, out \+= step\)", name="features",
          step="kTableSlots", trips="Dp / kTableSlots", elems="1", unit="rd"),
 ]
 # Source regions that the plain case does not run (weight 0 in the whole-kernel count), and the
@@ -416,7 +416,8 @@ COLD_REGIONS = [
          why="dropout"),
     dict(file="fourier_element_math.h", start=r"FF_HD uint32_t ff_mix32\(", end=r"^}$", why="dropout (hash)"),
     dict(file="fourier_element_math.h", start=r"FF_HD float ff_dropout_uniform\(", end=r"^}$", why="dropout (hash)"),
-    dict(file="tables.cuh", start=r"if \(r >= 0\.0 && r < kFlatRadius\) \{\s*// flat", end=r"\} else if \(r > 0\.0\) \{",
+    dict(file="tables.cuh", start=r"else  // \(over 2\^31 rows\)", end=None, why="over 2^31 table rows"),
+    dict(file="tables.cuh", start=r"if \(r >= 0\.0f && \(double\)r < kFlatRadius\) \{\s*// flat", end=r"\} else if \(r > 0\.0f\) \{",
          why="flat features"),
 ]
 TABLE_BRANCHES = [
@@ -428,8 +429,11 @@ TABLE_BRANCHES = [
     # (more batches: fewer; an upper bound)
     dict(file="tables.cuh", start=r"if \(id < \(int64_t\)p\.H \* Dp\) \{", end=r"^  \}$",
          weight="min(1, Dp / ((N + M) * kTableSlots))"),
-    # after the slots' partial sums: slot 0 of each row only
-    dict(file="tables.cuh", start=r"double total = 0\.0;", end=r"^}$", weight="1 / kTableSlots"),
+    # after the slots' parts: slot 0 of each row only, then the query or the key row's constant
+    dict(file="tables.cuh", start=r"if \(!on \|\| slot != 0\) return;", end=r"^}$", weight="1 / kTableSlots"),
+    dict(file="tables.cuh", start=r"if \(row < N\) \{  // the query row's constant", end=r"\} else \{  // the key row's",
+         weight="N / (N + M)"),
+    dict(file="tables.cuh", start=r"\} else \{  // the key row's", end=r"^  \}$", weight="M / (N + M)"),
 ]
 
 

@@ -114,8 +114,8 @@ at::Tensor build_tables(const AttentionShape& sh, Params<scalar_t, float>& p, co
   at::Tensor tables = at::empty({floats}, options.dtype(at::kFloat));
   carve_tables(p, tables.data_ptr<float>());
   const int64_t blocks = table_blocks(sh.B * sh.H, sh.H, sh.N, sh.M, p.Dp);
-  TORCH_CHECK(blocks <= INT_MAX, "fourier_attention (cuda): too many rows for the table kernel: ",
-              sh.B * sh.H * (sh.N + sh.M));
+  TORCH_CHECK(blocks <= INT_MAX && sh.H * p.Dp <= INT_MAX, "fourier_attention (cuda): too many rows for the table kernel: ",
+              sh.B * sh.H * (sh.N + sh.M), " rows, ", sh.H, " heads");
   launch(table_kernel<scalar_t>, blocks, kTableThreads, table_smem_bytes(), p);
   return tables;
 }

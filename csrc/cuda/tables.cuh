@@ -25,10 +25,13 @@
 // cot x = (X + t Y) / s' (no table of cos a at all).
 //
 // table_kernel: kTableSlots (8) threads per row, each a slot of the features (d = slot + 8 n),
-// the float64 sincos and logs per (row, feature) as before, the row's constant summed from the
-// slots' partial sums in slot order (was: one thread per row looping over all Dp features: 128
-// float64 iterations per thread at head dim 128). sm_90: 52 registers, no spills, 32 warps per
-// SM (was 48 and 40). Built per call: the forward and the backward each build their own.
+// a float64 sincos per (row, feature); the divisions by cos as a reciprocal (float estimate and
+// two Newton steps); a query row's constant from the products of the |cos| and of the m = |R| / c
+// (mantissas and exponents of the slots' products combined by slot 0 in slot order, one log per
+// row, where there was one per (row, feature)); |R| split into c and m from the float's bits;
+// 32-bit index divisions below 2^31 rows. sm_90: 48 registers, no spills, 40 warps per SM;
+// about 165 instructions per (row, feature), 300 and 230 (query, key) before. Built per call:
+// the forward and the backward each build their own.
 #pragma once
 
 #include "common.cuh"
@@ -66,17 +69,33 @@ FF_HD void carve_tables(Params<scalar_t, acc_t>& p, float* ws) {
   p.x_per_u = p.key_log + BH * M;
 }
 
-// |R| of feature d and c, the power of two with c <= |R| < 2c; for a flat feature its |R| (0 for
-// NaN) and c = 1; -1 for a padding feature.
-FF_DEV double feature_radius(const float* radius, int h, int D, int d, double& c) {
-  c = 1.0;
-  if (d >= D) return -1.0;
-  const double r = fabs((double)radius[(int64_t)h * D + d]);
-  if (!(r >= kFlatRadius)) return r == r ? r : 0.0;
-  int e = 0;
-  (void)frexp(r, &e);  // r = m 2^e, m in [1/2, 1)
-  c = ldexp(1.0, e - 1);
+// |R_d| of feature d of a head (radius: the head's row of R) and, through c and m, its split |R_d| = c m (exact, from the float's
+// bits): c the power of two with c <= |R_d| < 2c, m = |R_d| / c in [1, 2). A flat feature
+// returns its |R| (0 for NaN) with c = m = 1; a padding feature -1.
+FF_DEV float feature_radius(const float* radius, int D, int d, float& c, float& m) {
+  c = m = 1.0f;
+  if (d >= D) return -1.0f;
+  const float r = fabsf(radius[d]);
+  if (!((double)r >= kFlatRadius)) return r == r ? r : 0.0f;
+  const int bits = ff_float_bits(r);
+  c = ff_bits_float(bits & 0x7F800000);
+  m = ff_bits_float((bits & 0x007FFFFF) | 0x3F800000);
   return r;
+}
+
+// 1 / x in float64 to about 1 ulp, for |x| in [1e-30, 1e30]: the float reciprocal (about 2^-23)
+// and two Newton steps (2^-46, then float64 rounding), 7 instructions where a float64 division
+// takes 20 and a subroutine call.
+FF_DEV double ff_reciprocal(double x) {
+#if defined(FF_HOST_EMULATION)
+  const float r0 = 1.0f / (float)x;
+#else
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"((float)x));
+#endif
+  double r = (double)r0;
+  r = fma(r, fma(-x, r, 1.0), r);
+  return fma(r, fma(-x, r, 1.0), r);
 }
 
 // One thread per (row, feature slot): a block takes kTableRows consecutive rows of the
@@ -93,95 +112,149 @@ FF_HD int64_t table_blocks(int64_t BH, int64_t H, int64_t N, int64_t M, int64_t 
   const int64_t feature_blocks = (H * Dp + kTableThreads - 1) / kTableThreads;
   return row_blocks > feature_blocks ? row_blocks : feature_blocks;
 }
-FF_HD int64_t table_smem_bytes() { return (int64_t)sizeof(double) * kTableThreads; }
+
+// x = m 2^e with m in [1, 2) for a positive normal float64 x: returns e, leaves m in x.
+FF_DEV int take_exponent(double& x) {
+#if defined(FF_HOST_EMULATION)
+  long long bits;
+  __builtin_memcpy(&bits, &x, sizeof bits);
+#else
+  long long bits = __double_as_longlong(x);
+#endif
+  const int e = (int)((bits >> 52) & 0x7FF) - 1023;
+  bits = (bits & 0x000FFFFFFFFFFFFFLL) | 0x3FF0000000000000LL;
+#if defined(FF_HOST_EMULATION)
+  __builtin_memcpy(&x, &bits, sizeof x);
+#else
+  x = __longlong_as_double(bits);
+#endif
+  return e;
+}
+
+// The slots' parts of the row constants (kTableSlots, kTableRows each): a query row's num's
+// mantissa and den (its sum is log(prod num / prod den) + (sum of the exponents) log 2, one log
+// per row), a key row's sum in `num`.
+struct TableSlotParts {
+  double num[kTableThreads], den[kTableThreads];
+  int exponent[kTableThreads];
+};
+FF_HD int64_t table_smem_bytes() { return (int64_t)sizeof(TableSlotParts); }
 
 template <typename scalar_t>
 FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_t, float> p) {
   FF_DYNAMIC_SHARED(smem_raw);
-  double* partial = reinterpret_cast<double*>(smem_raw);  // (kTableSlots, kTableRows)
+  TableSlotParts& parts = *reinterpret_cast<TableSlotParts*>(smem_raw);
   const int64_t N = p.N, M = p.M, Dp = p.Dp;
   const int tid = threadIdx.x, lane = tid & (kTableRows - 1), slot = tid / kTableRows;
   const int64_t id = (int64_t)blockIdx.x * kTableThreads + tid;
-  if (id < (int64_t)p.H * Dp) {  // the per-feature x / u
-    const int h = (int)(id / Dp), d = (int)(id % Dp);
-    double c;
-    const double r = feature_radius(p.radius, h, p.D, d, c);
-    p.x_per_u[id] = r > 0.0 ? (float)(r / c) : 0.0f;
+  if (id < (int64_t)p.H * Dp) {  // the per-feature x / u: m (0 for a padding feature); H Dp < 2^31
+    const int h = (int)((unsigned)id / (unsigned)Dp), d = (int)id - h * (int)Dp;
+    float c, m;
+    p.x_per_u[id] = feature_radius(p.radius + (int64_t)h * p.D, p.D, d, c, m) > 0.0f ? m : 0.0f;
   }
-  const int64_t per_slice = N + M;
+  const int64_t per_slice = N + M, rows = (int64_t)p.B * p.H * per_slice;
   const int64_t rid = (int64_t)blockIdx.x * kTableRows + lane;
-  const bool on = rid < (int64_t)p.B * p.H * per_slice;
-  const int64_t bh = on ? rid / per_slice : 0, row = rid - bh * per_slice;
-  const int h = (int)(bh % p.H);
-  double log_sum = 0.0;
-  if (on && row < N) {  // query row
+  const bool on = rid < rows;
+  int64_t bh = 0;  // (a 32-bit division where it will do: a 64-bit one is a subroutine)
+  if (rows <= INT_MAX)
+    bh = on ? (unsigned)rid / (unsigned)per_slice : 0u;
+  else  // (over 2^31 rows)
+    bh = on ? rid / per_slice : 0;
+  const int64_t row = rid - bh * per_slice;
+  const float* radius = p.radius + (int64_t)((unsigned)bh % (unsigned)p.H) * p.D;  // the head's
+  // a query row's product of the |cos| (num, moved up by 2^900 where it falls below 2^-900, which
+  // `scale` counts: a factor is above 1e-17) and of the m = |R| / c (den, factors in [1, 2), at
+  // most 32 per slot); a key row's sum of log rho
+  double num = 1.0, den = 1.0, key_sum = 0.0;
+  int scale = 0;
+  if (on && row < N) {  // query row: row_log = sum_d log(c_d |cos a_d| / |R_d|) = sum_d log(|cos a_d| / m_d)
     const scalar_t* q = p.q + (bh * N + row) * p.D;
-    float* out = p.trows + bh * kRowFields * Dp * N + row;
-    for (int d = slot; d < Dp; d += kTableSlots) {
-      double c;
-      const double r = feature_radius(p.radius, h, p.D, d, c);
+    float* out = p.trows + bh * kRowFields * Dp * N + row + slot * N;
+    const int64_t field = Dp * N, step = kTableSlots * N;
+    for (int d = slot; d < Dp; d += kTableSlots, out += step) {
+      float c, m;
+      const float r = feature_radius(radius, p.D, d, c, m);
       float qc = 0.0f, t_hi = 0.0f, t_lo = 0.0f;
-      if (r >= 0.0 && r < kFlatRadius) {  // flat
+      if (r >= 0.0f && (double)r < kFlatRadius) {  // flat
         qc = load_as<float>(q, d);
         t_hi = -qc;
-      } else if (r > 0.0) {
+      } else if (r > 0.0f) {
         const float qf = load_as<float>(q, d);
-        const double a = r * (double)qf;
+        const double a = (double)r * (double)qf;
         double sa, ca;
         sincos(a, &sa, &ca);
-        const double t = sa / ca;
+        const double t = sa * ff_reciprocal(ca);
         t_hi = (float)t;
         t_lo = (float)(t - (double)t_hi);
-        qc = (float)((double)qf * c);
-        log_sum += log(c * fabs(ca) / r);
+        qc = (float)((double)qf * (double)c);
+        num *= fabs(ca);
+        den *= (double)m;
+        if (num < 0x1p-900) {
+          num *= 0x1p900;
+          scale += 900;
+        }
       }
-      out[((int64_t)kRowQ * Dp + d) * N] = qc;
-      out[((int64_t)kRowTan * Dp + d) * N] = t_hi;
-      out[((int64_t)kRowTanLow * Dp + d) * N] = t_lo;
+      out[kRowQ * field] = qc;
+      out[kRowTan * field] = t_hi;
+      out[kRowTanLow * field] = t_lo;
     }
-  } else if (on) {  // key row
+  } else if (on) {  // key row: key_log = -sum_d log rho_d
     const int64_t j = row - N;
     const scalar_t* k = p.k + (bh * M + j) * p.D;
-    float* out = p.tkeys + bh * kKeyFields * Dp * M + j;
-    for (int d = slot; d < Dp; d += kTableSlots) {
-      double c;
-      const double r = feature_radius(p.radius, h, p.D, d, c);
+    float* out = p.tkeys + bh * kKeyFields * Dp * M + j + slot * M;
+    const int64_t field = Dp * M, step = kTableSlots * M;
+    for (int d = slot; d < Dp; d += kTableSlots, out += step) {
+      float c, m;
+      const float r = feature_radius(radius, p.D, d, c, m);
       float kc = 1.0f, X = 1.0f, y_hi = -1.0f, y_lo = 0.0f;
-      if (r >= 0.0 && r < kFlatRadius) {  // flat
+      if (r >= 0.0f && (double)r < kFlatRadius) {  // flat
         kc = load_as<float>(k, d);
         y_hi = -kc;
-      } else if (r > 0.0) {
+      } else if (r > 0.0f) {
         const float kf = load_as<float>(k, d);
-        const double b = r * (double)kf;
+        const double b = (double)r * (double)kf;
         double sb, cb;
         sincos(b, &sb, &cb);
         X = (float)cb;  // never 0: |cos| of a float64 is above 1e-17
-        const double Y = (double)X * (sb / cb);
+        const double inv = ff_reciprocal(cb);
+        const double Y = (double)X * (sb * inv);
         y_hi = (float)Y;
         y_lo = (float)(Y - (double)y_hi);
-        kc = (float)((double)kf * c);
+        kc = (float)((double)kf * (double)c);
         // log rho, rho = X / cb = 1 + delta, |delta| <= 2^-24 (X - cb is exact): delta - delta^2 / 2
         // (the next term, delta^3 / 3, is below 2^-73)
-        const double delta = ((double)X - cb) / cb;
-        log_sum -= delta * (1.0 - 0.5 * delta);
+        const double delta = ((double)X - cb) * inv;
+        key_sum -= delta * (1.0 - 0.5 * delta);
       }
-      out[((int64_t)kKeyK * Dp + d) * M] = kc;
-      out[((int64_t)kKeyCos * Dp + d) * M] = X;
-      out[((int64_t)kKeySin * Dp + d) * M] = y_hi;
-      out[((int64_t)kKeySinLow * Dp + d) * M] = y_lo;
+      out[kKeyK * field] = kc;
+      out[kKeyCos * field] = X;
+      out[kKeySin * field] = y_hi;
+      out[kKeySinLow * field] = y_lo;
     }
   }
-  partial[slot * kTableRows + lane] = log_sum;
+  if (row < N) scale -= take_exponent(num);
+  parts.num[tid] = row < N ? num : key_sum;
+  parts.den[tid] = den;
+  parts.exponent[tid] = scale;
   __syncthreads();
   if (!on || slot != 0) return;
-  double total = 0.0;
+  if (row < N) {  // the query row's constant
+    double n = 1.0, d = 1.0;
+    int e = 0;
 #pragma unroll
-  for (int s = 0; s < kTableSlots; ++s) total += partial[s * kTableRows + lane];
-  if (row < N) {
+    for (int s = 0; s < kTableSlots; ++s) {
+      n *= parts.num[s * kTableRows + lane];  // (mantissas: at most 2^kTableSlots)
+      d *= parts.den[s * kTableRows + lane];
+      e -= parts.exponent[s * kTableRows + lane];
+    }
+    const double total = log(n / d) + (double)e * 0.69314718055994530942;
     const float high = (float)total;
     p.row_log_high[bh * N + row] = high;
     p.row_log_low[bh * N + row] = (float)(total - (double)high);
-  } else {
+  } else {  // the key row's
+    double total = 0.0;
+#pragma unroll
+    for (int s = 0; s < kTableSlots; ++s) total += parts.num[s * kTableRows + lane];
     p.key_log[bh * M + (row - N)] = (float)total;
   }
 }
