@@ -29,6 +29,10 @@ constexpr const char* kCudaDtypes[] = {"float32", "float16", "bfloat16", "float6
 // accumulators in registers. The CPU kernels have no such limit.
 constexpr int kCudaMaxHeadDim = 256;
 
+// Largest D and Dv of the CUDA tiled backward (float32, float16, bfloat16: the one that reads the
+// tables of fourier_attention_tables); larger head dims take the simple kernels.
+constexpr int kCudaTiledBackwardMaxHeadDim = 128;
+
 // The CUDA kernels index rows with int: sequence lengths N and M must be below this.
 constexpr int64_t kCudaSeqLenBound = INT_MAX / 2;
 

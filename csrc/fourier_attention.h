@@ -66,15 +66,30 @@ inline int64_t mask_slice_offset(const at::Tensor& mask, int64_t b, int64_t h) {
   return (mask.size(0) == 1 ? 0 : b * mask.stride(0)) + (mask.size(1) == 1 ? 0 : h * mask.stride(1));
 }
 
+// Checks q (B,H,N,D), k (B,H,M,D) and radius (H,D) of fourier_attention_tables (Dv = 0).
+AttentionShape check_table_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& radius);
+
+// Floats of the tables that the CUDA backend's fourier_attention_tables returns for a call
+// (cuda/table_layout.h): 0 for float64, whose kernels read none. The CPU backend's are always 0.
+int64_t cuda_table_floats(const AttentionShape& sh, at::ScalarType dtype);
+
+// Checks the `tables` argument of the forward and backward ops: absent, or what
+// fourier_attention_tables returned for these q, k and radius on this backend (`floats`
+// float32 elements, contiguous, on q's device); returns it or an undefined tensor.
+at::Tensor checked_tables(const std::optional<at::Tensor>& tables, const at::Tensor& q, int64_t floats);
+
+at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& radius);
+
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps);
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
     const at::Tensor& out, const at::Tensor& lse, double power, const std::optional<at::Tensor>& attn_mask,
-    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed, double normaliser_eps);
+    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed, double normaliser_eps,
+    const std::optional<at::Tensor>& tables);
 
 // Which CPU instruction set the float32 kernels run with on this machine.
 const char* cpu_kernel_isa();

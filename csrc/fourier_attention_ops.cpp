@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "cuda/table_layout.h"
 #include "fourier_attention.h"
 
 #ifndef FF_TORCH_VERSION
@@ -80,6 +81,36 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
   return s;
 }
 
+AttentionShape check_table_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& radius) {
+  TORCH_CHECK(q.dim() == 4, "fourier_attention_tables: q must be (B, H, N, D), got ", q.sizes());
+  TORCH_CHECK(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+              "fourier_attention_tables: k must be (B, H, M, D) with q's B, H and D, got ", k.sizes(), " and q ",
+              q.sizes());
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), "fourier_attention_tables: q and k must share a dtype");
+  TORCH_CHECK(radius.dim() == 2 && radius.size(0) == q.size(1) && radius.size(1) == q.size(3),
+              "fourier_attention_tables: radius must be (H, D) = (", q.size(1), ", ", q.size(3), "), got ",
+              radius.sizes());
+  TORCH_CHECK(q.device() == k.device() && q.device() == radius.device(),
+              "fourier_attention_tables: q, k, radius must be on one device");
+  return AttentionShape{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0};
+}
+
+int64_t cuda_table_floats(const AttentionShape& sh, at::ScalarType dtype) {
+  if (dtype == at::kDouble) return 0;
+  return cuda::table_floats(sh.B * sh.H, sh.H, sh.N, sh.M, cuda::padded_features((int)sh.D));
+}
+
+at::Tensor checked_tables(const std::optional<at::Tensor>& tables, const at::Tensor& q, int64_t floats) {
+  if (!tables.has_value()) return at::Tensor();
+  const at::Tensor& t = *tables;
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 1 && t.numel() == floats && t.is_contiguous() &&
+                  t.device() == q.device(),
+              "fourier_attention: tables must be what fourier_attention_tables(q, k, radius) returned for these "
+              "inputs (", floats, " float32 elements on ", q.device(), "), got ", t.scalar_type(), " ", t.sizes(),
+              " on ", t.device());
+  return t;
+}
+
 double null_key_log_eps(double normaliser_eps) {
   TORCH_CHECK(std::isfinite(normaliser_eps) && normaliser_eps >= 0.0,
               "fourier_attention: normaliser_eps must be finite and >= 0, got ", normaliser_eps);
@@ -113,14 +144,26 @@ TORCH_LIBRARY(fourierformer, m) {
   m.def(
       // attn_mask (B|1, H|1, N, M) and key_bias (B, M): additive float masks, or bool (true = masked)
       "fourier_attention_forward(Tensor q, Tensor k, Tensor v, Tensor radius, float power, Tensor? attn_mask, "
-      "Tensor? key_bias, bool causal, float dropout_p, int seed, float normaliser_eps=0.0) -> (Tensor, Tensor)");
+      "Tensor? key_bias, bool causal, float dropout_p, int seed, float normaliser_eps=0.0, Tensor? tables=None) "
+      "-> (Tensor, Tensor)");
   m.def(
       "fourier_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor radius, Tensor out, "
       "Tensor lse, float power, Tensor? attn_mask, Tensor? key_bias, bool causal, float dropout_p, int seed, "
-      "float normaliser_eps=0.0) -> (Tensor, Tensor, Tensor, Tensor)");
+      "float normaliser_eps=0.0, Tensor? tables=None) -> (Tensor, Tensor, Tensor, Tensor)");
+  // tables: what the forward and the backward of the CUDA float32 path (float32, float16, bfloat16)
+  // build from q, k and radius before their kernels (cuda/tables.cuh), built once and passed to
+  // both (the autograd does, ops/fused.py) instead of twice; a float32 vector, empty where the
+  // backend builds none (CPU, float64). The ops build their own when tables is None.
+  m.def("fourier_attention_tables(Tensor q, Tensor k, Tensor radius) -> Tensor");
+}
+
+// The tables are not differentiable (the forward's and backward's gradients go to q, k and radius).
+TORCH_LIBRARY_IMPL(fourierformer, Autograd, m) {
+  m.impl("fourier_attention_tables", torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(fourierformer, CPU, m) {
+  m.impl("fourier_attention_tables", &fourier_attention_tables_cpu);
   m.impl("fourier_attention_forward", &fourier_attention_forward_cpu);
   m.impl("fourier_attention_backward", &fourier_attention_backward_cpu);
 }
@@ -141,14 +184,15 @@ PyObject* dtype_tuple(const char* const (&names)[N]) {
 PyObject* backend_limits_dict() {
   namespace L = fourierformer::limits;
   const std::string rule = fourierformer::fused_power_rule();
-  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:O,s:O}", "device", "cpu", "dtypes",
+  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:O,s:O,s:O}", "device", "cpu", "dtypes",
                                 dtype_tuple(L::kCpuDtypes), "min_power", L::kFusedMinPower, "power_multiple",
                                 L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim", Py_None,
-                                "seq_len_bound", Py_None);
-  PyObject* cuda = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:i,s:L}", "device", "cuda", "dtypes",
+                                "seq_len_bound", Py_None, "tiled_backward_max_head_dim", Py_None);
+  PyObject* cuda = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:i,s:L,s:i}", "device", "cuda", "dtypes",
                                  dtype_tuple(L::kCudaDtypes), "min_power", L::kFusedMinPower, "power_multiple",
                                  L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim",
-                                 L::kCudaMaxHeadDim, "seq_len_bound", (long long)L::kCudaSeqLenBound);
+                                 L::kCudaMaxHeadDim, "seq_len_bound", (long long)L::kCudaSeqLenBound,
+                                 "tiled_backward_max_head_dim", L::kCudaTiledBackwardMaxHeadDim);
   if (cpu == nullptr || cuda == nullptr) {
     Py_XDECREF(cpu);
     Py_XDECREF(cuda);
@@ -157,6 +201,21 @@ PyObject* backend_limits_dict() {
   return Py_BuildValue("{s:N,s:N}", "cpu", cpu, "cuda", cuda);
 }
 
+// _C.cuda_table_floats(B, H, N, M, D): the size of fourier_attention_tables' output on CUDA for
+// float32, float16 and bfloat16 (its shape function, ops/fused.py).
+PyObject* py_cuda_table_floats(PyObject*, PyObject* args) {
+  long long B, H, N, M, D;
+  if (!PyArg_ParseTuple(args, "LLLLL", &B, &H, &N, &M, &D)) return nullptr;
+  const fourierformer::AttentionShape sh{B, H, N, M, D, 0};
+  return PyLong_FromLongLong(fourierformer::cuda_table_floats(sh, at::kFloat));
+}
+
+PyMethodDef module_methods[] = {
+    {"cuda_table_floats", py_cuda_table_floats, METH_VARARGS,
+     "cuda_table_floats(B, H, N, M, D): float32 elements of fourier_attention_tables' output on CUDA "
+     "(float32, float16, bfloat16 inputs)"},
+    {nullptr, nullptr, 0, nullptr}};
+
 }  // namespace
 
 // `import fourierformer_fairseq._C` loads this library (which registers the ops above) and
@@ -164,7 +223,7 @@ PyObject* backend_limits_dict() {
 // what each fused backend accepts (backend_limits).
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "fused Fourier attention kernels", -1,
-                                          nullptr};
+                                          module_methods};
   PyObject* module = PyModule_Create(&module_def);
   if (module == nullptr) return nullptr;
   PyModule_AddStringConstant(module, "torch_version", FF_TORCH_VERSION);

@@ -142,7 +142,8 @@ print(f"  loaded {ext.__file__}")
 print(f"  built for torch {ext.torch_version}, CUDA {ext.cuda_version!r}, cpu isa {ext.cpu_isa}")
 assert ext.torch_version == torch.__version__, (ext.torch_version, torch.__version__)
 assert ext.cuda_version, "the extension was compiled without CUDA (FF_CUDA_VERSION empty)"
-for op in ("fourierformer::fourier_attention_forward", "fourierformer::fourier_attention_backward"):
+for op in ("fourierformer::fourier_attention_forward", "fourierformer::fourier_attention_backward",
+           "fourierformer::fourier_attention_tables"):
     for key in ("CPU", "CUDA"):
         ok = torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
         print(f"  {op} has a {key} kernel: {ok}")

@@ -46,7 +46,9 @@ Per kernel instance it prints:
     float64 sincos) are not counted. In the table kernel the per-feature x / u branch is weighted
     for one batch (H Dp threads of the grid) and the row constant's slot sum for slot 0 only.
     Totals: forward + tables = table kernel + forward kernel, backward + tables = table kernel +
-    pre-pass + main pass + dq finish kernel (the backward builds its own tables).
+    pre-pass + main pass + dq finish kernel (as when the backward builds its own tables), and a
+    training step = table kernel + forward + backward (the autograd builds the tables once and
+    passes them to both: fourier_attention_tables).
 
 Each loop row also gives its share of the whole-kernel count (the instructions of that loop not
 inside a nested loop, weighted as above, per element), and "outside every loop" the rest, so that
@@ -63,9 +65,10 @@ without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 12.77 
 and 10.74 / 10.65 at D = 128 (512-thread two-half blocks); backward (pre-pass + main pass + dq
 finish) 44.24 / 42.52 at D = 16 and 35.44 / 34.83 at D = 128 with the score cache (--no-score-cache:
 52.81 / 51.09 and 43.37 / 42.76); the g pass for dq and dk 21.1-21.2, the scores' chunk loop 8.2-8.4
-per element (9.4 in the two-half blocks); the table kernel 2.79 / 0.70 and 2.10 / 0.52; no kernel
-spills. The first feature chunk of the scores runs outside that loop (peeled): at D = 16 the loop
-does not run and the chunk counts in the tile loop's share.
+per element (9.4 in the two-half blocks); the table kernel 2.12 / 0.53 and 1.32 / 0.33 (2.79 / 0.70
+and 2.10 / 0.52 before its third pass); no kernel spills. The first feature chunk of the scores
+runs outside that loop (peeled): at D = 16 the loop does not run and the chunk counts in the tile
+loop's share.
 
 Requirements: nvcc (the CUDA toolkit, 12.x or 13.x) and nvdisasm; cuobjdump (optional) cross-checks
 the register counts. The two disassemblers come as PyPI wheels (not needed by the project itself):
@@ -176,7 +179,8 @@ def tool_version(path):
 # ---------------------------------------------------------------------------------------------
 
 def header_files():
-    files = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cuh")) + glob.glob(os.path.join(CSRC, "*.h")))
+    files = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cuh")) + glob.glob(os.path.join(CUDA_DIR, "*.h"))
+                   + glob.glob(os.path.join(CSRC, "*.h")))
     return [f for f in files if os.path.isfile(f)]
 
 
@@ -1075,7 +1079,8 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
             bwd = by["delta"] + by["main"] + by["finish"] if "delta" in by else None
             totals[str(n)] = dict(forward=by["forward"], forward_with_tables=round(by["tables"] + by["forward"], 2),
                                   backward=None if bwd is None else round(bwd, 2),
-                                  backward_with_tables=None if bwd is None else round(by["tables"] + bwd, 2))
+                                  backward_with_tables=None if bwd is None else round(by["tables"] + bwd, 2),
+                                  step=None if bwd is None else round(by["tables"] + by["forward"] + bwd, 2))
         report["head_dims"][str(hd)] = dict(sizes=sizes, kernels=rows, totals=totals)
     return report
 
@@ -1140,7 +1145,8 @@ def print_report(r):
             out.append(f"  whole kernel per (query, key, feature) element: {whole}")
         out.append("")
         for s, t in h["totals"].items():
-            b = "n/a" if t["backward"] is None else f"{t['backward']:.2f} (with the tables {t['backward_with_tables']:.2f})"
+            b = "n/a" if t["backward"] is None else (f"{t['backward']:.2f} (with the tables {t['backward_with_tables']:.2f}); "
+                                                     f"a training step (the tables once) {t['step']:.2f}")
             out.append(f"  D = {hd}, N = M = {s}: forward {t['forward']:.2f} (with the tables "
                        f"{t['forward_with_tables']:.2f}), backward (pre-pass + main + dq finish) {b}")
     out.append("")
@@ -1159,7 +1165,7 @@ def print_report(r):
                        f"{str(k['spill_stores']) + '/' + str(k['spill_loads']):>13} {k['warps_per_sm']:>8} {ie:>18} "
                        + " ".join(f"{k['shapes'][s]['per_element']:>10.2f}" for s in shapes))
         for name, label in (("backward", "backward (pre-pass + main + finish)"), ("forward_with_tables", "forward + tables"),
-                            ("backward_with_tables", "backward + tables")):
+                            ("backward_with_tables", "backward + tables"), ("step", "step (tables once, fwd, bwd)")):
             vals = [h["totals"][s][name] for s in shapes]
             if all(v is not None for v in vals):
                 out.append(f"  {hd:>4} {label:<44} {'':>4} {'':>13} {'':>8} {'':>18} "

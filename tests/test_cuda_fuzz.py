@@ -128,3 +128,36 @@ def test_cuda_score_cache_on_and_off_agree(monkeypatch):
             scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
             err = (a - b).abs().max().item() if a.numel() else 0.0
             assert err <= 1e-6 * scale, f"{case['label']}: {name} differs by {err:.3e} with and without the cache"
+
+
+def test_cuda_autograd_builds_the_tables_once(monkeypatch):
+    """The autograd builds the float32 path's tables once per step (fourier_attention_tables) and
+    keeps them for the backward: among the saved tensors a float32 vector of
+    _C.cuda_table_floats(B, H, N, M, D) elements where D and Dv are within the tiled backward's
+    limit; none with FOURIERFORMER_KEEP_TABLES=0. The gradients agree either way (dq's and
+    dradius's float atomics may add in another order) and are within the oracle's bound."""
+    from fourierformer_fairseq.ops import DECLARATIONS
+    from fourierformer_fairseq.ops.extension import extension_status
+
+    limit = DECLARATIONS["cuda"].tiled_backward_max_head_dim
+    for seed in range(6):
+        case = _rounded(draw_case(seed), torch.float32)
+        B, H, N, D = case["q"].shape
+        M, Dv = case["k"].shape[2], case["v"].shape[-1]
+        floats = extension_status().module.cuda_table_floats(B, H, N, M, D)
+        results = {}
+        for keep in ("1", "0"):
+            monkeypatch.setenv("FOURIERFORMER_KEEP_TABLES", keep)
+            saved = []
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+                results[keep] = cuda_gradients(case, torch.float32)
+            kept = [t for t in saved if t.dtype == torch.float32 and t.dim() == 1 and t.numel() == floats]
+            expected = 1 if keep == "1" and max(D, Dv) <= limit else 0
+            assert len(kept) == expected, f"{case['label']}: {len(kept)} tables kept with KEEP_TABLES={keep}"
+        for ours in results.values():
+            bad = oracle_mismatches(ours, *_args(case), **case["kwargs"])
+            assert not bad, case["label"] + "\n" + "\n".join(bad)
+        for name, a, b in zip(NAMES, results["1"], results["0"]):
+            scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
+            err = (a - b).abs().max().item() if a.numel() else 0.0
+            assert err <= 1e-6 * scale, f"{case['label']}: {name} differs by {err:.3e} with and without kept tables"

@@ -387,3 +387,28 @@ def test_need_weights_and_their_gradients_match_reference(kind, columns, monkeyp
         e_kernel, e_same = _rel(g, r), _rel(s, r)
         bound = 2 * e_same + ATOL[torch.float32]
         assert e_kernel <= bound, f"{kind} columns {columns}: {name}: kernel error {e_kernel:.2e} > {bound:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_tables_op_on_cuda(dtype):
+    """fourier_attention_tables on CUDA: _C.cuda_table_floats elements (none for float64), passing
+    opcheck with the forward and backward that take them; the forward with them gives what it
+    gives building its own, bit for bit."""
+    from fourierformer_fairseq.ops.extension import extension_status
+
+    B, H, N, M, D, Dv = 2, 3, 37, 29, 12, 7
+    g = torch.Generator().manual_seed(17)
+    q, k = (torch.randn(B, H, n, D, generator=g).to(DEV, dtype) for n in (N, M))
+    v = torch.randn(B, H, M, Dv, generator=g).to(DEV, dtype)
+    radius = (0.5 + torch.rand(H, D, generator=g)).to(DEV, torch.float64 if dtype == torch.float64 else torch.float32)
+    tables = torch.ops.fourierformer.fourier_attention_tables(q, k, radius)
+    floats = 0 if dtype == torch.float64 else extension_status().module.cuda_table_floats(B, H, N, M, D)
+    assert tables.dtype == torch.float32 and tables.shape == (floats,) and tables.device.type == "cuda"
+    torch.library.opcheck(torch.ops.fourierformer.fourier_attention_tables.default, (q, k, radius))
+    args = (q, k, v, radius, 4.0, None, None, True, 0.0, 0, 0.0)
+    out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+    out_t, lse_t = torch.ops.fourierformer.fourier_attention_forward(*args, tables)
+    assert torch.equal(out, out_t) and torch.equal(lse, lse_t)
+    torch.library.opcheck(torch.ops.fourierformer.fourier_attention_forward.default, args + (tables,))
+    bwd = (torch.ones_like(out), q, k, v, radius, out, lse, 4.0, None, None, True, 0.0, 0, 0.0, tables)
+    torch.library.opcheck(torch.ops.fourierformer.fourier_attention_backward.default, bwd)

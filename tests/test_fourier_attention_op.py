@@ -477,6 +477,42 @@ def test_opcheck_backward_op():
 
 
 @needs_cpu_kernel
+def test_tables_op_and_argument_on_cpu():
+    """fourier_attention_tables: an empty float32 vector on CPU (its kernels build their tables
+    per tile), not differentiable, passing opcheck; the forward and backward take it (the same
+    results as without, through the op's autograd too) and refuse tables of another size, dtype
+    or device with a message that says what they must be."""
+    B, H, N, M, D, Dv = 2, 2, 5, 6, 4, 3
+    q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float32, seed=6)
+    r = torch.full((H, D), 1.1, requires_grad=True)
+    tables_op = torch.ops.fourierformer.fourier_attention_tables
+    tables = tables_op(q, k, r)
+    assert tables.dtype == torch.float32 and tables.shape == (0,) and not tables.requires_grad
+    torch.library.opcheck(tables_op.default, (q.detach(), k.detach(), r.detach()))
+    with pytest.raises(RuntimeError, match="radius must be"):
+        tables_op(q, k, torch.ones(H, D + 1))
+    args = (q, k, v, r, 4.0, None, None, True, 0.0, 0, 0.0)
+    out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+    out_t, lse_t = torch.ops.fourierformer.fourier_attention_forward(*args, tables)
+    assert torch.equal(out, out_t) and torch.equal(lse, lse_t)
+    torch.library.opcheck(torch.ops.fourierformer.fourier_attention_forward.default,
+                          tuple(a.detach() if torch.is_tensor(a) else a for a in args) + (tables,))
+    grads = torch.autograd.grad(out.sum(), (q, k, v, r))
+    grads_t = torch.autograd.grad(out_t.sum(), (q, k, v, r))
+    for a, b in zip(grads, grads_t):
+        assert torch.equal(a, b)
+    grad_out = torch.ones_like(out)
+    bwd = (grad_out, q.detach(), k.detach(), v.detach(), r.detach(), out.detach(), lse, 4.0, None, None, True, 0.0, 0,
+           0.0, tables)
+    torch.library.opcheck(torch.ops.fourierformer.fourier_attention_backward.default, bwd)
+    for bad in (torch.zeros(3), torch.zeros(0, dtype=torch.float64), torch.zeros(1, 0)):
+        with pytest.raises(RuntimeError, match=r"tables must be what fourier_attention_tables\(q, k, radius\)"):
+            torch.ops.fourierformer.fourier_attention_forward(*args, bad)
+        with pytest.raises(RuntimeError, match=r"tables must be what fourier_attention_tables\(q, k, radius\)"):
+            torch.ops.fourierformer.fourier_attention_backward(*bwd[:-1], bad)
+
+
+@needs_cpu_kernel
 @pytest.mark.slow
 def test_fake_and_autograd_registered_at_import():
     # in a fresh process: import the ops package, make no call, then run the op on fake tensors

@@ -138,12 +138,18 @@ void backward_slices(const CallArgs& c, const at::Tensor& out, const at::Tensor&
 
 }  // namespace
 
+at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& radius) {
+  check_table_inputs(q, k, radius);
+  return at::empty({0}, q.options().dtype(at::kFloat));  // (the CPU kernels build their tables per tile)
+}
+
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& radius_in,
     double power, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias,
-    bool causal, double dropout_p, int64_t seed, double normaliser_eps) {
+    bool causal, double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+  checked_tables(tables, q_in, 0);  // (the CPU kernels build their tables per tile)
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
@@ -178,9 +184,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& radius_in, const at::Tensor& out_in, const at::Tensor& lse_in, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps) {
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+  checked_tables(tables, q_in, 0);
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),

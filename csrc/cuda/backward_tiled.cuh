@@ -57,10 +57,10 @@
 namespace fourierformer {
 namespace cuda {
 
-constexpr int kBwdMaxFeatures = 128;  // largest padded D of the tiled backward
+constexpr int kBwdMaxFeatures = limits::kCudaTiledBackwardMaxHeadDim;  // largest padded D of the tiled backward
 // largest Dv of the tiled backward: its shared memory (about 100 KiB at Dv = 128) then fits
 // every GPU the build targets (sm_80 allows 163 KiB per block)
-constexpr int kBwdMaxValueColumns = 128;
+constexpr int kBwdMaxValueColumns = limits::kCudaTiledBackwardMaxHeadDim;
 // The pre-pass keeps its scores (log2 units, masks and rare path included: the main pass's P must
 // be the pre-pass's, bit for bit) for the main pass, which then reads them instead of computing
 // them again, where they take at most this much memory (B H N M floats) and M is a multiple of 4

@@ -61,8 +61,10 @@ inline CudaLauncher current_launcher() {
   namespace fourierformer {                                                                                      \
   namespace cuda {                                                                                               \
   KIND void launch_forward<SCALAR, ACC, CudaLauncher>(const AttentionShape&, Params<SCALAR, ACC>&,               \
-                                                      const at::TensorOptions&, const CudaLauncher&);            \
+                                                      const at::TensorOptions&, const CudaLauncher&,             \
+                                                      const at::Tensor&);                                        \
   KIND void launch_backward<SCALAR, ACC, CudaLauncher>(const AttentionShape&, Params<SCALAR, ACC>&,              \
-                                                       const at::TensorOptions&, const CudaLauncher&);           \
+                                                       const at::TensorOptions&, const CudaLauncher&,            \
+                                                       const at::Tensor&);                                       \
   }                                                                                                              \
   }

@@ -24,13 +24,19 @@ void check_on_cuda(const at::Tensor& q) {
 
 }  // namespace
 
+at::Tensor fourier_attention_tables_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& radius) {
+  check_on_cuda(q);
+  const c10::cuda::CUDAGuard guard(q.device());
+  return tables_impl(q, k, radius, current_launcher());
+}
+
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps) {
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
   check_on_cuda(q);
   const c10::cuda::CUDAGuard guard(q.device());
-  return forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps,
+  return forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps, tables,
                       current_launcher());
 }
 
@@ -38,14 +44,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& radius, const at::Tensor& out, const at::Tensor& lse, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps) {
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
   check_on_cuda(q);
   const c10::cuda::CUDAGuard guard(q.device());
   return backward_impl(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-                       normaliser_eps, current_launcher());
+                       normaliser_eps, tables, current_launcher());
 }
 
 TORCH_LIBRARY_IMPL(fourierformer, CUDA, m) {
+  m.impl("fourier_attention_tables", &fourier_attention_tables_cuda);
   m.impl("fourier_attention_forward", &fourier_attention_forward_cuda);
   m.impl("fourier_attention_backward", &fourier_attention_backward_cuda);
 }

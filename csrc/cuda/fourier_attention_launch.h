@@ -103,13 +103,18 @@ inline PreparedInputs prepare_inputs(const at::Tensor& q, const at::Tensor& k, c
   return in;
 }
 
-// The tables of the float32 path (tables.cuh) for the call, carved into p; the returned tensor
-// owns them (keep it alive until the kernels that read them are queued: the caching allocator
-// orders reuse on the stream).
+// The tables of the float32 path (tables.cuh) for the call, carved into p: `given` (what
+// fourier_attention_tables returned, checked by checked_tables) or built here; the returned
+// tensor owns them (keep it alive until the kernels that read them are queued: the caching
+// allocator orders reuse on the stream).
 template <typename scalar_t, typename Launcher>
 at::Tensor build_tables(const AttentionShape& sh, Params<scalar_t, float>& p, const at::TensorOptions& options,
-                        const Launcher& launch) {
+                        const Launcher& launch, const at::Tensor& given = at::Tensor()) {
   p.Dp = padded_features(p.D);
+  if (given.defined()) {
+    carve_tables(p, given.data_ptr<float>());
+    return given;
+  }
   const int64_t floats = table_floats(sh.B * sh.H, sh.H, sh.N, sh.M, p.Dp);
   at::Tensor tables = at::empty({floats}, options.dtype(at::kFloat));
   carve_tables(p, tables.data_ptr<float>());
@@ -120,10 +125,39 @@ at::Tensor build_tables(const AttentionShape& sh, Params<scalar_t, float>& p, co
   return tables;
 }
 
+// fourier_attention_tables: the tables of build_tables for q, k and radius as a float32 vector
+// (cuda_table_floats elements: empty for float64), for the forward and the backward to share.
+template <typename Launcher>
+at::Tensor tables_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& radius_in,
+                       const Launcher& launch) {
+  const AttentionShape sh = check_table_inputs(q_in, k_in, radius_in);
+  const at::ScalarType dtype = q_in.scalar_type();
+  check_cuda_call(sh, dtype, "tables");
+  if (dtype == at::kDouble) return at::empty({0}, q_in.options().dtype(at::kFloat));
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous();
+  const at::Tensor radius = radius_in.to(at::kFloat).contiguous();
+  at::Tensor tables;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "fourier_attention_tables_cuda", [&] {
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      Params<scalar_t, float> p{};
+      p.q = q.data_ptr<scalar_t>();
+      p.k = k.data_ptr<scalar_t>();
+      p.radius = radius.data_ptr<float>();
+      p.B = (int)sh.B;
+      p.H = (int)sh.H;
+      p.N = (int)sh.N;
+      p.M = (int)sh.M;
+      p.D = (int)sh.D;
+      tables = build_tables(sh, p, q.options(), launch);
+    }
+  });
+  return tables;
+}
+
 // float64: the simple path; float32, float16, bfloat16: the tables, then the tiled forward.
 template <typename scalar_t, typename acc_t, typename Launcher>
 void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
-                    const Launcher& launch) {
+                    const Launcher& launch, const at::Tensor& given_tables) {
   if constexpr (std::is_same_v<acc_t, double>) {
     launch(forward_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,
            sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
@@ -134,7 +168,7 @@ void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const 
              sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
       return;
     }
-    const at::Tensor tables = build_tables(sh, p, options, launch);
+    const at::Tensor tables = build_tables(sh, p, options, launch, given_tables);
     const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
     const int threads = forward_threads(p.Dv);
     if (p.Dv <= 16)
@@ -154,10 +188,11 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
                                                 const std::optional<at::Tensor>& attn_mask,
                                                 const std::optional<at::Tensor>& key_bias, bool causal,
                                                 double dropout_p, int64_t seed, double normaliser_eps,
-                                                const Launcher& launch) {
+                                                const std::optional<at::Tensor>& tables_in, const Launcher& launch) {
   const PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "forward");
   const AttentionShape& sh = in.sh;
+  const at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(sh, in.dtype));
   const double log_eps = null_key_log_eps(normaliser_eps);
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, in.q.options());
   // lse is float64 for every dtype: it can be of order 1e3, and the backward needs it to the
@@ -171,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
                                                              in.key_bias, power, causal, dropout_p, seed);
     p.out = out.data_ptr<scalar_t>();
     p.lse = lse.data_ptr<double>();
-    launch_forward(sh, p, in.q.options(), launch);
+    launch_forward(sh, p, in.q.options(), launch, tables);
   });
   scale_by_null_key(out, lse, log_eps);
   return {out, lse};
@@ -202,13 +237,13 @@ void launch_main_tiled(const AttentionShape& sh, const Params<scalar_t, float>& 
 // (backward_tiled.cuh).
 template <typename scalar_t, typename acc_t, typename Launcher>
 void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
-                     const Launcher& launch) {
+                     const Launcher& launch, const at::Tensor& given_tables) {
   if constexpr (!std::is_same_v<acc_t, double>) {
     const size_t tiled_smem = sizeof(float) * (tiled_delta_smem_floats(p.Dv) > tiled_main_smem_floats(p.Dp, p.Dv)
                                                    ? tiled_delta_smem_floats(p.Dv)
                                                    : tiled_main_smem_floats(p.Dp, p.Dv));
     if (padded_features(p.D) <= kBwdMaxFeatures && p.Dv <= kBwdMaxValueColumns && tiled_smem <= launch.smem_optin) {
-      const at::Tensor tables = build_tables(sh, p, options, launch);
+      const at::Tensor tables = build_tables(sh, p, options, launch, given_tables);
       const at::Tensor dq_acc = at::zeros({sh.B * sh.H * sh.N * p.Dp}, options.dtype(at::kFloat));
       p.dq_acc = dq_acc.data_ptr<float>();
       const at::Tensor dv_acc = at::empty({sh.B * sh.H * sh.M * sh.Dv}, options.dtype(at::kFloat));
@@ -246,9 +281,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& radius_in, const at::Tensor& out_in, const at::Tensor& lse_in, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps, const Launcher& launch) {
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables_in,
+    const Launcher& launch) {
   const PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "backward");
+  const at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(in.sh, in.dtype));
   const double log_eps = null_key_log_eps(normaliser_eps);
   const AttentionShape& sh = in.sh;
   TORCH_CHECK(out_in.dim() == 4 && out_in.size(0) == sh.B && out_in.size(1) == sh.H && out_in.size(2) == sh.N &&
@@ -283,7 +320,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
       p.dk = dk.data_ptr<scalar_t>();
       p.dv = dv.data_ptr<scalar_t>();
       p.dradius = dradius.data_ptr<acc_t>();
-      launch_backward(sh, p, in.q.options(), launch);
+      launch_backward(sh, p, in.q.options(), launch, tables);
     });
   }
   return {dq, dk, dv, dradius.to(radius_in.scalar_type())};

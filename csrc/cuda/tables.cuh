@@ -35,28 +35,16 @@
 #pragma once
 
 #include "common.cuh"
+#include "table_layout.h"
 
 namespace fourierformer {
 namespace cuda {
 
-enum TableRowField : int { kRowQ = 0, kRowTan, kRowTanLow, kRowFields };
-enum TableKeyField : int { kKeyK = 0, kKeyCos, kKeySin, kKeySinLow, kKeyFields };
-// The products over the features are renormalised every kRenormEvery features (see
-// forward_tiled.cuh); the tables pad D to a multiple of it with flat features.
-constexpr int kRenormEvery = 8;
 // |u| at or below this (|x| below 2^-14) is the rare path: sinc is 1 within 1e-9 there, and
 // s' / u, exact 0 / 0 at q = k, loses its relative accuracy (see forward_tiled.cuh).
 constexpr float kUFloor = 1.0f / 32768.0f;
 // |R| below this: a flat feature (sinc(R u) = 1 to float precision for every u that matters).
 constexpr double kFlatRadius = 1e-9;
-
-// (at least one group: the score loop's first group always runs)
-FF_HD int padded_features(int D) { return D < 1 ? kRenormEvery : (D + kRenormEvery - 1) / kRenormEvery * kRenormEvery; }
-
-// Floats of the tables for a call (see Params).
-FF_HD int64_t table_floats(int64_t BH, int64_t H, int64_t N, int64_t M, int64_t Dp) {
-  return BH * (kRowFields * Dp * N + kKeyFields * Dp * M + 2 * N + M) + H * Dp;
-}
 
 template <typename scalar_t, typename acc_t>
 FF_HD void carve_tables(Params<scalar_t, acc_t>& p, float* ws) {

@@ -73,6 +73,11 @@ class FusedBackend:
     power_multiple = _limit("power_multiple", "p must be a multiple of this (2: the log domain drops sinc's sign).")
     power_rule = _limit("power_rule", 'The rule on p in the extension\'s words: "even p >= 2".')
     seq_len_bound = _limit("seq_len_bound", "N and M must be below this; None: no bound.")
+    tiled_backward_max_head_dim = _limit(
+        "tiled_backward_max_head_dim",
+        "Largest D and Dv of the backward that reads the forward's tables (fused.py keeps them for it); "
+        "None: the backend has no such tables.",
+    )
 
     @functools.cached_property
     def _availability_reasons(self) -> Tuple[str, ...]:

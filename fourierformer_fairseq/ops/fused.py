@@ -1,11 +1,12 @@
 """Autograd and shape (fake) registrations of the fused ``fourierformer::`` ops.
 
-The C++ library defines two ops (csrc/fourier_attention_ops.cpp):
+The C++ library defines three ops (csrc/fourier_attention_ops.cpp):
 
     fourier_attention_forward(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed,
-                              normaliser_eps=0) -> (out, lse)
+                              normaliser_eps=0, tables=None) -> (out, lse)
     fourier_attention_backward(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias,
-                               causal, dropout_p, seed, normaliser_eps=0) -> (dq, dk, dv, dradius)
+                               causal, dropout_p, seed, normaliser_eps=0, tables=None) -> (dq, dk, dv, dradius)
+    fourier_attention_tables(q, k, radius) -> tables
 
 ``attn_mask`` (B|1, H|1, N, M) and ``key_bias`` (B, M) are additive float masks or bool masks
 (True = masked; the C++ side turns them into 0 / -inf once and knows from the dtype that they
@@ -15,6 +16,11 @@ of order p * D (a sum of D logs), and the backward needs it to float32 accuracy 
 to 1, which a float32 lse (error ulp(|lse|) / 2) would not give. With ``normaliser_eps`` > 0
 (the published code's ``sum_j w_ij + eps``) ``lse`` stays the log-sum over the real keys and
 ``out`` is scaled by their share sigmoid(lse - log eps); the backward recomputes that share.
+``tables`` (float32, 1-D) are the per-(row, feature) tables that the CUDA kernels of float32,
+float16 and bfloat16 build from q, k and radius before they run (csrc/cuda/tables.cuh): the
+autograd below builds them once per step and hands them to both ops, which otherwise build their
+own (FOURIERFORMER_KEEP_TABLES=0: so they do; the tables then need no memory between the forward
+and the backward: 28 bytes per (row, feature) of q and k). Empty on CPU and for float64.
 
 Importing this module registers their shape (fake) and autograd implementations when the
 extension has loaded (extension.py, imported first, loads it), so that ``import
@@ -22,8 +28,11 @@ fourierformer_fairseq.ops`` does both, as extension-cpp's package does.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
+from .backends import DECLARATIONS
 from .extension import extension_status
 from .inputs import AttentionInputs
 
@@ -33,7 +42,8 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps=0.0):
+def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps=0.0,
+                  tables=None):
     B, H, N, _ = q.shape
     out = q.new_empty((B, H, N, v.shape[-1]))
     lse = q.new_empty((B, H, N), dtype=torch.float64)
@@ -41,30 +51,52 @@ def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p
 
 
 def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-                   normaliser_eps=0.0):
+                   normaliser_eps=0.0, tables=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(radius)
+
+
+def _tables_fake(q, k, radius):
+    floats = 0
+    if q.device.type == "cuda" and q.dtype != torch.float64:
+        B, H, N, D = q.shape
+        # (int(): symbolic sizes specialise, as the kernels' tables depend on them)
+        floats = extension_status().module.cuda_table_floats(*(int(n) for n in (B, H, N, k.shape[2], D)))
+    return q.new_empty((floats,), dtype=torch.float32)
+
+
+def _keeps_tables(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the autograd builds the tables once for the forward and the backward: on a backend
+    whose backward reads them (CUDA: float32, float16, bfloat16, D and Dv up to its tiled
+    backward's limit), unless FOURIERFORMER_KEEP_TABLES is 0."""
+    if q.device.type != "cuda" or q.dtype == torch.float64:
+        return False
+    limit = DECLARATIONS["cuda"].tiled_backward_max_head_dim
+    if limit is None or max(q.shape[-1], v.shape[-1]) > limit:
+        return False
+    return os.environ.get("FOURIERFORMER_KEEP_TABLES", "1") != "0"
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed = inputs[:10]
     normaliser_eps = inputs[10] if len(inputs) > 10 else 0.0
+    tables = inputs[11] if len(inputs) > 11 else None
     out, lse = output
-    ctx.save_for_backward(q, k, v, radius, out, lse, attn_mask, key_bias)
+    ctx.save_for_backward(q, k, v, radius, out, lse, attn_mask, key_bias, tables)
     ctx.args = (power, causal, dropout_p, seed, normaliser_eps)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros to allocate and fill)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, radius, out, lse, attn_mask, key_bias = ctx.saved_tensors
+    q, k, v, radius, out, lse, attn_mask, key_bias, tables = ctx.saved_tensors
     if grad_out is None:  # (set_materialize_grads(False); gradcheck's undefined-gradient check)
         grad_out = torch.zeros_like(out)
     power, causal, dropout_p, seed, normaliser_eps = ctx.args
     dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
         grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-        normaliser_eps,
+        normaliser_eps, tables,
     )
-    return dq, dk, dv, dradius, None, None, None, None, None, None, None
+    return dq, dk, dv, dradius, None, None, None, None, None, None, None, None
 
 
 class _FusedFourierAttention(torch.autograd.Function):
@@ -75,10 +107,15 @@ class _FusedFourierAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, keyset, *args):
+        below = keyset & torch._C._after_autograd_keyset
         with torch._C._AutoDispatchBelowAutograd():
-            output = torch.ops.fourierformer.fourier_attention_forward.default.redispatch(
-                keyset & torch._C._after_autograd_keyset, *args
-            )
+            if (len(args) < 12 or args[11] is None) and _keeps_tables(args[0], args[2]):
+                # built once, for this forward and its backward (see the module docstring)
+                tables = torch.ops.fourierformer.fourier_attention_tables.default.redispatch(
+                    below, args[0], args[1], args[3]
+                )
+                args = args[:10] + (args[10] if len(args) > 10 else 0.0, tables)
+            output = torch.ops.fourierformer.fourier_attention_forward.default.redispatch(below, *args)
         _setup_context(ctx, args, output)
         return output
 
@@ -103,17 +140,24 @@ def _forward_autograd(keyset, *args):
 if extension_status().loaded:
     torch.library.register_fake("fourierformer::fourier_attention_forward")(_forward_fake)
     torch.library.register_fake("fourierformer::fourier_attention_backward")(_backward_fake)
+    torch.library.register_fake("fourierformer::fourier_attention_tables")(_tables_fake)
     _LIBRARY = torch.library.Library("fourierformer", "IMPL")  # (its registrations last as long as it)
     _LIBRARY.impl("fourier_attention_forward", _forward_autograd, "Autograd", with_keyset=True)
 
 
-def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None = None) -> torch.Tensor:
-    """Runs the fused op on normalised inputs; returns out (B, H, N, Dv). ``values`` replaces
-    inp.v (see fused_weights)."""
-    assert extension_status().loaded
+def _op_radius(inp: AttentionInputs) -> torch.Tensor:
     compute = _compute_dtype(inp.q.dtype)
     radius = inp.radius_hd if inp.radius_hd.dtype == compute else inp.radius_hd.to(compute)
-    radius = radius.contiguous()
+    return radius.contiguous()
+
+
+def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None = None,
+                  tables: torch.Tensor | None = None) -> torch.Tensor:
+    """Runs the fused op on normalised inputs; returns out (B, H, N, Dv). ``values`` replaces
+    inp.v, ``tables`` are fourier_attention_tables' for inp (see fused_weights)."""
+    assert extension_status().loaded
+    compute = _compute_dtype(inp.q.dtype)
+    radius = _op_radius(inp)
     # bool masks go as they are: the kernels learn from the dtype that they only select
     attn_mask = inp.attn_mask
     if attn_mask is not None and attn_mask.dtype != torch.bool:
@@ -121,7 +165,7 @@ def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None =
     key_bias = inp.key_padding_mask
     out, _ = torch.ops.fourierformer.fourier_attention_forward(
         inp.q, inp.k, inp.v if values is None else values, radius, float(inp.power), attn_mask, key_bias,
-        inp.causal, inp.dropout_p, seed, inp.normaliser_eps,
+        inp.causal, inp.dropout_p, seed, inp.normaliser_eps, tables,
     )
     return out
 
@@ -136,14 +180,17 @@ def fused_weights(inp: AttentionInputs, seed: int, max_head_dim: int | None) -> 
     """The normalised weights (B, H, N, M), after dropout (same seed, same mask), computed by
     the fused kernel itself: its forward with the identity as the values gives out = P I = P.
     Columns of at most ``max_head_dim`` keys per call (the kernel's value-width limit; at most
-    WEIGHTS_COLUMNS when set); each call recomputes the scores. Differentiable w.r.t. q, k and the radius through the op's
-    backward. Rows with no visible key give zeros, as the output does."""
+    WEIGHTS_COLUMNS when set); each call recomputes the scores (on CUDA from one set of tables).
+    Differentiable w.r.t. q, k and the radius through the op's backward. Rows with no visible key give zeros, as the output does."""
     B, H, N, _ = inp.q.shape
     M = inp.k.shape[2]
     width = min([w for w in (M, max_head_dim, WEIGHTS_COLUMNS) if w] or [1])
     eye = torch.eye(M, dtype=inp.q.dtype, device=inp.q.device)
+    tables = None
+    if M > width and inp.q.device.type == "cuda" and inp.q.dtype != torch.float64:  # (one set for every chunk)
+        tables = torch.ops.fourierformer.fourier_attention_tables(inp.q, inp.k, _op_radius(inp))
     parts = [
-        fused_forward(inp, seed, eye[:, c0:c0 + width].expand(B, H, M, min(width, M - c0)))
+        fused_forward(inp, seed, eye[:, c0:c0 + width].expand(B, H, M, min(width, M - c0)), tables)
         for c0 in range(0, M, width)
     ]
     return torch.cat(parts, -1) if parts else inp.q.new_zeros(B, H, N, 0)

@@ -214,6 +214,44 @@ def check_score_cache(f32):
     print("  ok  score cache and recomputed scores agree (dq, dk, dv, dradius)")
 
 
+def check_shared_tables():
+    """fourier_attention_tables built once and passed to the forward and the backward (as the
+    autograd does on a GPU) gives what they give building their own, bit for bit, in float32,
+    float16 and bfloat16, with a key padding mask, causal and dropout; the tables' size is
+    _C.cuda_table_floats's formula's; float64 gets none; tables of other inputs are refused."""
+    for dtype, D, Dv in ((torch.float32, 12, 7), (torch.float16, 16, 16), (torch.bfloat16, 40, 20)):
+        case = make_case(2, 3, 21, 37, D, Dv, dtype, causal=True, kpm=True, scale=0.7, seed=3)
+        q, k, v, radius = case["q"], case["k"], case["v"], case["radius"].float()
+        key_bias = torch.zeros(case["key_padding"].shape).masked_fill(case["key_padding"], float("-inf"))
+        args = (q, k, v, radius, 4.0, None, key_bias, True, 0.1, 9, 0.0)
+        tables = torch.ops.fourierformer.fourier_attention_tables(q, k, radius)
+        B, H, N, _ = q.shape
+        M, Dp = k.shape[2], -(-D // 8) * 8
+        assert tables.dtype == torch.float32 and tables.numel() == B * H * (3 * Dp * N + 4 * Dp * M + 2 * N + M) + H * Dp
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+        out_t, lse_t = torch.ops.fourierformer.fourier_attention_forward(*args, tables)
+        assert torch.equal(out, out_t) and torch.equal(lse, lse_t), f"{dtype}: the forward with given tables differs"
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+        grads = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:])
+        grads_t = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:], tables)
+        for name, a, b in zip(("dq", "dk", "dv", "dradius"), grads, grads_t):
+            # (dq and dradius: float atomics, whose order may differ between two runs: as in
+            # check_score_cache)
+            err = (a.float() - b.float()).abs().max().item()
+            same = err <= 1e-6 * max(1.0, b.float().abs().max().item()) if name in ("dq", "dradius") else torch.equal(a, b)
+            assert same, f"{dtype}: the backward's {name} with given tables differs by {err:.3e}"
+        other = torch.ops.fourierformer.fourier_attention_tables(q[:, :, :-1], k, radius)
+        try:
+            torch.ops.fourierformer.fourier_attention_forward(*args, other)
+        except RuntimeError as e:
+            assert "fourier_attention_tables(q, k, radius)" in str(e), e
+        else:
+            raise AssertionError("the forward took the tables of other inputs")
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    assert torch.ops.fourierformer.fourier_attention_tables(q, q, torch.ones(2, 4, dtype=torch.float64)).numel() == 0
+    print("  ok  tables built once: forward and backward as with their own (f32, f16, bf16); others refused")
+
+
 def check_empty_shapes():
     """M = 0 (no keys: out 0, lse +inf, zero grads), N = 0 (zero dk, dv), B = 0."""
     for B, N, M in ((1, 3, 0), (2, 0, 5), (0, 3, 4)):
@@ -421,6 +459,7 @@ def main():
         run_case(name, case, power, dropout_p=p, **tol)
     check_smem_limit(f32)
     check_score_cache(f32)
+    check_shared_tables()
     if run_special():
         sys.exit(1)
     if args.fuzz and run_fuzz(args.fuzz):

@@ -48,21 +48,25 @@ struct EmuLauncher {
 };
 }  // namespace
 
+at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& radius) {
+  return cuda::tables_impl(q, k, radius, EmuLauncher{});
+}
+
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps) {
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
   return cuda::forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps,
-                            EmuLauncher{});
+                            tables, EmuLauncher{});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
     const at::Tensor& out, const at::Tensor& lse, double power, const std::optional<at::Tensor>& attn_mask,
     const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed,
-    double normaliser_eps) {
+    double normaliser_eps, const std::optional<at::Tensor>& tables) {
   return cuda::backward_impl(dout, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-                             normaliser_eps, EmuLauncher{});
+                             normaliser_eps, tables, EmuLauncher{});
 }
 
 const char* cpu_kernel_isa() { return "cuda-host-emulation"; }
