@@ -29,6 +29,9 @@ API (q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv); radius a scalar, (H, 1), (
            each term to a relative eps bounds an element's error by about eps times this, even
            where the terms cancel and the exact gradient is far smaller.
 
+    lse_mismatches(lse, q, k, radius, **same keywords) -> list of strings: the kernels' log-
+        normaliser against the oracle's log-sum over the visible keys, with a float32 bound.
+
     oracle_mismatches(ours, q, k, v, radius, grad_out, **same keywords) -> list of strings
         (empty when every one of ours = (out, dq, dk, dv, dradius) is within the bound
         ``max |ours - oracle| <= 4 max |plain - oracle| + 16 eps32 scale + 1e-30`` (with
@@ -350,6 +353,40 @@ def oracle_mismatches(ours, q, k, v, radius, grad_out, series=True, **kwargs):
             bad.append(f"{name}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps x scale {scale:.3e}"
                        + (f" + {null_factor:g} eps x null-key scale {null:.3e}" if null else ""))
     return bad
+
+
+def lse_mismatches(lse, q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, **_):
+    """Whether a kernel's log-normaliser lse (B, H, N): log sum_j exp S_ij over the visible keys
+    (+inf for a row that sees none), is within the float32 bound; [] if so. Per row i:
+    4 x the plain float32 log-sum's error + 16 eps32 (sum_j P_ij |S'_ij| + p D) + 1e-30, with S'
+    the scores without the masks: lse's error is the P-weighted mean of the scores' errors, each
+    a few eps relative (products and logs of D factors) plus a few eps absolute per feature and
+    power (a log of a ratio near 1 rounds to an absolute eps, also where |S'| is tiny)."""
+    B, H, N, D = q.shape
+    M = k.shape[2]
+    sinc_part = _scores(q.double(), k.double(), radius.double(), power, _log_abs_sinc_oracle)
+    exact_scores = sinc_part + additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal)
+    exact = torch.logsumexp(exact_scores, -1)
+    plain = torch.logsumexp(_scores(q.float(), k.float(), radius.float(), power, _log_abs_sinc_plain)
+                            + additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal, torch.float32), -1)
+    ours = lse.detach().double().cpu()
+    if tuple(ours.shape) != (B, H, N):
+        return [f"lse: shape {tuple(ours.shape)}, expected {(B, H, N)}"]
+    dead = torch.isneginf(exact)
+    if not torch.equal(torch.isposinf(ours), dead):
+        return ["lse: +inf exactly where a row sees no key: no"]
+    live = ~dead
+    if not live.any():
+        return []
+    weights = torch.exp(exact_scores - torch.where(dead, torch.zeros_like(exact), exact).unsqueeze(-1))
+    scale = (weights * sinc_part.abs()).nan_to_num(0.0).sum(-1) + power * D
+    err = (ours - exact)[live].abs()
+    bound = PLAIN_FACTOR * (plain.double() - exact)[live].abs() + SCALE_FACTOR * EPS32 * scale[live] + UNDERFLOW
+    if not bool(torch.isfinite(err).all()) or bool((err > bound).any()):
+        worst = int(torch.nan_to_num(err - bound, nan=float("inf")).argmax())
+        return [f"lse: error {err[worst].item():.3e} > 4 x plain + 16 eps x (sum_j P_ij |S'_ij| + p D) = "
+                f"{bound[worst].item():.3e}"]
+    return []
 
 
 def float64_mismatches(ours, q, k, v, radius, grad_out, **kwargs):

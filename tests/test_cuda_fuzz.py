@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle import (EPS32, NAMES, PLAIN_FACTOR, SCALE_FACTOR, UNDERFLOW, float64_mismatches, oracle_mismatches,  # noqa: E402
-                    oracle_gradient_scales, oracle_gradients, plain_gradients)
-from test_op_fuzz import draw_case  # noqa: E402
+                    lse_mismatches, oracle_gradient_scales, oracle_gradients, plain_gradients)
+from test_op_fuzz import draw_case, op_forward_args  # noqa: E402
 
 from fourierformer_fairseq.ops import backend_unavailable_reason, fourier_attention  # noqa: E402
 
@@ -161,3 +161,16 @@ def test_cuda_autograd_builds_the_tables_once(monkeypatch):
             scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
             err = (a - b).abs().max().item() if a.numel() else 0.0
             assert err <= 1e-6 * scale, f"{case['label']}: {name} differs by {err:.3e} with and without kept tables"
+
+
+def test_cuda_fuzz_lse_against_oracle():
+    """The float32 forward's log-normaliser (the tables' row and key constants enter it, and the
+    backward and the null key read it) on every fuzz case against the oracle's log-sum, within
+    lse_mismatches' bound (as tests/test_op_fuzz.py does for the CPU kernels)."""
+    failures = []
+    for seed in range(N_CASES):
+        case = _rounded(draw_case(seed), torch.float32)
+        _, lse = torch.ops.fourierformer.fourier_attention_forward(*op_forward_args(case, torch.float32, "cuda"))
+        bad = lse_mismatches(lse, case["q"], case["k"], case["radius"], **case["kwargs"])
+        failures += [case["label"] + ": " + b for b in bad]
+    assert not failures, "\n".join(failures)

@@ -38,8 +38,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle import additive_mask as oracle_additive_mask  # noqa: E402
-from oracle import float64_mismatches, oracle_gradients, oracle_mismatches  # noqa: E402
-from oracle import _log_abs_sinc_oracle, _scores  # noqa: E402
+from oracle import float64_mismatches, lse_mismatches, oracle_gradients, oracle_mismatches  # noqa: E402
+from oracle import _log_abs_sinc_oracle, _radius_table, _scores  # noqa: E402
 
 
 def oracle_scores(q, k, radius, power):
@@ -236,6 +236,36 @@ def test_fuzz_float32_against_oracle(seed):
     with single_thread():
         bad = oracle_mismatches(fused_gradients(case), *case_args(case), **oracle_kwargs(case))
     assert not bad, case["label"] + "\n" + "\n".join(bad)
+
+
+def op_forward_args(case, dtype, device="cpu"):
+    """The op's arguments (fourierformer::fourier_attention_forward) for a fuzz case: radius as
+    (H, D), the masks as the op takes them, dropout's seed 0."""
+    q, k, v = (case[n].to(device, dtype) for n in ("q", "k", "v"))
+    B, H, N, D = q.shape
+    M = k.shape[2]
+    kw = case["kwargs"]
+    radius = _radius_table(case["radius"], H, D).to(device, torch.float64 if dtype == torch.float64 else torch.float32)
+    mask = kw.get("attn_mask")
+    if mask is not None:
+        mask = mask.reshape(*((B, H) if mask.dim() == 3 else (1, 1)), N, M).to(device)
+    padding = kw.get("key_padding_mask")
+    return (q, k, v, radius.contiguous(), float(kw["power"]), mask, None if padding is None else padding.to(device),
+            kw.get("causal", False), kw.get("dropout_p", 0.0), 0, kw.get("normaliser_eps", 0.0))
+
+
+def test_fuzz_lse_against_oracle():
+    """The forward's log-normaliser (what the backward and the null key read) on every fuzz case,
+    float32, against the oracle's log-sum over the visible keys (+inf where none), within
+    lse_mismatches' float32 bound."""
+    failures = []
+    with single_thread():
+        for seed in range(0, N_CASES, FUZZ_STRIDE):
+            case = draw_case(seed)
+            _, lse = torch.ops.fourierformer.fourier_attention_forward(*op_forward_args(case, torch.float32))
+            bad = lse_mismatches(lse, case["q"], case["k"], case["radius"], **case["kwargs"])
+            failures += [case["label"] + ": " + b for b in bad]
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize("seed", range(0, N_CASES, 5))

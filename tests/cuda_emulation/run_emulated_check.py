@@ -364,7 +364,7 @@ def special_cases():
 
 def run_special():
     sys.path.insert(0, TESTS)
-    from oracle import oracle_mismatches
+    from oracle import lse_mismatches, oracle_mismatches
 
     failures = 0
     for label, q, k, v, radius, kwargs in special_cases():
@@ -380,16 +380,17 @@ def run_special():
                                                                         power, None, None, causal, 0.0, 0, eps))
         if radius.dim() == 0:
             grads[3] = grads[3].sum()
-        bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, **kwargs)
+        bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, **kwargs) + lse_mismatches(lse, q, k, radius,
+                                                                                                  **kwargs)
         print(f"  {'ok ' if not bad else 'BAD'} {label:44s} ({time.time() - t0:.1f}s) {'; '.join(bad)}")
         failures += bool(bad)
     return failures
 
 
 def run_fuzz(count):
-    """float32 cases against tests/oracle.py, with its bound (oracle_mismatches)."""
+    """float32 cases against tests/oracle.py, with its bounds (oracle_mismatches, lse_mismatches)."""
     sys.path.insert(0, TESTS)
-    from oracle import oracle_mismatches
+    from oracle import lse_mismatches, oracle_mismatches
 
     failures = 0
     for seed in range(count):
@@ -404,7 +405,8 @@ def run_fuzz(count):
         dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
         grads = torch.ops.fourierformer.fourier_attention_backward(dout, q, k, v, radius, out, lse, power, None,
                                                                    key_bias, causal, 0.0, 0)
-        bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, **kwargs)
+        bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, **kwargs) + lse_mismatches(lse, q, k, radius,
+                                                                                                  **kwargs)
         print(f"  {'ok ' if not bad else 'BAD'} {label:90s} ({time.time() - t0:.1f}s) {'; '.join(bad)}")
         failures += bool(bad)
     print(f"fuzz: {failures} of {count} cases outside the oracle's bound")
