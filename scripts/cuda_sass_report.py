@@ -412,6 +412,11 @@ COLD_REGIONS = [
          why="scalar staging (N or M not a multiple of 4)"),
     dict(file="backward_tiled.cuh", start=r"\} else \{  // scalar staging", end=r"^        \}$",
          why="scalar staging (N or M not a multiple of 4)"),
+    # threads with no visible pair (short sequences, the causal diagonal: micro_tile_live)
+    dict(file="forward_tiled.cuh", start=r"auto no_scores = \[&\]\(\) \{", end=r"^  \};$", why="a tile with no visible pair"),
+    dict(file="forward_tiled.cuh", start=r"return no_scores\(\);", end=None, why="a tile with no visible pair"),
+    dict(file="backward_tiled.cuh", start=r"if \(!micro_tile_live\(p, i0, j0, tx, ty\)\) \{  // C = 0", end=r"^        \} else \{$",
+         why="a tile with no visible pair"),
     dict(file="*", start=r"dropout_factor\(p, ", end=None, why="dropout"),
     # the backward's block-uniform dropout branches (pre-pass and main pass)
     dict(file="backward_tiled.cuh", start=r"if \(p\.dropout_p > 0\.0f\) \{  // \(block-uniform\)", end=r"^    \}$",

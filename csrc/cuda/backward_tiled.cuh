@@ -238,13 +238,15 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = 0.0f;
     }
-    for (int c = 0; c < Dv; ++c) {
-      const float4 o4 = load4(dOt + c * kFwdRows + ty * kMicro), v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
-      const float ov[4] = {o4.x, o4.y, o4.z, o4.w}, vv[4] = {v4.x, v4.y, v4.z, v4.w};
+    if (micro_tile_live(p, i0, j0, tx, ty)) {  // (a thread that is not live: P = 0, its dP unused)
+      for (int c = 0; c < Dv; ++c) {
+        const float4 o4 = load4(dOt + c * kFwdRows + ty * kMicro), v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
+        const float ov[4] = {o4.x, o4.y, o4.z, o4.w}, vv[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
-      for (int ii = 0; ii < kMicro; ++ii)
+        for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
-        for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = fmaf(ov[ii], vv[jj], dP[ii][jj]);
+          for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = fmaf(ov[ii], vv[jj], dP[ii][jj]);
+      }
     }
 #pragma unroll
     for (int ii = 0; ii < kMicro; ++ii) {
@@ -416,14 +418,16 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = 0.0f;
-    for (int c = 0; c < Dv; ++c) {
-      const float4 v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
-      const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
+    if (micro_tile_live(p, i0, j0, tx, ty)) {  // (a thread that is not live: P = 0, C = 0 whatever dP)
+      for (int c = 0; c < Dv; ++c) {
+        const float4 v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
+        const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
-      for (int ii = 0; ii < kMicro; ++ii) {
-        const float o = Ot[(ty * kMicro + ii) * ostride + c];
+        for (int ii = 0; ii < kMicro; ++ii) {
+          const float o = Ot[(ty * kMicro + ii) * ostride + c];
 #pragma unroll
-        for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = fmaf(o, vv[jj], dP[ii][jj]);
+          for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = fmaf(o, vv[jj], dP[ii][jj]);
+        }
       }
     }
     // C = dS' = P (f dP - Delta / c), kept in registers for the g pass (the power multiplies dq,
@@ -564,33 +568,41 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
       }
       __syncthreads();
       for (int dd = 0; dd < dc; dd += kGroup) {
+        if (!micro_tile_live(p, i0, j0, tx, ty)) {  // C = 0: zero partials, no g
 #pragma unroll
-        for (int e = 0; e < kGroup; ++e) {
-          const float* rf = Rf + (dd + e) * kFwdRows + ty * kMicro;
-          const float* kf = Kf + (dd + e) * kFwdKeys + tx * kMicro;
-          const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
-          const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
-                       Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
-          const float xu = xus[dd + e];
-          const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
-                      tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
-          const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
-                      Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
-          float dqp[kMicro], dkp[kMicro];  // over the thread's 4 keys (dq) and 4 queries (dk)
+          for (int e = 0; e < kGroup; ++e) {
+            *reinterpret_cast<float4*>(Pq + (e * 16 + tx) * kPqStride + ty * kMicro) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            *reinterpret_cast<float4*>(Pk + (e * 16 + ty) * kFwdKeys + tx * kMicro) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+        } else {
 #pragma unroll
-          for (int t = 0; t < kMicro; ++t) dqp[t] = dkp[t] = 0.0f;
+          for (int e = 0; e < kGroup; ++e) {
+            const float* rf = Rf + (dd + e) * kFwdRows + ty * kMicro;
+            const float* kf = Kf + (dd + e) * kFwdKeys + tx * kMicro;
+            const float4 q4 = load4(rf), t4 = load4(rf + kChunk * kFwdRows), tl4 = load4(rf + 2 * kChunk * kFwdRows);
+            const float4 k4 = load4(kf), X4 = load4(kf + kChunk * kFwdKeys), Y4 = load4(kf + 2 * kChunk * kFwdKeys),
+                         Yl4 = load4(kf + 3 * kChunk * kFwdKeys);
+            const float xu = xus[dd + e];
+            const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, tv[4] = {t4.x, t4.y, t4.z, t4.w},
+                        tlv[4] = {tl4.x, tl4.y, tl4.z, tl4.w};
+            const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, Xv[4] = {X4.x, X4.y, X4.z, X4.w},
+                        Yv[4] = {Y4.x, Y4.y, Y4.z, Y4.w}, Ylv[4] = {Yl4.x, Yl4.y, Yl4.z, Yl4.w};
+            float dqp[kMicro], dkp[kMicro];  // over the thread's 4 keys (dq) and 4 queries (dk)
 #pragma unroll
-          for (int ii = 0; ii < kMicro; ++ii)
+            for (int t = 0; t < kMicro; ++t) dqp[t] = dkp[t] = 0.0f;
 #pragma unroll
-            for (int jj = 0; jj < kMicro; ++jj) {
-              const float g = dlog_sinc_g(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], xu);
-              dqp[ii] = fmaf(C[ii][jj], g, dqp[ii]);
-              dkp[jj] = fmaf(C[ii][jj], g, dkp[jj]);
-            }
-          *reinterpret_cast<float4*>(Pq + (e * 16 + tx) * kPqStride + ty * kMicro) =
-              make_float4(dqp[0], dqp[1], dqp[2], dqp[3]);
-          *reinterpret_cast<float4*>(Pk + (e * 16 + ty) * kFwdKeys + tx * kMicro) =
-              make_float4(dkp[0], dkp[1], dkp[2], dkp[3]);
+            for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+              for (int jj = 0; jj < kMicro; ++jj) {
+                const float g = dlog_sinc_g(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], xu);
+                dqp[ii] = fmaf(C[ii][jj], g, dqp[ii]);
+                dkp[jj] = fmaf(C[ii][jj], g, dkp[jj]);
+              }
+            *reinterpret_cast<float4*>(Pq + (e * 16 + tx) * kPqStride + ty * kMicro) =
+                make_float4(dqp[0], dqp[1], dqp[2], dqp[3]);
+            *reinterpret_cast<float4*>(Pk + (e * 16 + ty) * kFwdKeys + tx * kMicro) =
+                make_float4(dkp[0], dkp[1], dkp[2], dkp[3]);
+          }
         }
         __syncthreads();
         {  // thread: query row / key rc, feature d0 + dd + re

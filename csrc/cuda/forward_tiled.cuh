@@ -226,6 +226,18 @@ FF_DEV float ff_exp2_approx(float x) {
 // s + add log2(e), add (a mask, natural log) split as fma(add, kLog2eHigh, add kLog2eLow).
 FF_DEV float add_log2(float s, float add) { return fmaf(add, kLog2eHigh, fmaf(add, kLog2eLow, s)); }
 
+// Whether a thread's kMicro x kMicro pairs (queries i0 + ty kMicro + (0 .. kMicro - 1), keys
+// j0 + tx kMicro + (0 .. kMicro - 1)) can hold a visible one: a row before N, a key before the
+// visible end of its last row (M; the causal diagonal). A thread that is not live computes no
+// products in tile_scores_impl and no dP or g in the backward (it stages, writes its zeros and
+// meets the barriers): short sequences (N, M <= 32, as in translation) leave most of a 64 x 64
+// tile so, and a warp of such threads issues nothing there.
+template <typename P>
+FF_DEV bool micro_tile_live(const P& p, int i0, int j0, int tx, int ty) {
+  const int first_row = i0 + ty * kMicro;
+  return first_row < p.N && j0 + tx * kMicro < visible_end(p, ff_min(first_row + kMicro - 1, p.N - 1));
+}
+
 // Scores of a tile, masks included: S[ii][jj] of query i0 + ty * kMicro + ii and key
 // j0 + tx * kMicro + jj (-inf where the key is not visible or masked; rows past N see nothing),
 // times log2(e) (the softmax's units in the forward and the backward: P = 2^(S - m)), with the
@@ -246,6 +258,8 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   float* Rf = region;                               // (kRowFields, kC, kFwdRows)
   float* Kf = region + kRowFields * kC * kFwdRows;  // (kKeyFields, kC, kFwdKeys)
   const float NEG_INF = -ff_inf<float>();
+  // (a thread that is not live: scores -inf, as they would be, no products)
+  const bool live = micro_tile_live(p, i0, j0, tx, ty);
   // ---- 1. products over the features ----
   float num[kMicro][kMicro], den[kMicro][kMicro];
   int expo[kMicro][kMicro];
@@ -314,6 +328,9 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       }
     }
     __syncthreads();
+    rsrc += kC * (int64_t)N;  // (the next chunk's)
+    ksrc += kC * (int64_t)M;
+    if (!live) return;
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       if ((kFirst && g == 0) || (half * kGroups + g) * kRenormEvery < dc) {  // uniform in each half
@@ -345,11 +362,17 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
           for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj], watch);
       }
     }
-    rsrc += kC * (int64_t)N;
-    ksrc += kC * (int64_t)M;
   };
   chunk(0, std::true_type{});
   for (int d0 = kC; d0 < Dp; d0 += kC) chunk(d0, std::false_type{});
+  auto no_scores = [&]() {  // (a thread that is not live)
+#pragma unroll
+    for (int ii = 0; ii < kMicro; ++ii)
+#pragma unroll
+      for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = NEG_INF;
+    rare = 0;
+  };
+  if (kSplit == 1 && !live) return no_scores();
 
   int flags = score_flags(watch);  // (kSplit 2: both halves', below)
   // ---- kSplit 2: the halves swap quotients, each keeps kRows of the kMicro rows ----
@@ -402,6 +425,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         ex[ii][jj] = ke + ff_float_bits(*slot(1, other, q)) + e;
       }
     flags = score_flags(watch) | ff_float_bits(region[4 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
+    if (!live) return no_scores();  // (after the exchange's barriers; the partner is not live either)
   }
 
   // ---- scores (what follows is loaded or computed only now: fewer registers live in the loop) ----
