@@ -387,7 +387,7 @@ LOOP_SPECS = [
 # two branches of the table kernel (a thread takes one: N / (N + M) of them the query branch).
 # file, first line (regex), last line (regex, searched from the first; None: the first line only).
 # The backward's score cache (kScoreCacheBytes in backward_tiled.cuh): present (the default, as
-# where B H N M floats fit and M is a multiple of 4: the main pass reads the pre-pass's scores) or
+# where B H N M floats fit, M rounded up to a multiple of 4: the main pass reads the pre-pass's scores) or
 # absent (--no-score-cache: the main pass computes them again).
 # (the main pass is a kernel instance of its own for each: backward_main_tiled_kernel<..., kCache>;
 # the pre-pass's store weighs 0 without the cache)
@@ -932,7 +932,7 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--no-score-cache", action="store_true",
                     help="count the backward's main pass without the pre-pass's score cache (it computes the "
-                         "scores again, as where B H N M floats exceed kScoreCacheBytes or M is not a multiple of 4)")
+                         "scores again, as where B H N M floats exceed kScoreCacheBytes)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (.cu, ptxas logs, SASS) and print it")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fourierformer-sass-cache"),
                     help="cubin cache (default: %(default)s)")

@@ -110,12 +110,13 @@ def test_cuda_fuzz_float64_against_oracle(seed):
 
 
 def test_cuda_score_cache_on_and_off_agree(monkeypatch):
-    """The float32 backward's main pass reads the pre-pass's cached scores (M a multiple of 4,
-    within the budget) or, with FOURIERFORMER_SCORE_CACHE_MB=0, computes them again: both within
-    the oracle's bound, and alike (the same P; dq's float atomics may add in another order)."""
-    seeds = [s for s in range(N_CASES) if draw_case(s)["k"].shape[-2] % 4 == 0][:6]
-    assert seeds, "no fuzz case with M a multiple of 4"
-    for seed in seeds:
+    """The float32 backward's main pass reads the pre-pass's cached scores (within the budget; rows
+    of M rounded up to a multiple of 4) or, with FOURIERFORMER_SCORE_CACHE_MB=0, computes them
+    again: both within the oracle's bound, and alike (the same P; dq's float atomics may add in
+    another order). Cases with M a multiple of 4 and not."""
+    by_rest = [[s for s in range(N_CASES) if (draw_case(s)["k"].shape[-2] % 4 == 0) == whole][:4] for whole in (True, False)]
+    assert all(by_rest), "no fuzz case with M a multiple of 4, or none with another M"
+    for seed in by_rest[0] + by_rest[1]:
         case = _rounded(draw_case(seed), torch.float32)
         monkeypatch.delenv("FOURIERFORMER_SCORE_CACHE_MB", raising=False)
         cached = cuda_gradients(case, torch.float32)

@@ -63,11 +63,13 @@ constexpr int kBwdMaxFeatures = limits::kCudaTiledBackwardMaxHeadDim;  // larges
 constexpr int kBwdMaxValueColumns = limits::kCudaTiledBackwardMaxHeadDim;
 // The pre-pass keeps its scores (log2 units, masks and rare path included: the main pass's P must
 // be the pre-pass's, bit for bit) for the main pass, which then reads them instead of computing
-// them again, where they take at most this much memory (B H N M floats) and M is a multiple of 4
-// (float4 rows): 8.4 instructions per element less in the main pass for 8 bytes of memory
-// traffic per (query, key) pair; beyond, the main pass recomputes them. The environment variable
-// FOURIERFORMER_SCORE_CACHE_MB sets another budget (0: never; cuda_launcher.cuh).
+// them again, where they take at most this much memory (B H N rows of score_cache_stride(M)
+// floats: float4 rows, M rounded up to a multiple of 4): 8.4 instructions per element less in the
+// main pass for 8 bytes of memory traffic per (query, key) pair; beyond, the main pass recomputes
+// them. The environment variable FOURIERFORMER_SCORE_CACHE_MB sets another budget (0: never;
+// cuda_launcher.cuh).
 constexpr int64_t kScoreCacheBytes = int64_t(256) << 20;
+FF_HD int64_t score_cache_stride(int64_t M) { return (M + 3) & ~int64_t(3); }
 
 // g(x) = d/dx log|sinc x| of one element from the table fields; u = q c - k c through u_out.
 FF_DEV float dlog_sinc_tables(float q, float t, float t_low, float k, float X, float Y, float Y_low, float x_per_u,
@@ -222,12 +224,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
     const int i0 = ids[1];
     stage_v_transposed(p.v + bh * M * Dv, j0, M, Dv, Vt, tid);
     __syncthreads();
-    if (p.score_cache && j0 + tx * kMicro < M) {  // (M a multiple of 4: the thread's 4 keys or none)
+    if (p.score_cache && j0 + tx * kMicro < M) {  // (the thread's 4 keys, within the row's stride)
 #pragma unroll
       for (int ii = 0; ii < kMicro; ++ii) {
         const int i = i0 + ty * kMicro + ii;
         if (i < N)
-          *reinterpret_cast<float4*>(p.score_cache + (bh * N + i) * M + j0 + tx * kMicro) =
+          *reinterpret_cast<float4*>(p.score_cache + (bh * N + i) * score_cache_stride(M) + j0 + tx * kMicro) =
               make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
       }
     }
@@ -367,8 +369,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
 #pragma unroll
       for (int ii = 0; ii < kMicro; ++ii) {
         const int i = i0 + ((warp >> 1) * 4 + (lane >> 3)) * kMicro + ii;
-        const int end = i < N ? visible_end(p, i) : 0;  // (M a multiple of 4: 4 keys or none)
-        const float4 s4 = j < end ? load4(p.score_cache + (bh * N + i) * M + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const int end = i < N ? visible_end(p, i) : 0;  // (keys past `end` in the row's stride: not read)
+        const float4 s4 = j < end ? load4(p.score_cache + (bh * N + i) * score_cache_stride(p.M) + j)
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
 #pragma unroll
         for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = j + jj < end ? sv[jj] : -ff_inf<float>();

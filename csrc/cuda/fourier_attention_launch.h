@@ -249,8 +249,9 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
       const at::Tensor dv_acc = at::empty({sh.B * sh.H * sh.M * sh.Dv}, options.dtype(at::kFloat));
       p.dv_acc = dv_acc.data_ptr<float>();
       at::Tensor score_cache;  // (see kScoreCacheBytes; the launcher's budget)
-      if ((sh.M & 3) == 0 && sh.B * sh.H * sh.N * sh.M * (int64_t)sizeof(float) <= launch.score_cache_bytes) {
-        score_cache = at::empty({sh.B * sh.H * sh.N * sh.M}, options.dtype(at::kFloat));
+      const int64_t cache_floats = sh.B * sh.H * sh.N * score_cache_stride(sh.M);
+      if (cache_floats * (int64_t)sizeof(float) <= launch.score_cache_bytes) {
+        score_cache = at::empty({cache_floats}, options.dtype(at::kFloat));
         p.score_cache = score_cache.data_ptr<float>();
       }
       const int64_t row_blocks = grid_blocks(sh, sh.N, kFwdRows);

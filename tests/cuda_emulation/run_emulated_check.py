@@ -185,12 +185,13 @@ def check_smem_limit(f32):
 
 
 def check_score_cache(f32):
-    """The tiled backward's main pass with the pre-pass's score cache (M a multiple of 4, within
-    kScoreCacheBytes: the default) and without (FF_EMU_SCORE_CACHE_BYTES=0: it computes the scores
-    again): both against the reference, and the two alike (the same P; dq's atomics may add in
-    another order). Causal with a key padding mask and dropout: the cache holds no scores for the
-    keys a query block does not see, which the main pass must read as -inf."""
-    case = make_case(2, 1, 70, 72, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
+    """The tiled backward's main pass with the pre-pass's score cache (within kScoreCacheBytes:
+    the default; rows of M rounded up to a multiple of 4) and without (FF_EMU_SCORE_CACHE_BYTES=0:
+    it computes the scores again): both against the reference, and the two alike (the same P; dq's
+    atomics may add in another order). Causal with a key padding mask and dropout: the cache holds
+    no scores for the keys a query block does not see, which the main pass must read as -inf; M =
+    70, not a multiple of 4: the last 4 keys of a row straddle its end."""
+    case = make_case(2, 1, 69, 70, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
     kpm = case["key_padding"]
     key_bias = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
     args = (case["q"], case["k"], case["v"], case["radius"].float(), 4.0, None, key_bias, True, 0.2, 5, 0.0)
