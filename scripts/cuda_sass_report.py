@@ -61,12 +61,14 @@ issued under a false predicate still counts (it takes an issue slot), and a loop
 that the plain case does not take (P = 0) is assumed not taken.
 
 For the kernels of 2026-11-28 (nvcc 13.0.88, this script at its defaults, on a 2-core CPU machine
-without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 12.77 / 12.44 at D = 16
-and 10.74 / 10.65 at D = 128 (512-thread two-half blocks); backward (pre-pass + main pass + dq
-finish) 44.24 / 42.52 at D = 16 and 35.44 / 34.83 at D = 128 with the score cache (--no-score-cache:
-52.81 / 51.09 and 43.37 / 42.76); the g pass for dq and dk 21.1-21.2, the scores' chunk loop 8.2-8.4
-per element (9.4 in the two-half blocks); the table kernel 2.12 / 0.53 and 1.32 / 0.33 (2.79 / 0.70
-and 2.10 / 0.52 before its third pass); no kernel spills. The first feature chunk of the scores
+without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 12.63 / 12.30 at D = 16
+and 10.70 / 10.61 at D = 128 (512-thread two-half blocks); backward (pre-pass + main pass + dq
+finish) 44.56 / 42.85 at D = 16 and 35.78 / 35.17 at D = 128 with the score cache (--no-score-cache:
+53.42 / 51.71 and 43.86 / 43.25); the g pass for dq and dk 21.2-21.3, the scores' chunk loop 8.3-8.6
+per element (9.3 in the two-half blocks); the table kernel 2.12 / 0.53 and 1.32 / 0.33; a training
+step (tables once, forward, backward) 59.31 / 55.68 and 47.80 / 46.11; no kernel spills. These are
+full tiles: the threads of a short sequence's empty micro-tiles (micro_tile_live) skip their
+loops, which this count does not model. The first feature chunk of the scores
 runs outside that loop (peeled): at D = 16 the loop does not run and the chunk counts in the tile
 loop's share.
 

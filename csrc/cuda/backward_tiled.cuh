@@ -38,13 +38,14 @@
 // and the series (3), the select and the two sums (2).
 // SASS counts (sm_90, nvcc 13.0.88 -O3 -lineinfo, 2026-11-28; scripts/cuda_sass_report.py; per
 // (query, key, feature) element): the g pass loop (4 features x 16 pairs per iteration, the
-// partial sums and their reduction included) about 1355 instructions, 21.1-21.2 per element (508
-// FFMA, 320 FMUL, 161 FADD, 65 LDS, 64 each of MUFU.RCP and the floor, ...); the scores 8.2-8.4
-// per element in the pre-pass (and in the main pass without the score cache, kScoreCacheBytes).
-// Whole backward (pre-pass + main pass + dq kernel, N = M = 1024, tables not included): 42.5 per
-// element at D = Dv = 16 (13.2 + 29.1 + 0.2) and 34.8 at 128 (9.6 + 25.1 + 0.1) with the score
-// cache, 51.1 and 42.8 without; 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
-// dk/dv kernels before this layout. Every kernel at 128 registers or fewer (launch bounds (256,
+// partial sums and their reduction included) about 1365 instructions, 21.2-21.3 per element (508
+// FFMA, 320 FMUL, 161 FADD, 65 LDS, 64 each of MUFU.RCP and the floor, ...); the scores 8.6 per
+// element in the pre-pass (and in the main pass without the score cache, kScoreCacheBytes).
+// Whole backward (pre-pass + main pass + dq kernel, N = M = 1024, tables not included): 42.9 per
+// element at D = Dv = 16 (13.3 + 29.4 + 0.2) and 35.2 at 128 (9.8 + 25.3 + 0.1) with the score
+// cache, 51.7 and 43.3 without; 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
+// dk/dv kernels before this layout. Threads whose pairs hold no visible one (micro_tile_live) skip
+// dP and g. Every kernel at 128 registers or fewer (launch bounds (256,
 // 2): 16 warps per SM), none spills. dq's sums over key blocks are float atomics, so its last
 // bits depend on their order (as dradius's already did).
 //

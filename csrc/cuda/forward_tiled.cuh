@@ -52,11 +52,12 @@
 //      tile, and dropout is applied in a block-uniform branch after the exponentials.
 //
 // Static SASS reading (scripts/cuda_sass_report.py's model, nvcc 13.0, sm_90, N = M = 1024, plain
-// case, dropout hash counted as not run; 2026-11-28): whole forward kernel 12.4 instructions per
-// (query, key, feature) at D = Dv = 16 (15.7 the day before, 21.1 before the rewrite) and 10.7
-// at D = Dv = 128 (11.6, 14.8); the feature-chunk loop with its staging 8.2 and, in the
-// two-half blocks, 9.4 (the scalar staging, not run there, left out), P V 1.39 and 1.34 per
-// value column; registers 128 at both, no spills, 16 warps per SM at both.
+// case, dropout hash counted as not run; 2026-11-28): whole forward kernel 12.3 instructions per
+// (query, key, feature) at D = Dv = 16 (15.7 the day before, 21.1 before the rewrite) and 10.6
+// at D = Dv = 128 (11.6, 14.8); the feature-chunk loop with its staging 8.3 and, in the
+// two-half blocks, 9.3 (the scalar staging, not run there, left out), P V 1.39 and 1.34 per
+// value column; registers 128 and 127, no spills, 16 warps per SM at both. Full tiles: threads
+// with no visible pair (micro_tile_live) skip the chunk loop's products.
 //
 // The row constant row_log_i (tables.cuh) is large (of order D) and cancels against the
 // exponents of num / den: it is added as fma(e, ln2_high, row_log_high) first, exact in e
