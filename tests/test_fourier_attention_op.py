@@ -477,7 +477,7 @@ def test_opcheck_backward_op():
 
 
 @needs_cpu_kernel
-def test_tables_op_and_argument_on_cpu():
+def test_tables_op_and_argument_on_cpu(monkeypatch):
     """fourier_attention_tables: an empty float32 vector on CPU (its kernels build their tables
     per tile), not differentiable, passing opcheck; the forward and backward take it (the same
     results as without, through the op's autograd too) and refuse tables of another size, dtype
@@ -505,6 +505,20 @@ def test_tables_op_and_argument_on_cpu():
     bwd = (grad_out, q.detach(), k.detach(), v.detach(), r.detach(), out.detach(), lse, 4.0, None, None, True, 0.0, 0,
            0.0, tables)
     torch.library.opcheck(torch.ops.fourierformer.fourier_attention_backward.default, bwd)
+    # the autograd's path on CUDA (tables built in its forward, saved, passed to the backward), here
+    # with the CPU op's empty tables: the same gradients, and the tables op called once per step
+    from fourierformer_fairseq.ops import fused
+
+    calls, saved = [], []
+    monkeypatch.setattr(fused, "_keeps_tables", lambda q_, v_: calls.append(1) or True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out_k, _ = torch.ops.fourierformer.fourier_attention_forward(*args)
+    grads_k = torch.autograd.grad(out_k.sum(), (q, k, v, r))
+    assert calls == [1]
+    assert [t.shape for t in saved if t.dtype == torch.float32 and t.dim() == 1] == [(0,)]  # the tables
+    assert torch.equal(out_k, out)
+    for a, b in zip(grads, grads_k):
+        assert torch.equal(a, b)
     for bad in (torch.zeros(3), torch.zeros(0, dtype=torch.float64), torch.zeros(1, 0)):
         with pytest.raises(RuntimeError, match=r"tables must be what fourier_attention_tables\(q, k, radius\)"):
             torch.ops.fourierformer.fourier_attention_forward(*args, bad)
