@@ -59,12 +59,12 @@ FF_HD void carve_tables(Params<scalar_t, acc_t>& p, float* ws) {
 
 // |R_d| of feature d of a head (radius: the head's row of R) and, through c and m, its split |R_d| = c m (exact, from the float's
 // bits): c the power of two with c <= |R_d| < 2c, m = |R_d| / c in [1, 2). A flat feature
-// returns its |R| (0 for NaN) with c = m = 1; a padding feature -1.
+// returns its |R| (0 for NaN) with c = 1 and m = that |R| (its x / u); a padding feature -1.
 FF_DEV float feature_radius(const float* radius, int D, int d, float& c, float& m) {
   c = m = 1.0f;
   if (d >= D) return -1.0f;
   const float r = fabsf(radius[d]);
-  if (!((double)r >= kFlatRadius)) return r == r ? r : 0.0f;
+  if (!((double)r >= kFlatRadius)) return m = (r == r ? r : 0.0f);
   const int bits = ff_float_bits(r);
   c = ff_bits_float(bits & 0x7F800000);
   m = ff_bits_float((bits & 0x007FFFFF) | 0x3F800000);
