@@ -63,10 +63,10 @@ that the plain case does not take (P = 0) is assumed not taken.
 For the kernels of 2026-11-28 (nvcc 13.0.88, this script at its defaults, on a 2-core CPU machine
 without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 12.63 / 12.30 at D = 16
 and 10.70 / 10.61 at D = 128 (512-thread two-half blocks); backward (pre-pass + main pass + dq
-finish) 44.56 / 42.85 at D = 16 and 35.78 / 35.17 at D = 128 with the score cache (--no-score-cache:
-53.42 / 51.71 and 43.86 / 43.25); the g pass for dq and dk 21.2-21.3, the scores' chunk loop 8.3-8.6
+finish) 44.01 / 42.30 at D = 16 and 35.69 / 35.08 at D = 128 with the score cache (--no-score-cache:
+53.24 / 51.53 and 43.73 / 43.12); the g pass for dq and dk 21.2-21.3, the scores' chunk loop 8.3-8.6
 per element (9.3 in the two-half blocks); the table kernel 2.12 / 0.53 and 1.32 / 0.33; a training
-step (tables once, forward, backward) 59.31 / 55.68 and 47.80 / 46.11; no kernel spills. These are
+step (tables once, forward, backward) 58.76 / 55.13 and 47.71 / 46.02; no kernel spills. These are
 full tiles: the threads of a short sequence's empty micro-tiles (micro_tile_live) skip their
 loops, which this count does not model. The first feature chunk of the scores
 runs outside that loop (peeled): at D = 16 the loop does not run and the chunk counts in the tile
@@ -417,7 +417,7 @@ COLD_REGIONS = [
     # threads with no visible pair (short sequences, the causal diagonal: micro_tile_live)
     dict(file="forward_tiled.cuh", start=r"auto no_scores = \[&\]\(\) \{", end=r"^  \};$", why="a tile with no visible pair"),
     dict(file="forward_tiled.cuh", start=r"return no_scores\(\);", end=None, why="a tile with no visible pair"),
-    dict(file="backward_tiled.cuh", start=r"if \(!micro_tile_live\(p, i0, j0, tx, ty\)\) \{  // C = 0", end=r"^        \} else \{$",
+    dict(file="backward_tiled.cuh", start=r"if \(!live\) \{  // C = 0: zero partials", end=r"^        \} else \{$",
          why="a tile with no visible pair"),
     dict(file="*", start=r"dropout_factor\(p, ", end=None, why="dropout"),
     # the backward's block-uniform dropout branches (pre-pass and main pass)

@@ -41,9 +41,9 @@
 // partial sums and their reduction included) about 1365 instructions, 21.2-21.3 per element (508
 // FFMA, 320 FMUL, 161 FADD, 65 LDS, 64 each of MUFU.RCP and the floor, ...); the scores 8.6 per
 // element in the pre-pass (and in the main pass without the score cache, kScoreCacheBytes).
-// Whole backward (pre-pass + main pass + dq kernel, N = M = 1024, tables not included): 42.9 per
-// element at D = Dv = 16 (13.3 + 29.4 + 0.2) and 35.2 at 128 (9.8 + 25.3 + 0.1) with the score
-// cache, 51.7 and 43.3 without; 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
+// Whole backward (pre-pass + main pass + dq kernel, N = M = 1024, tables not included): 42.3 per
+// element at D = Dv = 16 (13.3 + 28.8 + 0.2) and 35.1 at 128 (9.8 + 25.2 + 0.1) with the score
+// cache, 51.5 and 43.1 without; 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
 // dk/dv kernels before this layout. Threads whose pairs hold no visible one (micro_tile_live) skip
 // dP and g. Every kernel at 128 registers or fewer (launch bounds (256,
 // 2): 16 warps per SM), none spills. dq's sums over key blocks are float atomics, so its last
@@ -389,6 +389,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     const int warp = tid >> 5, lane = tid & 31;
     const int tx = (warp & 1) * 8 + (lane & 7);
     const int ty = (warp >> 1) * 4 + (lane >> 3);
+    const bool live = micro_tile_live(p, i0, j0, tx, ty);  // (not live: P = 0, C = 0, no dP, no g)
     const int rc = tid & (kFwdKeys - 1), re = tid >> 6;  // reductions: row / key rc, feature re of a group
     const int dv_kg = tid & 15, dv_slot = tid >> 4;     // see DvTile
     const int dv_cg0 = dv_slot % DvTile<kO>::kColumnGroups, dv_qs = dv_slot / DvTile<kO>::kColumnGroups;
@@ -422,7 +423,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = 0.0f;
-    if (micro_tile_live(p, i0, j0, tx, ty)) {  // (a thread that is not live: P = 0, C = 0 whatever dP)
+    if (live) {
       for (int c = 0; c < Dv; ++c) {
         const float4 v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
         const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
@@ -572,7 +573,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
       }
       __syncthreads();
       for (int dd = 0; dd < dc; dd += kGroup) {
-        if (!micro_tile_live(p, i0, j0, tx, ty)) {  // C = 0: zero partials, no g
+        if (!live) {  // C = 0: zero partials
 #pragma unroll
           for (int e = 0; e < kGroup; ++e) {
             *reinterpret_cast<float4*>(Pq + (e * 16 + tx) * kPqStride + ty * kMicro) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

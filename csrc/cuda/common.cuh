@@ -132,6 +132,24 @@ FF_DEV int take_exponent(float& x) {
   return (bits >> 23) - 127;
 }
 
+// The same for a positive normal float64 x (exponent in [-1022, 1023]).
+FF_DEV int take_exponent(double& x) {
+#if defined(FF_HOST_EMULATION)
+  long long bits;
+  __builtin_memcpy(&bits, &x, sizeof bits);
+#else
+  long long bits = __double_as_longlong(x);
+#endif
+  const int e = (int)((bits >> 52) & 0x7FF) - 1023;
+  bits = (bits & 0x000FFFFFFFFFFFFFLL) | 0x3FF0000000000000LL;
+#if defined(FF_HOST_EMULATION)
+  __builtin_memcpy(&x, &bits, sizeof x);
+#else
+  x = __longlong_as_double(bits);
+#endif
+  return e;
+}
+
 // log(y) for y in (0.25, 4): reduce to [sqrt(1/2), sqrt(2)), then Cephes' logf polynomial
 // (log_poly_near_one in ../fourier_element_math.h, as vlog_near_one in ../cpu/vec.inc).
 FF_DEV float log_near_one(float y) {

@@ -30,8 +30,9 @@
 // (mantissas and exponents of the slots' products combined by slot 0 in slot order, one log per
 // row, where there was one per (row, feature)); |R| split into c and m from the float's bits;
 // 32-bit index divisions below 2^31 rows. sm_90: 48 registers, no spills, 40 warps per SM;
-// about 165 instructions per (row, feature), 300 and 230 (query, key) before. Built per call:
-// the forward and the backward each build their own.
+// about 165 instructions per (row, feature), 300 and 230 (query, key) before. Built once per
+// training step (fourier_attention_tables, which the autograd passes to the forward and the
+// backward), or by each op that is given none.
 #pragma once
 
 #include "common.cuh"
@@ -57,8 +58,9 @@ FF_HD void carve_tables(Params<scalar_t, acc_t>& p, float* ws) {
   p.x_per_u = p.key_log + BH * M;
 }
 
-// |R_d| of feature d of a head (radius: the head's row of R) and, through c and m, its split |R_d| = c m (exact, from the float's
-// bits): c the power of two with c <= |R_d| < 2c, m = |R_d| / c in [1, 2). A flat feature
+// |R_d| of feature d of a head (radius: the head's row of R) and, through c and m, its split
+// |R_d| = c m (exact, from the float's bits): c the power of two with c <= |R_d| < 2c,
+// m = |R_d| / c in [1, 2). A flat feature
 // returns its |R| (0 for NaN) with c = 1 and m = that |R| (its x / u); a padding feature -1.
 FF_DEV float feature_radius(const float* radius, int D, int d, float& c, float& m) {
   c = m = 1.0f;
@@ -99,24 +101,6 @@ FF_HD int64_t table_blocks(int64_t BH, int64_t H, int64_t N, int64_t M, int64_t 
   const int64_t row_blocks = (BH * (N + M) + kTableRows - 1) / kTableRows;
   const int64_t feature_blocks = (H * Dp + kTableThreads - 1) / kTableThreads;
   return row_blocks > feature_blocks ? row_blocks : feature_blocks;
-}
-
-// x = m 2^e with m in [1, 2) for a positive normal float64 x: returns e, leaves m in x.
-FF_DEV int take_exponent(double& x) {
-#if defined(FF_HOST_EMULATION)
-  long long bits;
-  __builtin_memcpy(&bits, &x, sizeof bits);
-#else
-  long long bits = __double_as_longlong(x);
-#endif
-  const int e = (int)((bits >> 52) & 0x7FF) - 1023;
-  bits = (bits & 0x000FFFFFFFFFFFFFLL) | 0x3FF0000000000000LL;
-#if defined(FF_HOST_EMULATION)
-  __builtin_memcpy(&x, &bits, sizeof x);
-#else
-  x = __longlong_as_double(bits);
-#endif
-  return e;
 }
 
 // The slots' parts of the row constants (kTableSlots, kTableRows each): a query row's num's

@@ -55,9 +55,15 @@ def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bi
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(radius)
 
 
+def _builds_tables(q: torch.Tensor) -> bool:
+    """Whether the backend of q's device and dtype builds tables (as cuda_table_floats: the CUDA
+    kernels of float32, float16 and bfloat16)."""
+    return q.device.type == "cuda" and q.dtype != torch.float64
+
+
 def _tables_fake(q, k, radius):
     floats = 0
-    if q.device.type == "cuda" and q.dtype != torch.float64:
+    if _builds_tables(q):
         B, H, N, D = q.shape
         # (int(): symbolic sizes specialise, as the kernels' tables depend on them)
         floats = extension_status().module.cuda_table_floats(*(int(n) for n in (B, H, N, k.shape[2], D)))
@@ -68,7 +74,7 @@ def _keeps_tables(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the autograd builds the tables once for the forward and the backward: on a backend
     whose backward reads them (CUDA: float32, float16, bfloat16, D and Dv up to its tiled
     backward's limit), unless FOURIERFORMER_KEEP_TABLES is 0."""
-    if q.device.type != "cuda" or q.dtype == torch.float64:
+    if not _builds_tables(q):
         return False
     limit = DECLARATIONS["cuda"].tiled_backward_max_head_dim
     if limit is None or max(q.shape[-1], v.shape[-1]) > limit:
@@ -187,7 +193,7 @@ def fused_weights(inp: AttentionInputs, seed: int, max_head_dim: int | None) -> 
     width = min([w for w in (M, max_head_dim, WEIGHTS_COLUMNS) if w] or [1])
     eye = torch.eye(M, dtype=inp.q.dtype, device=inp.q.device)
     tables = None
-    if M > width and inp.q.device.type == "cuda" and inp.q.dtype != torch.float64:  # (one set for every chunk)
+    if M > width and _builds_tables(inp.q):  # (one set for every chunk)
         tables = torch.ops.fourierformer.fourier_attention_tables(inp.q, inp.k, _op_radius(inp))
     parts = [
         fused_forward(inp, seed, eye[:, c0:c0 + width].expand(B, H, M, min(width, M - c0)), tables)
