@@ -213,7 +213,7 @@ def setup_nvcc_flags():
 # Constants of the headers that the loop model uses; the host program below prints them.
 CONSTANTS = ["kMicro", "kRenormEvery", "kChunk", "kFwdRows", "kFwdKeys", "kFwdThreads", "kStageStep",
              "kRowFields", "kKeyFields", "kTableThreads", "kBwdMaxFeatures", "kBwdMaxValueColumns",
-             "kGroup", "kTableSlots"]
+             "kGroup", "kTableSlots", "kDeltaSplitMinFeatures"]
 # Head-dim dependent sizes (functions of the headers), per D = Dv.
 SIZES = {
     "Dp": "padded_features(D)",
@@ -223,6 +223,8 @@ SIZES = {
     "fwd_threads": "forward_threads(Dv)",
     "table_smem_floats": "table_smem_bytes() / sizeof(float)",
     "delta_smem_floats": "tiled_delta_smem_floats(Dv)",
+    "delta2_smem_floats": "tiled_delta_smem_floats(Dv, 2)",
+    "delta2_threads": "2 * kFwdThreads",
     "main_smem_floats": "tiled_main_smem_floats(padded_features(D), Dv)",
     "finish_smem_floats": "kBwdMaxFeatures",
 }
@@ -253,7 +255,7 @@ def host_program(head_dims):
 
 @dataclass
 class Instance:
-    kind: str            # tables, forward, delta, main, finish
+    kind: str            # tables, forward, delta, delta2 (two halves), main, main2 (two splits), finish
     template: str        # e.g. forward_tiled_kernel<float, 4>
     params: dict         # template parameters by name (kO)
     threads: str         # constant (or SIZES key) of the block size
@@ -270,14 +272,24 @@ def launcher_instances(D, Dv, c):
     out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}>", {"kO": kO}, "fwd_threads",
                         "fwd_smem_floats", "kFwdRows"))
     if Dp <= c["kBwdMaxFeatures"] and Dv <= c["kBwdMaxValueColumns"]:
-        out.append(Instance("delta", "backward_delta_tiled_kernel<float>", {}, "kFwdThreads",
+        out.append(Instance("delta", "backward_delta_tiled_kernel<float, 1>", {"kSplit": 1}, "kFwdThreads",
                             "delta_smem_floats", "kFwdRows"))
+        if Dp >= c["kDeltaSplitMinFeatures"] and SCORE_CACHE:
+            # where the grid is small (delta_pass_split; with the score cache only): the pre-pass
+            # in two halves (not in the totals but the small-grid backward's)
+            out.append(Instance("delta2", "backward_delta_tiled_kernel<float, 2>", {"kSplit": 2}, "delta2_threads",
+                                "delta2_smem_floats", "kFwdRows"))
         kOk = 1 if Dv <= 4 else 2 if Dv <= 8 else 4 if Dv <= 16 else 8 if Dv <= 32 else 16 if Dv <= 64 else 32
         cache = "true" if SCORE_CACHE else "false"  # (the pre-pass's scores read, or computed again)
         out.append(Instance("main", f"backward_main_tiled_kernel<float, {kOk}, {cache}>", {"kO": kOk},
                             "kFwdThreads", "main_smem_floats", "kFwdKeys"))
         out.append(Instance("finish", "backward_dq_finish_kernel<float>", {}, "kFwdThreads",
                             "finish_smem_floats", "kFwdRows"))
+        if Dp >= c["kDeltaSplitMinFeatures"] and SCORE_CACHE:
+            # the main pass at the small grid of the IWSLT'14 benchmark shape on 132 SMs (128 key
+            # tiles, 264 block slots): two blocks per key tile (main_pass_splits), counted as such
+            out.append(Instance("main2", f"backward_main_tiled_kernel<float, {kOk}, {cache}>",
+                                {"kO": kOk, "splits": 2}, "kFwdThreads", "main_smem_floats", "kFwdKeys"))
     return out
 
 
@@ -288,7 +300,8 @@ LAUNCHER_LINES = [
     r"else if \(p\.Dv <= 64\)\s*launch\(forward_tiled_kernel<scalar_t, 16>, blocks, threads,",
     r"else if \(p\.Dv <= 128\)\s*launch\(forward_tiled_kernel<scalar_t, 32>, blocks, threads,",
     r"else\s*launch\(forward_tiled_kernel<scalar_t, 64>, blocks, threads,",
-    r"launch\(backward_delta_tiled_kernel<scalar_t>",
+    r"launch\(backward_delta_tiled_kernel<scalar_t, 2>, row_blocks, 2 \* kFwdThreads,",
+    r"launch\(backward_delta_tiled_kernel<scalar_t, 1>, row_blocks, kFwdThreads,",
     r"launch\(backward_dq_finish_kernel<scalar_t>",
     r"if \(p\.Dv <= 4\)\s*launch\(backward_main_tiled_kernel<scalar_t, 1, kCache>",
     r"if \(p\.score_cache\)\s*launch_main_tiled<scalar_t, true>",
@@ -315,7 +328,8 @@ def check_launcher():
 # Names usable in the formulas: N, M, D, Dv, the SIZES, the CONSTANTS, the template parameters,
 # chunk_dc (features of a chunk, on average), fwd_cols (value columns per thread of the forward),
 # dv_column_groups / dv_phases / dv_groups (the main pass's DvTile<kO>),
-# split (the forward's halves per block: forward_threads(Dv) / kFwdThreads; 1 in the other kernels).
+# split (the halves per block: the forward's forward_threads(Dv) / kFwdThreads, 2 in the two-half
+# pre-pass, 1 in the other kernels), main_splits (see the g-pass chunks).
 LOOP_SPECS = [
     # tile_scores_impl (forward_tiled.cuh), in the forward and in the backward's kernels: the chunk
     # loop is the element loop (its renormalisation groups and the staging are unrolled in it; with
@@ -340,14 +354,14 @@ LOOP_SPECS = [
     # the backward (backward_tiled.cuh): pre-pass, main pass and dq finish
     dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < kBwdMaxFeatures; d \+= kFwdThreads\)",
          name="dradius zeroing", step="kFwdThreads", trips="kBwdMaxFeatures / kFwdThreads"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < Dv \* kFwdRows; idx \+= kFwdThreads\)",
-         name="dO staging", step="kFwdThreads", trips="Dv * kFwdRows / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = threadIdx\.x; idx < Dv \* kFwdRows; idx \+= kThreads\)",
+         name="dO staging", step="kFwdThreads * split", trips="Dv * kFwdRows / (kFwdThreads * split)"),
     dict(file="backward_tiled.cuh", text=r"for \(int j0 = 0; j0 < ids\[2\]; j0 \+= kFwdKeys\)",
          name="key tiles", step="kFwdKeys", unroll="1", trips="ceil(M / kFwdKeys)"),
     dict(file="backward_tiled.cuh", text=r"for \(int c4 = tid >> kFwdKeysLog2; c4 < quads; c4 \+= kFwdThreads / kFwdKeys\)",
          name="V staging", step="kFwdThreads / kFwdKeys", trips="ceil(Dv / 4) * kFwdKeys / kFwdThreads"),
     dict(file="backward_tiled.cuh", text=r"for \(int c = 0; c < Dv; \+\+c\)",
-         name="dP = dO V^T", step="1", trips="Dv", elems="kMicro * kMicro", unit="qkc"),
+         name="dP = dO V^T", step="1", trips="Dv", elems="kMicro * kMicro / split", unit="qkc"),
     dict(file="backward_tiled.cuh", text=r"for \(int i0 = i_begin; i0 < N; i0 \+= kFwdRows\)",
          name="query tiles", step="kFwdRows", unroll="1", trips="ceil(N / kFwdRows)"),
     dict(file="backward_tiled.cuh", text=r"for \(int r = tid >> 4; r < kFwdRows; r \+= kFwdThreads / 16\)",
@@ -355,26 +369,31 @@ LOOP_SPECS = [
     dict(file="backward_tiled.cuh", text=r"for \(int c = 4 \* \(tid & 15\); c < ostride; c \+= 64\)",
          name="dO staging columns", step="64", trips="(Dvs + 4) / 64"),
     dict(file="backward_tiled.cuh", text=r"for \(int ii = dv_qs; ii < nq; ii \+= T::kPhases\)",
-         name="dv = P^T dO", step="dv_phases", trips="kFwdRows / dv_phases", elems="16 * dv_groups", unit="qkc"),
+         name="dv = P^T dO", step="dv_phases", trips="kFwdRows / (dv_phases * main_splits)", elems="16 * dv_groups", unit="qkc"),
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* kW; idx \+= kFwdThreads\)",
-         name="dv phase sums", step="kFwdThreads", trips="kFwdKeys * 4 * dv_column_groups / kFwdThreads"),
+         name="dv phase sums", step="kFwdThreads", trips="kFwdKeys * 4 * dv_column_groups / (kFwdThreads * main_splits)"),
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nk \* Dv; idx \+= kFwdThreads\)",
-         name="dv zeroing / store", step="kFwdThreads", trips="kFwdKeys * Dv / kFwdThreads"),
+         name="dv zeroing / store", step="kFwdThreads", trips="kFwdKeys * Dv / (kFwdThreads * main_splits)"),
     dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < D; d \+= kFwdThreads\)",
          name="dradius sums", step="kFwdThreads", trips="D / kFwdThreads"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < 4 \* kFwdRows; idx \+= kFwdThreads\)",
-         name="row sums zeroing", step="kFwdThreads", trips="4 * kFwdRows / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = threadIdx\.x; idx < 4 \* kFwdRows; idx \+= kThreads\)",
+         name="row sums zeroing", step="kFwdThreads * split", trips="4 * kFwdRows / (kFwdThreads * split)"),
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* Dp; idx \+= kFwdThreads\)",
          name="dk sums zeroing", step="kFwdThreads", trips="kFwdKeys * Dp / kFwdThreads"),
-    dict(file="backward_tiled.cuh", text=r"for \(int d0 = 0; d0 < Dp; d0 \+= kChunk\)",
-         name="g-pass chunks", step="kChunk", trips="ceil(Dp / kChunk)"),
+    # (main_splits: the main pass's blocks per key tile, main_pass_splits, 1 but in the small-grid
+    # instance; each split runs its share of the chunks, of the dk store and of the dradius sums,
+    # split 0 alone the dv loops (averaged over the splits here), every split the pair work)
+    dict(file="backward_tiled.cuh", text=r"for \(int d0 = ids\[3\] \* p\.split_features; d0 < d_end; d0 \+= kChunk\)",
+         name="g-pass chunks", step="kChunk", trips="ceil(Dp / kChunk) / main_splits"),
     dict(file="backward_tiled.cuh", text=r"for \(int dd = dd0; dd < dc; dd \+= kStageStep",
          name="g-pass staging (scalar, not run)", step="kStageStep", trips="chunk_dc / kStageStep"),
     dict(file="backward_tiled.cuh", text=r"for \(int dd = 0; dd < dc; dd \+= kGroup\)",
          name="g pass (dq, dk)", step="kGroup", trips="chunk_dc / kGroup",
          elems="kMicro * kMicro * kGroup", unit="qkd"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nk \* D; idx \+= kFwdThreads\)",
-         name="dk store", step="kFwdThreads", trips="kFwdKeys * D / kFwdThreads"),
+    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nk \* nd; idx \+= kFwdThreads\)",
+         name="dk store", step="kFwdThreads", trips="kFwdKeys * D / (kFwdThreads * main_splits)"),
+    dict(file="backward_tiled.cuh", text=r"for \(int d = d_lo \+ tid; d < d_hi; d \+= kFwdThreads\)",
+         name="dradius sums", step="kFwdThreads", trips="D / (kFwdThreads * main_splits)"),
     dict(file="backward_tiled.cuh", text=r"for \(int c = 0; c < nk; \+\+c\)",
          name="dradius key sum", step="1", trips="kFwdKeys"),
     dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nr \* D; idx \+= kFwdThreads\)",
@@ -916,8 +935,8 @@ def whole_per_element(inst, per_thread, names, c):
     if inst.kind == "tables":
         threads_total = (N + M) * c["kTableSlots"]  # kTableSlots threads per row
     else:
-        rows = N if inst.kind in ("forward", "dq", "delta", "finish") else M
-        blocks = math.ceil(rows / c[inst.grid_rows])
+        rows = N if inst.kind in ("forward", "dq", "delta", "delta2", "finish") else M
+        blocks = math.ceil(rows / c[inst.grid_rows]) * names.get("main_splits", 1)
         threads_total = blocks * names[inst.threads]
     return per_thread * threads_total / (N * M * D)
 
@@ -1035,13 +1054,14 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
             callee = {k: dict(spill_stores=v.get("spill_stores", 0), spill_loads=v.get("spill_loads", 0))
                       for k, v in ptx.items() if not v.get("entry") and (v.get("spill_stores") or v.get("spill_loads"))}
             threads = {**c, **sizes}[inst.threads]
-            split = threads // c["kFwdThreads"] if inst.kind == "forward" else 1
+            split = threads // c["kFwdThreads"] if inst.kind in ("forward", "delta2") else 1
             lb = launch_bounds(inst.template, {**c, **inst.params})
             if lb and lb[0] != threads:
                 warnings.append(f"{inst.template}: launched with {threads} threads, __launch_bounds__({lb[0]})")
             dyn = 4 * sizes[inst.smem] if inst.smem else 0
             warps, blocks, limiter = occupancy(props["regs"], threads, props.get("smem", 0) + dyn)
-            row = dict(kernel=inst.template, kind=inst.kind, function=fn.name, threads=threads,
+            label = inst.template + (f" x{inst.params['splits']}" if inst.params.get("splits", 1) > 1 else "")
+            row = dict(kernel=label, kind=inst.kind, function=fn.name, threads=threads,
                        launch_bounds=lb,
                        registers=props["regs"], registers_cuobjdump=res.get(fn.name),
                        spill_stores=props.get("spill_stores", 0), spill_loads=props.get("spill_loads", 0),
@@ -1059,6 +1079,7 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                 fwd_passes = max(1, inst.params.get("kO", 0) // split // 16)
                 fwd_passes = min(fwd_passes, math.ceil(sizes["Dvs"] / (64 * split)))
                 names.update(N=n, M=n, D=hd, Dv=hd, split=split, fwd_passes=fwd_passes,
+                             main_splits=inst.params.get("splits", 1),
                              chunk_dc=Dp / math.ceil(Dp / c["kChunk"]),
                              fwd_cols=min(inst.params.get("kO", 0) // split, sizes["Dvs"] / (4 * split)) / fwd_passes,
                              # the main pass's dv tiles (DvTile in backward_tiled.cuh)
@@ -1084,8 +1105,10 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
         for n in shapes:
             by = {r["kind"]: r["shapes"][str(n)]["per_element"] for r in rows}
             bwd = by["delta"] + by["main"] + by["finish"] if "delta" in by else None
+            small = by["delta2"] + by["main2"] + by["finish"] if "delta2" in by else None
             totals[str(n)] = dict(forward=by["forward"], forward_with_tables=round(by["tables"] + by["forward"], 2),
                                   backward=None if bwd is None else round(bwd, 2),
+                                  backward_small_grid=None if small is None else round(small, 2),
                                   backward_with_tables=None if bwd is None else round(by["tables"] + bwd, 2),
                                   step=None if bwd is None else round(by["tables"] + by["forward"] + bwd, 2))
         report["head_dims"][str(hd)] = dict(sizes=sizes, kernels=rows, totals=totals)
@@ -1158,7 +1181,7 @@ def print_report(r):
                        f"{t['forward_with_tables']:.2f}), backward (pre-pass + main + dq finish) {b}")
     out.append("")
     out.append("Summary (instructions per (query, key, feature) element; inner = the element loop of the kernel)")
-    out.append(f"  {'D':>4} {'kernel':<44} {'regs':>4} {'spill st/ld B':>13} {'warps/SM':>8} {'inner loops':>18} "
+    out.append(f"  {'D':>4} {'kernel':<48} {'regs':>4} {'spill st/ld B':>13} {'warps/SM':>8} {'inner loops':>18} "
                + " ".join(f"{'whole@' + s:>10}" for s in shapes or []))
     for hd, h in r["head_dims"].items():
         for k in h["kernels"]:
@@ -1168,14 +1191,16 @@ def print_report(r):
                     inner.setdefault(lp["name"], []).append(lp["per_element"])
             ie = " + ".join(f"{min(v):.1f}" if max(v) - min(v) < 0.05 else f"{min(v):.1f}-{max(v):.1f}"
                             for v in inner.values())
-            out.append(f"  {hd:>4} {k['kernel']:<44} {k['registers']:>4} "
+            out.append(f"  {hd:>4} {k['kernel']:<48} {k['registers']:>4} "
                        f"{str(k['spill_stores']) + '/' + str(k['spill_loads']):>13} {k['warps_per_sm']:>8} {ie:>18} "
                        + " ".join(f"{k['shapes'][s]['per_element']:>10.2f}" for s in shapes))
-        for name, label in (("backward", "backward (pre-pass + main + finish)"), ("forward_with_tables", "forward + tables"),
+        for name, label in (("backward", "backward (pre-pass + main + finish)"),
+                            ("backward_small_grid", "backward, small grid (two-half pre-pass)"),
+                            ("forward_with_tables", "forward + tables"),
                             ("backward_with_tables", "backward + tables"), ("step", "step (tables once, fwd, bwd)")):
             vals = [h["totals"][s][name] for s in shapes]
             if all(v is not None for v in vals):
-                out.append(f"  {hd:>4} {label:<44} {'':>4} {'':>13} {'':>8} {'':>18} "
+                out.append(f"  {hd:>4} {label:<48} {'':>4} {'':>13} {'':>8} {'':>18} "
                            + " ".join(f"{v:>10.2f}" for v in vals))
     if r["warnings"]:
         out.append("")

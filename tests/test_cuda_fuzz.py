@@ -37,6 +37,9 @@ _reason = backend_unavailable_reason("cuda")
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_reason), reason=f"CUDA kernels: {_reason}")]
 
 N_CASES = 140
+# Where the tests run: on CPU, tests/test_cuda_harness_on_cpu.py runs some of them through the
+# CPU kernels, so that a mistake of the harness shows without a GPU.
+DEVICE, BACKEND = "cuda", "cuda"
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -50,11 +53,13 @@ def _rounded(case, dtype):
 
 
 def cuda_gradients(case, dtype):
-    dev = torch.device("cuda")
+    dev = torch.device(DEVICE)
     leaves = [case[n].to(dev, dtype).clone().requires_grad_() for n in ("q", "k", "v")]
     radius = case["radius"].to(dev, torch.float64 if dtype == torch.float64 else torch.float32).clone().requires_grad_()
     kwargs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in case["kwargs"].items()}
-    out = fourier_attention(*leaves, radius, backend="cuda", **kwargs)
+    with torch.random.fork_rng():
+        torch.manual_seed(case.get("seed", 0))  # the dropout seed, as the oracle's factors take it
+        out = fourier_attention(*leaves, radius, backend=BACKEND, **kwargs)
     grads = torch.autograd.grad(out, leaves + [radius], case["grad_out"].to(dev, dtype), allow_unused=True)
     grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves + [radius])]
     return tuple(t.detach().cpu() for t in (out, *grads))
@@ -64,10 +69,41 @@ def _args(case):
     return [case[n] for n in ("q", "k", "v", "radius", "grad_out")]
 
 
+def _within_oracle(case, ours):
+    bad = oracle_mismatches(ours, *_args(case), **case["oracle_kwargs"])
+    assert not bad, case["label"] + "\n" + "\n".join(bad)
+
+
+def _both_ways(monkeypatch, case, env, value):
+    """The float32 results with the environment variable `env` unset and set to `value`, each
+    within the oracle's bound."""
+    runs = []
+    for setting in (None, value):
+        if setting is None:
+            monkeypatch.delenv(env, raising=False)
+        else:
+            monkeypatch.setenv(env, setting)
+        runs.append(cuda_gradients(case, torch.float32))
+        _within_oracle(case, runs[-1])
+    return runs
+
+
+def _assert_alike(case, first, second, rel, what, exact=()):
+    """first and second agree: the outputs named in `exact` bit for bit, the others within `rel`
+    of the largest |second| (or 1)."""
+    for name, a, b in zip(NAMES, first, second):
+        if name in exact:
+            assert torch.equal(a, b), f"{case['label']}: {name} differs {what}"
+            continue
+        scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
+        err = (a - b).abs().max().item() if a.numel() else 0.0
+        assert err <= rel * scale, f"{case['label']}: {name} differs by {err:.3e} {what}"
+
+
 @pytest.mark.parametrize("seed", range(N_CASES))
 def test_cuda_fuzz_float32_against_oracle(seed):
     case = _rounded(draw_case(seed), torch.float32)
-    bad = oracle_mismatches(cuda_gradients(case, torch.float32), *_args(case), **case["kwargs"])
+    bad = oracle_mismatches(cuda_gradients(case, torch.float32), *_args(case), **case["oracle_kwargs"])
     assert not bad, case["label"] + "\n" + "\n".join(bad)
 
 
@@ -76,7 +112,7 @@ def test_cuda_fuzz_float32_against_oracle(seed):
 def test_cuda_fuzz_half_against_oracle(seed, dtype):
     dt = HALF[dtype]
     case = _rounded(draw_case(seed), dt)
-    args, kwargs = _args(case), case["kwargs"]
+    args, kwargs = _args(case), case["oracle_kwargs"]
     ours = cuda_gradients(case, dt)
     exact = oracle_gradients(*args, **kwargs)
     plain = plain_gradients(*args, **kwargs)
@@ -105,7 +141,7 @@ def test_cuda_fuzz_half_against_oracle(seed, dtype):
 def test_cuda_fuzz_float64_against_oracle(seed):
     case = draw_case(seed)
     case = {**case, **{n: case[n].double() for n in ("q", "k", "v", "radius", "grad_out")}}
-    bad = float64_mismatches(cuda_gradients(case, torch.float64), *_args(case), **case["kwargs"])
+    bad = float64_mismatches(cuda_gradients(case, torch.float64), *_args(case), **case["oracle_kwargs"])
     assert not bad, case["label"] + "\n" + "\n".join(bad)
 
 
@@ -118,17 +154,35 @@ def test_cuda_score_cache_on_and_off_agree(monkeypatch):
     assert all(by_rest), "no fuzz case with M a multiple of 4, or none with another M"
     for seed in by_rest[0] + by_rest[1]:
         case = _rounded(draw_case(seed), torch.float32)
-        monkeypatch.delenv("FOURIERFORMER_SCORE_CACHE_MB", raising=False)
-        cached = cuda_gradients(case, torch.float32)
-        monkeypatch.setenv("FOURIERFORMER_SCORE_CACHE_MB", "0")
-        recomputed = cuda_gradients(case, torch.float32)
-        for ours in (cached, recomputed):
-            bad = oracle_mismatches(ours, *_args(case), **case["kwargs"])
-            assert not bad, case["label"] + "\n" + "\n".join(bad)
-        for name, a, b in zip(NAMES, cached, recomputed):
-            scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
-            err = (a - b).abs().max().item() if a.numel() else 0.0
-            assert err <= 1e-6 * scale, f"{case['label']}: {name} differs by {err:.3e} with and without the cache"
+        cached, recomputed = _both_ways(monkeypatch, case, "FOURIERFORMER_SCORE_CACHE_MB", "0")
+        _assert_alike(case, cached, recomputed, 1e-6, "with and without the cache")
+
+
+def test_cuda_grid_splits_and_whole_agree(monkeypatch):
+    """Where its grid is small (these cases': a few tiles against the GPU's resident blocks), the
+    float32 backward with the score cache splits its work: the main pass each key tile's features
+    over up to four blocks (main_pass_splits, D >= 32), the pre-pass into two halves of a block
+    (delta_pass_split, padded D >= 64); FOURIERFORMER_GRID_SPLITS=1 splits nothing. Both within
+    the oracle's bound and alike: with the main pass split alone dk and dv bit for bit (the same
+    sums), dq and dradius to float atomics' order (1e-6 relative); with the two-half pre-pass
+    within 1e-5 relative (its halves round the scores otherwise: |S| eps32 in P). The cases: the
+    first six fuzz cases with D >= 64 as drawn, and cut to their first 40 features (Dp 40: the
+    main pass split alone)."""
+    seeds = [s for s in range(N_CASES) if draw_case(s)["q"].shape[-1] >= 64][:6]
+    assert seeds, "no fuzz case with head dim 64 or more"
+    for seed, cut in [(s, c) for s in seeds for c in (False, True)]:
+        case = _rounded(draw_case(seed), torch.float32)
+        if cut:
+            D = case["q"].shape[-1]
+            case["q"], case["k"] = case["q"][..., :40].contiguous(), case["k"][..., :40].contiguous()
+            if case["radius"].dim() and case["radius"].shape[-1] == D:
+                case["radius"] = case["radius"][..., :40].contiguous()
+        halves = -(-case["q"].shape[-1] // 8) * 8 >= 64
+        split, whole = _both_ways(monkeypatch, case, "FOURIERFORMER_GRID_SPLITS", "1")
+        if halves:
+            _assert_alike(case, split, whole, 1e-5, "with the grid split (two-half pre-pass)")
+        else:
+            _assert_alike(case, split, whole, 1e-6, "with the main pass split", exact=("dk", "dv"))
 
 
 def test_cuda_autograd_builds_the_tables_once(monkeypatch):
@@ -156,12 +210,8 @@ def test_cuda_autograd_builds_the_tables_once(monkeypatch):
             expected = 1 if keep == "1" and max(D, Dv) <= limit else 0
             assert len(kept) == expected, f"{case['label']}: {len(kept)} tables kept with KEEP_TABLES={keep}"
         for ours in results.values():
-            bad = oracle_mismatches(ours, *_args(case), **case["kwargs"])
-            assert not bad, case["label"] + "\n" + "\n".join(bad)
-        for name, a, b in zip(NAMES, results["1"], results["0"]):
-            scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
-            err = (a - b).abs().max().item() if a.numel() else 0.0
-            assert err <= 1e-6 * scale, f"{case['label']}: {name} differs by {err:.3e} with and without kept tables"
+            _within_oracle(case, ours)
+        _assert_alike(case, results["1"], results["0"], 1e-6, "with and without kept tables")
 
 
 def test_cuda_fuzz_lse_against_oracle():
@@ -171,7 +221,7 @@ def test_cuda_fuzz_lse_against_oracle():
     failures = []
     for seed in range(N_CASES):
         case = _rounded(draw_case(seed), torch.float32)
-        _, lse = torch.ops.fourierformer.fourier_attention_forward(*op_forward_args(case, torch.float32, "cuda"))
+        _, lse = torch.ops.fourierformer.fourier_attention_forward(*op_forward_args(case, torch.float32, DEVICE))
         bad = lse_mismatches(lse, case["q"], case["k"], case["radius"], **case["kwargs"])
         failures += [case["label"] + ": " + b for b in bad]
     assert not failures, "\n".join(failures)

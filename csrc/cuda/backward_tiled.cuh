@@ -6,7 +6,8 @@
 //        log2(e)) (softmax_weight: ex2.approx, no branch) and dP_ij = dO_i . v_j in 4 x 4 register
 //        tiles; Delta_i = sum_j P f dP and c_i = sum_j P from this pass's own P (see the comment
 //        above backward_dq_kernel in backward.cuh: the radius gradient needs that). It writes
-//        Delta_i / c_i and lse_i + log c_i (with the null key's share).
+//        Delta_i / c_i and lse_i + log c_i (with the null key's share). Where its grid is small
+//        (delta_pass_split), in two halves of a 512-thread block.
 //   main pass (block of kFwdKeys keys, sweeping query tiles): the scores again (or, within
 //        kScoreCacheBytes, the pre-pass's, from p.score_cache: kCache), P with the
 //        pre-pass's lse, dS' = P (f dP - Delta / c) kept in the thread's 4 x 4 register tile (the
@@ -24,7 +25,8 @@
 //        dk = -p |R| sum_i dS' g and the keys' share of dradius. The block's slice, first key and
 //        head sit in shared memory and the thread's indices are re-derived from
 //        fresh_thread_index() in each query tile: nothing but the query tile's start is held in
-//        a register across the score code (no spills at 128 registers).
+//        a register across the score code (no spills at 128 registers). Where its grid is small
+//        (main_pass_splits), each key tile's features are split over up to kMaxMainSplits blocks.
 //   dq kernel (block of kFwdRows queries): dq = p |R| p.dq_acc and the queries' share of dradius.
 // dradius from dq and dk, without per-element sums: S depends on R_d only through
 // |R_d| (q_id - k_jd), so sum_i q_id dq_id + sum_j k_jd dk_jd = R_d dS/dR_d (see
@@ -41,10 +43,11 @@
 // partial sums and their reduction included) about 1365 instructions, 21.2-21.3 per element (508
 // FFMA, 320 FMUL, 161 FADD, 65 LDS, 64 each of MUFU.RCP and the floor, ...); the scores 8.6 per
 // element in the pre-pass (and in the main pass without the score cache, kScoreCacheBytes).
-// Whole backward (pre-pass + main pass + dq kernel, N = M = 1024, tables not included): 42.3 per
-// element at D = Dv = 16 (13.3 + 28.8 + 0.2) and 35.1 at 128 (9.8 + 25.2 + 0.1) with the score
-// cache, 51.5 and 43.1 without; 65.7 and 49.0 the day before, and 110.3 and 87.0 for the dq and
-// dk/dv kernels before this layout. Threads whose pairs hold no visible one (micro_tile_live) skip
+// Whole backward (pre-pass + main pass + dq kernel, N = M = 1024, tables not included): 42.7 per
+// element at D = Dv = 16 (13.3 + 29.2 + 0.2) and 35.2 at 128 (9.8 + 25.3 + 0.1) with the score
+// cache; on a small grid at 128, 38.4 (two-half pre-pass 10.9, main pass in two splits 27.4);
+// 65.7 and 49.0 on 2026-11-27, and 110.3 and 87.0 for the dq and dk/dv kernels before this
+// layout. Threads whose pairs hold no visible one (micro_tile_live) skip
 // dP and g. Every kernel at 128 registers or fewer (launch bounds (256,
 // 2): 16 warps per SM), none spills. dq's sums over key blocks are float atomics, so its last
 // bits depend on their order (as dradius's already did).
@@ -71,6 +74,38 @@ constexpr int kBwdMaxValueColumns = limits::kCudaTiledBackwardMaxHeadDim;
 // cuda_launcher.cuh).
 constexpr int64_t kScoreCacheBytes = int64_t(256) << 20;
 FF_HD int64_t score_cache_stride(int64_t M) { return (M + 3) & ~int64_t(3); }
+
+// The main pass's feature splits. Its grid has one block per key tile; where that would leave
+// the GPU's resident block slots (`resident` blocks at once) half empty or worse (the IWSLT
+// shape, B 32 H 4 N 64, launches 128 blocks on 132 SMs), each key tile's features are split over
+// `splits` blocks, so that up to `resident` blocks run, each with whole chunks of kChunk
+// features: splits = floor(resident / blocks), at most kMaxMainSplits and Dp / kChunk. Only with
+// the score cache: without it every split would compute the scores (8.6 instructions per
+// element over all the features) again. Each split computes dP (Dv / D instructions per element
+// more) for its dS'; the first alone computes dv. max_splits: the launcher's cap
+// (kMaxMainSplits; FOURIERFORMER_GRID_SPLITS on a GPU, 1: none).
+constexpr int kMaxMainSplits = 4;
+FF_HD int main_pass_splits(int64_t blocks, int Dp, int64_t resident, int max_splits) {
+  if (blocks <= 0 || 2 * blocks > resident) return 1;
+  int64_t splits = resident / blocks;
+  if (splits > max_splits) splits = max_splits;
+  if (splits > Dp / kChunk) splits = Dp / kChunk;
+  return splits > 1 ? (int)splits : 1;
+}
+// The pre-pass's halves (backward_delta_tiled_kernel<..., kSplit>): 2 where its grid of
+// `blocks` single-half blocks would leave half of the `resident` block slots empty or more (one
+// block per SM at most: 8 warps), the head dim is 64 or more (below, the halves' exchange and
+// the work per (query, key) pair outweigh the features: 18.2 instructions per element against
+// 13.3 at D 16, 10.9 against 9.8 at D 128, N = M = 1024) and the launcher's cap allows splits.
+constexpr int kDeltaSplitMinFeatures = 64;
+FF_HD int delta_pass_split(int64_t blocks, int Dp, int64_t resident, int max_splits) {
+  return max_splits >= 2 && Dp >= kDeltaSplitMinFeatures && blocks > 0 && 2 * blocks <= resident ? 2 : 1;
+}
+// Features per split: Dp / splits rounded up to whole chunks (the last split takes the rest).
+FF_HD int main_split_features(int Dp, int splits) {
+  const int per = (Dp + splits - 1) / splits;
+  return (per + kChunk - 1) / kChunk * kChunk;
+}
 
 // g(x) = d/dx log|sinc x| of one element from the table fields; u = q c - k c through u_out.
 FF_DEV float dlog_sinc_tables(float q, float t, float t_low, float k, float X, float Y, float Y_low, float x_per_u,
@@ -126,13 +161,15 @@ FF_DEV void stage_v_transposed(const scalar_t* v, int j0, int M, int Dv, float* 
 }
 
 // Shared memory of the tiled backward kernels, in floats.
-FF_HD int64_t tiled_delta_region_floats(int Dv) {
+// (kSplit 2: the two halves' exchange of tile_scores_impl too)
+FF_HD int64_t tiled_delta_region_floats(int Dv, int split = 1) {
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);
   const int64_t vt = (int64_t)(Dv + 3) / 4 * 4 * kFwdKeys;  // (stage_v_transposed: whole quads)
-  return chunk > vt ? chunk : vt;
+  const int64_t m = chunk > vt ? chunk : vt;
+  return split == 2 && kSplitExchangeFloats > m ? kSplitExchangeFloats : m;
 }
-FF_HD int64_t tiled_delta_smem_floats(int Dv) {
-  return 4 + tiled_delta_region_floats(Dv) + (int64_t)Dv * kFwdRows + 6 * kFwdRows;  // (4: ids)
+FF_HD int64_t tiled_delta_smem_floats(int Dv, int split = 1) {
+  return 4 + tiled_delta_region_floats(Dv, split) + (int64_t)Dv * kFwdRows + 6 * kFwdRows;  // (4: ids)
 }
 FF_HD int dkv_out_stride(int Dv) { return padded_value_columns(Dv) + 4; }
 // The main pass's g-pass partial sums per group of kGroup features: dq's (feature, key column tx,
@@ -176,98 +213,119 @@ FF_DEV float softmax_weight(float S2, float high, float low) { return ff_exp2_ap
 // ---------------------------------------------------------------------------------------
 // Pre-pass: Delta / c and lse + log c per query row (see the comment above backward_dq_kernel
 // in backward.cuh for why from this pass's own P). Grid: B * H * ceil(N / kFwdRows) blocks of
-// kFwdThreads.
+// kSplit kFwdThreads threads. kSplit 2 (where the grid leaves the GPU's block slots half empty,
+// delta_pass_split): the forward's two halves, each taking half of every chunk's features, then
+// half of the thread's rows (tile_scores_impl<2>): twice the warps per block, for about 10 %
+// more instructions per element.
 // ---------------------------------------------------------------------------------------
-template <typename scalar_t>
-FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(const Params<scalar_t, float> p) {
+template <typename scalar_t, int kSplit>
+FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
+    backward_delta_tiled_kernel(const Params<scalar_t, float> p) {
+  static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
+  constexpr int kThreads = kFwdThreads * kSplit;
+  constexpr int kRows = kMicro / kSplit;  // the thread's rows: row0 + (0 .. kRows - 1)
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dv = p.Dv;
   // the block's bh, i0 and visible keys first: read back in each key tile (no register across
   // the score code, no division redone there), at a constant address
   int* ids = reinterpret_cast<int*>(smem_raw);             // (4 ints)
-  float* region = reinterpret_cast<float*>(smem_raw) + 4;  // score chunks, then V^T
+  float* region = reinterpret_cast<float*>(smem_raw) + 4;  // score chunks (and the halves' exchange), then V^T
   float* Vt = region;                                  // (Dv, kFwdKeys)
-  float* dOt = region + tiled_delta_region_floats(Dv);  // (Dv, kFwdRows): the block's dO, transposed
+  float* dOt = region + tiled_delta_region_floats(Dv, kSplit);  // (Dv, kFwdRows): the block's dO, transposed
   float* row_sums = dOt + (int64_t)Dv * kFwdRows;      // (2, kFwdRows, 2): Delta and c partials per warp column
   float* Lh = row_sums + 4 * kFwdRows;                 // (kFwdRows,) lse high part
   float* Ll = Lh + kFwdRows;                           // (kFwdRows,) low part
 
-  const int tid = threadIdx.x;
+  const int tid = kSplit == 1 ? (int)threadIdx.x : (int)threadIdx.x & (kFwdThreads - 1);
+  const int half = kSplit == 1 ? 0 : (int)threadIdx.x / kFwdThreads;
   const int warp = tid >> 5, lane = tid & 31;
   const int tx = (warp & 1) * 8 + (lane & 7);
   const int ty = (warp >> 1) * 4 + (lane >> 3);
+  const int row0 = ty * kMicro + half * kRows;
   {  // (bh and i0 live only here: the key-tile loop reads them from ids)
     int i0;
     const int64_t bh = block_slice(N, kFwdRows, i0);
-    if (tid == 0) {
+    if (threadIdx.x == 0) {
       ids[0] = (int)bh;
       ids[1] = i0;
       ids[2] = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));
     }
-    for (int idx = tid; idx < Dv * kFwdRows; idx += kFwdThreads) {
+    for (int idx = threadIdx.x; idx < Dv * kFwdRows; idx += kThreads) {
       const int c = idx >> kFwdRowsLog2, r = idx & (kFwdRows - 1);
       const int i = i0 + r;
       dOt[idx] = i < N ? load_as<float>(p.dout, (bh * N + i) * Dv + c) : 0.0f;
     }
-    if (tid < kFwdRows) {
-      const int i = i0 + tid;
-      split_lse_log2_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[tid], Ll[tid]);
+    if (threadIdx.x < kFwdRows) {
+      const int i = i0 + threadIdx.x;
+      split_lse_log2_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[threadIdx.x], Ll[threadIdx.x]);
     }
-    for (int idx = tid; idx < 4 * kFwdRows; idx += kFwdThreads) row_sums[idx] = 0.0f;
+    for (int idx = threadIdx.x; idx < 4 * kFwdRows; idx += kThreads) row_sums[idx] = 0.0f;
   }
   __syncthreads();  // ids
 
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
-    float S[kMicro][kMicro];
-    tile_scores_log2(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S);
+    float S[kMicro][kMicro];  // (kSplit 2: rows ii < kRows)
+    if constexpr (kSplit == 1) {
+      tile_scores_log2(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S);
+    } else {
+      int rare;
+      tile_scores_impl<2, true>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);
+    }
     __syncthreads();  // the score chunks are consumed
     const int64_t bh = ids[0];
     const int i0 = ids[1];
-    stage_v_transposed(p.v + bh * M * Dv, j0, M, Dv, Vt, tid);
+    if (half == 0) stage_v_transposed(p.v + bh * M * Dv, j0, M, Dv, Vt, tid);
     __syncthreads();
     if (p.score_cache && j0 + tx * kMicro < M) {  // (the thread's 4 keys, within the row's stride)
 #pragma unroll
-      for (int ii = 0; ii < kMicro; ++ii) {
-        const int i = i0 + ty * kMicro + ii;
+      for (int ii = 0; ii < kRows; ++ii) {
+        const int i = i0 + row0 + ii;
         if (i < N)
           *reinterpret_cast<float4*>(p.score_cache + (bh * N + i) * score_cache_stride(M) + j0 + tx * kMicro) =
               make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
       }
     }
-    float dP[kMicro][kMicro], delta_part[kMicro], psum_part[kMicro];
+    float dP[kRows][kMicro], delta_part[kRows], psum_part[kRows];
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii) {
+    for (int ii = 0; ii < kRows; ++ii) {
       delta_part[ii] = psum_part[ii] = 0.0f;
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = 0.0f;
     }
     if (micro_tile_live(p, i0, j0, tx, ty)) {  // (a thread that is not live: P = 0, its dP unused)
       for (int c = 0; c < Dv; ++c) {
-        const float4 o4 = load4(dOt + c * kFwdRows + ty * kMicro), v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
-        const float ov[4] = {o4.x, o4.y, o4.z, o4.w}, vv[4] = {v4.x, v4.y, v4.z, v4.w};
+        const float4 v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
+        const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
+        float ov[kRows];
+        if constexpr (kRows == 4) {
+          const float4 o4 = load4(dOt + c * kFwdRows + row0);
+          ov[0] = o4.x, ov[1] = o4.y, ov[2] = o4.z, ov[3] = o4.w;
+        } else {
+          const float2 o2 = *reinterpret_cast<const float2*>(dOt + c * kFwdRows + row0);
+          ov[0] = o2.x, ov[1] = o2.y;
+        }
 #pragma unroll
-        for (int ii = 0; ii < kMicro; ++ii)
+        for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
           for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = fmaf(ov[ii], vv[jj], dP[ii][jj]);
       }
     }
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii) {
-      const int r = ty * kMicro + ii;
-      const float lh = Lh[r], ll = Ll[r];
+    for (int ii = 0; ii < kRows; ++ii) {
+      const float lh = Lh[row0 + ii], ll = Ll[row0 + ii];
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = softmax_weight(S[ii][jj], lh, ll);  // P
     }
     if (p.dropout_p > 0.0f) {  // (block-uniform) dP times the keep factor
 #pragma unroll
-      for (int ii = 0; ii < kMicro; ++ii)
+      for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
         for (int jj = 0; jj < kMicro; ++jj)
           if (S[ii][jj] != 0.0f)
-            dP[ii][jj] *= dropout_factor(p, (uint32_t)bh, i0 + ty * kMicro + ii, j0 + tx * kMicro + jj);
+            dP[ii][jj] *= dropout_factor(p, (uint32_t)bh, i0 + row0 + ii, j0 + tx * kMicro + jj);
     }
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii)
+    for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
         delta_part[ii] = fmaf(S[ii][jj], dP[ii][jj], delta_part[ii]);
@@ -276,7 +334,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
     // the tile's Delta_i and c_i shares: over the 8 lanes of a warp row (lane & 7), then into the
     // warp column's slot (one lane owns it; registers stay free while the scores are computed)
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii) {
+    for (int ii = 0; ii < kRows; ++ii) {
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) {
         delta_part[ii] += __shfl_xor_sync(kFullMask, delta_part[ii], o);
@@ -285,8 +343,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
     }
     if ((lane & 7) == 0) {
 #pragma unroll
-      for (int ii = 0; ii < kMicro; ++ii) {
-        float* slot = row_sums + ((warp & 1) * kFwdRows + ty * kMicro + ii) * 2;
+      for (int ii = 0; ii < kRows; ++ii) {
+        float* slot = row_sums + ((warp & 1) * kFwdRows + row0 + ii) * 2;
         slot[0] += delta_part[ii];
         slot[1] += psum_part[ii];
       }
@@ -297,8 +355,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_delta_tiled_kernel(
   __syncthreads();
   const int64_t bh = ids[0];
   const int i0 = ids[1];
-  if (tid < kFwdRows && i0 + tid < N) {
-    const int r = tid, i = i0 + r;
+  if (threadIdx.x < kFwdRows && i0 + (int)threadIdx.x < N) {
+    const int r = threadIdx.x, i = i0 + r;
     const float psum = row_sums[r * 2 + 1] + row_sums[(kFwdRows + r) * 2 + 1];  // c_i; 0 without a gradient
     // m_i / c_i: P renormalised, times the real keys' share with the null key (null_key_share)
     const double L_row = p.lse_in[bh * N + i];
@@ -321,7 +379,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv, D = p.D;
   const int ostride = dkv_out_stride(Dv);
-  int* ids = reinterpret_cast<int*>(smem_raw);  // (4 ints: bh, j0, h; see below; a constant address)
+  int* ids = reinterpret_cast<int*>(smem_raw);  // (4 ints: bh, j0, h, split; see below; a constant address)
   float* region = reinterpret_cast<float*>(smem_raw) + 4;  // score chunks, then dO, then the g pass's chunks
   float* Ot = region;                                  // (kFwdRows, ostride): dO of the query tile
   float* Rf = region;                                  // g pass: (kRowFields, kChunk, kFwdRows)
@@ -343,19 +401,21 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   int i_begin;
   {
     const int tid = threadIdx.x;
-    int j0;
-    const int bh = block_slice(M, kFwdKeys, j0);
+    int j0, split;
+    const int bh = block_slice(M, kFwdKeys, p.main_splits, j0, split);
     if (tid == 0) {
       ids[0] = bh;
       ids[1] = j0;
       ids[2] = bh % p.H;
+      ids[3] = split;  // features [split * p.split_features, + p.split_features) of the key tile; dv in split 0
     }
     for (int idx = tid; idx < kFwdKeys * Dp; idx += kFwdThreads) dks[idx] = 0.0f;
     // dv of the block's keys: summed per query tile in registers, across tiles in p.dv_acc
     // (float32), which keeps the registers free while the scores are computed
     const int nk = ff_min(kFwdKeys, M - j0);
     float* dv_block = p.dv_acc + ((int64_t)bh * M + j0) * Dv;  // (nk, Dv)
-    for (int idx = tid; idx < nk * Dv; idx += kFwdThreads) dv_block[idx] = 0.0f;
+    if (split == 0)
+      for (int idx = tid; idx < nk * Dv; idx += kFwdThreads) dv_block[idx] = 0.0f;
     // Query i sees key j iff j <= i + (M - N): the block's first key bounds the first query.
     i_begin = p.causal ? ff_max(0, j0 - (M - N)) : 0;
   }
@@ -399,8 +459,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     const scalar_t* dout = p.dout + bh * N * Dv;
     // dO of the query tile, padding columns 0: column quads tid % 16 + 16 n of rows tid / 16 + 16 m,
     // a float4 store each (no integer division)
-    for (int r = tid >> 4; r < kFwdRows; r += kFwdThreads / 16) {
-      const int i = i0 + r;
+#pragma unroll
+    for (int n = 0; n < kFwdRows * 16 / kFwdThreads; ++n) {
+      const int r = (tid >> 4) + n * (kFwdThreads / 16), i = i0 + r;
       const bool on = i < N;
       const scalar_t* src = dout + (int64_t)i * Dv;
 #pragma unroll 1
@@ -462,16 +523,17 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
           }
         }
     }
-    __syncthreads();  // V^T is consumed (W takes its place)
+    // dv = P^T dO (see dv_tile), in the first feature split only (block-uniform): keys
+    // 4 kg + (0..3) times value columns 4 (cg0 + 16 n) + (0..3), over the queries qs + kPhases m
+    // of the tile
+    if (ids[3] == 0) {
+      __syncthreads();  // V^T is consumed (W takes its place)
 #pragma unroll
-    for (int ii = 0; ii < kMicro; ++ii)
-      *reinterpret_cast<float4*>(W + (ty * kMicro + ii) * kFwdKeys + tx * kMicro) =
-          make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
-    __syncthreads();
-    // dv = P^T dO (see dv_tile): keys 4 kg + (0..3) times value columns 4 (cg0 + 16 n) + (0..3),
-    // over the queries qs + kPhases m of the tile
-    const int nq = ff_min(kFwdRows, N - i0);
-    {
+      for (int ii = 0; ii < kMicro; ++ii)
+        *reinterpret_cast<float4*>(W + (ty * kMicro + ii) * kFwdKeys + tx * kMicro) =
+            make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
+      __syncthreads();
+      const int nq = ff_min(kFwdRows, N - i0);
       using T = DvTile<kO>;
       float acc[T::kGroups][4][4];
 #pragma unroll
@@ -528,9 +590,11 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
       }
     }
     // g pass: the thread's 4 x 4 (query, key) pairs, coefficients C; per group of kGroup features
-    // the partial sums over its 4 keys (dq) and 4 queries (dk) go through shared memory.
-    for (int d0 = 0; d0 < Dp; d0 += kChunk) {
-      const int dc = ff_min(kChunk, Dp - d0);
+    // the partial sums over its 4 keys (dq) and 4 queries (dk) go through shared memory. The
+    // block's features: its split's (whole chunks but the last).
+    const int d_end = ff_min(Dp, (ids[3] + 1) * p.split_features);
+    for (int d0 = ids[3] * p.split_features; d0 < d_end; d0 += kChunk) {
+      const int dc = ff_min(kChunk, d_end - d0);
       __syncthreads();  // dO and P f, or the previous chunk and partials, are consumed
       {  // as tile_scores: where N and M are multiples of 4, thread tid stages feature tid / 16 of
          // the chunk, rows and keys 4 (tid % 16) + (0..3), one float4 per field; else rows / keys
@@ -629,13 +693,15 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   __syncthreads();  // dks complete (also with no query tile)
   const int tid = threadIdx.x;
   const int64_t bh = ids[0];
-  const int j0 = ids[1], h = ids[2];
+  const int j0 = ids[1], h = ids[2], split = ids[3];
   const int nk = ff_min(kFwdKeys, M - j0);
   const float* dv_block = p.dv_acc + (bh * M + j0) * Dv;
+  // the split's real features [d_lo, d_hi)
+  const int d_lo = split * p.split_features, d_hi = ff_min(D, d_lo + p.split_features), nd = d_hi - d_lo;
   // dk = -p |R| sum_i dS' g; the keys' share of dradius, p sign(R) / c sum_j (k c - m) (-sum_i dS' g)
   // with m = q c of the slice's first query (see backward_dq_finish_kernel).
-  for (int idx = tid; idx < nk * D; idx += kFwdThreads) {
-    const int c = idx / D, d = idx - c * D;
+  for (int idx = tid; idx < nk * nd; idx += kFwdThreads) {
+    const int c = idx / nd, d = d_lo + idx - c * nd;
     p.dk[(bh * M + j0 + c) * D + d] =
         static_cast<scalar_t>(-p.power * fabsf(p.radius[(int64_t)h * D + d]) * dks[d * kFwdKeys + c]);
   }
@@ -643,7 +709,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     const float* trows = p.trows + bh * kRowFields * Dp * N;
     const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
     const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
-    for (int d = tid; d < D; d += kFwdThreads) {
+    for (int d = d_lo + tid; d < d_hi; d += kFwdThreads) {
       const float m = trows[((int64_t)kRowQ * Dp + d) * N];
       const float* kc = tkeys + ((int64_t)kKeyK * Dp + d) * M + j0;
       float sum = 0.0f;
@@ -653,8 +719,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
       if (dr != 0.0f) atomicAdd(p.dradius + (int64_t)h * D + d, dr);
     }
   }
-  for (int idx = tid; idx < nk * Dv; idx += kFwdThreads)
-    p.dv[(bh * M + j0) * Dv + idx] = static_cast<scalar_t>(dv_block[idx]);
+  if (split == 0)
+    for (int idx = tid; idx < nk * Dv; idx += kFwdThreads)
+      p.dv[(bh * M + j0) * Dv + idx] = static_cast<scalar_t>(dv_block[idx]);
 }
 
 // ---------------------------------------------------------------------------------------

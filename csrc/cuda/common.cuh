@@ -79,6 +79,9 @@ struct Params {
   float dropout_p;  // compared with ff_dropout_uniform (a float), as on the CPU
   acc_t keep_scale;  // 1 / (1 - dropout_p)
   uint32_t seed;
+  // the tiled backward's main pass: each key tile's features split over main_splits blocks of
+  // split_features features (the last may have fewer; main_pass_splits in backward_tiled.cuh)
+  int main_splits, split_features;
 };
 
 // Shared memory of each kernel, in elements of acc_t.
@@ -340,6 +343,16 @@ FF_DEV int block_slice(int len, int tile, int& first) {
   const int per_slice = (len + tile - 1) / tile;
   const int bh = (int)blockIdx.x / per_slice;
   first = ((int)blockIdx.x - bh * per_slice) * tile;
+  return bh;
+}
+
+// The same for a grid of `splits` consecutive blocks per tile: `split` is the block's among them.
+FF_DEV int block_slice(int len, int tile, int splits, int& first, int& split) {
+  const int b = (int)blockIdx.x / splits;
+  split = (int)blockIdx.x - b * splits;
+  const int per_slice = (len + tile - 1) / tile;
+  const int bh = b / per_slice;
+  first = (b - bh * per_slice) * tile;
   return bh;
 }
 

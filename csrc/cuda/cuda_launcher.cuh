@@ -23,6 +23,9 @@ struct CudaLauncher {
   cudaStream_t stream;
   size_t smem_optin;
   int64_t score_cache_bytes = kScoreCacheBytes;  // the backward's score cache, at most
+  int sm_count = 1;                               // for the grid of the backward's main pass
+  size_t smem_per_sm = 0;
+  int max_grid_splits = kMaxMainSplits;           // the backward's splits of a small grid, at most
 
   template <typename scalar_t, typename acc_t>
   void operator()(void (*kernel)(Params<scalar_t, acc_t>), int64_t blocks, int threads, size_t smem_bytes,
@@ -46,10 +49,19 @@ inline int64_t score_cache_budget() {
   return env && *env ? (int64_t)std::strtoll(env, nullptr, 10) << 20 : kScoreCacheBytes;
 }
 
+// The backward's splits where its grid is small (delta_pass_split, main_pass_splits), at most:
+// kMaxMainSplits, or FOURIERFORMER_GRID_SPLITS within 1 (none) .. kMaxMainSplits.
+inline int grid_splits_budget() {
+  const char* env = std::getenv("FOURIERFORMER_GRID_SPLITS");
+  const long splits = env && *env ? std::strtol(env, nullptr, 10) : kMaxMainSplits;
+  return splits < 1 ? 1 : splits > kMaxMainSplits ? kMaxMainSplits : (int)splits;
+}
+
 inline CudaLauncher current_launcher() {
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   return CudaLauncher{at::cuda::getCurrentCUDAStream().stream(), (size_t)prop->sharedMemPerBlockOptin,
-                      score_cache_budget()};
+                      score_cache_budget(), prop->multiProcessorCount, (size_t)prop->sharedMemPerMultiprocessor,
+                      grid_splits_budget()};
 }
 
 }  // namespace cuda

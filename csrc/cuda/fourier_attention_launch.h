@@ -212,12 +212,25 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   return {out, lse};
 }
 
+// Blocks of kFwdThreads threads (launch bounds: at most 2 per SM) and `smem` bytes of shared
+// memory that the launcher's GPU runs at once.
+template <typename Launcher>
+int64_t resident_blocks(const Launcher& launch, size_t smem) {
+  const int64_t per_sm = (int64_t)(launch.smem_per_sm / (smem + 1024));  // (1 KiB per block: the CUDA runtime's)
+  return (int64_t)launch.sm_count * (per_sm < 1 ? 1 : per_sm > 2 ? 2 : per_sm);
+}
+
 // The main pass of the tiled backward, by its value columns (up to 4 kO, DvTile) and by
-// whether it reads the pre-pass's scores (kCache: p.score_cache) or computes them.
+// whether it reads the pre-pass's scores (kCache: p.score_cache) or computes them; with the
+// cache, split over the features where the grid is small (main_pass_splits).
 template <typename scalar_t, bool kCache, typename Launcher>
-void launch_main_tiled(const AttentionShape& sh, const Params<scalar_t, float>& p, const Launcher& launch) {
-  const int64_t blocks = grid_blocks(sh, sh.M, kFwdKeys);
+void launch_main_tiled(const AttentionShape& sh, Params<scalar_t, float> p, const Launcher& launch) {
   const size_t smem = sizeof(float) * tiled_main_smem_floats(p.Dp, p.Dv);
+  const int64_t tiles = grid_blocks(sh, sh.M, kFwdKeys);
+  const int splits = kCache ? main_pass_splits(tiles, p.Dp, resident_blocks(launch, smem), launch.max_grid_splits) : 1;
+  p.split_features = main_split_features(p.Dp, splits);
+  p.main_splits = (p.Dp + p.split_features - 1) / p.split_features;
+  const int64_t blocks = tiles * p.main_splits;
   if (p.Dv <= 4)
     launch(backward_main_tiled_kernel<scalar_t, 1, kCache>, blocks, kFwdThreads, smem, p);
   else if (p.Dv <= 8)
@@ -239,25 +252,37 @@ template <typename scalar_t, typename acc_t, typename Launcher>
 void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
                      const Launcher& launch, const at::Tensor& given_tables) {
   if constexpr (!std::is_same_v<acc_t, double>) {
-    const size_t tiled_smem = sizeof(float) * (tiled_delta_smem_floats(p.Dv) > tiled_main_smem_floats(p.Dp, p.Dv)
-                                                   ? tiled_delta_smem_floats(p.Dv)
-                                                   : tiled_main_smem_floats(p.Dp, p.Dv));
-    if (padded_features(p.D) <= kBwdMaxFeatures && p.Dv <= kBwdMaxValueColumns && tiled_smem <= launch.smem_optin) {
+    const int Dp = padded_features(p.D);  // (p.Dp is set with the tables)
+    const int64_t row_blocks = grid_blocks(sh, sh.N, kFwdRows);
+    // the pre-pass's scores kept for the main pass (kScoreCacheBytes; the launcher's budget)
+    const int64_t cache_floats = sh.B * sh.H * sh.N * score_cache_stride(sh.M);
+    const bool cache = cache_floats * (int64_t)sizeof(float) <= launch.score_cache_bytes;
+    // the pre-pass in one or two halves (delta_pass_split: where the grid is small), two only with
+    // the cache (the halves' scores round otherwise than the main pass's, whose P must be the
+    // pre-pass's bit for bit)
+    const size_t delta_smem = sizeof(float) * tiled_delta_smem_floats(p.Dv);
+    const size_t delta_split_smem = sizeof(float) * tiled_delta_smem_floats(p.Dv, 2);
+    const int delta_split =
+        cache && delta_split_smem <= launch.smem_optin
+            ? delta_pass_split(row_blocks, Dp, resident_blocks(launch, delta_smem), launch.max_grid_splits)
+            : 1;
+    const size_t tiled_smem = std::max(delta_split == 2 ? delta_split_smem : delta_smem,
+                                       sizeof(float) * (size_t)tiled_main_smem_floats(Dp, p.Dv));
+    if (Dp <= kBwdMaxFeatures && p.Dv <= kBwdMaxValueColumns && tiled_smem <= launch.smem_optin) {
       const at::Tensor tables = build_tables(sh, p, options, launch, given_tables);
       const at::Tensor dq_acc = at::zeros({sh.B * sh.H * sh.N * p.Dp}, options.dtype(at::kFloat));
       p.dq_acc = dq_acc.data_ptr<float>();
       const at::Tensor dv_acc = at::empty({sh.B * sh.H * sh.M * sh.Dv}, options.dtype(at::kFloat));
       p.dv_acc = dv_acc.data_ptr<float>();
-      at::Tensor score_cache;  // (see kScoreCacheBytes; the launcher's budget)
-      const int64_t cache_floats = sh.B * sh.H * sh.N * score_cache_stride(sh.M);
-      if (cache_floats * (int64_t)sizeof(float) <= launch.score_cache_bytes) {
+      at::Tensor score_cache;
+      if (cache) {
         score_cache = at::empty({cache_floats}, options.dtype(at::kFloat));
         p.score_cache = score_cache.data_ptr<float>();
       }
-      const int64_t row_blocks = grid_blocks(sh, sh.N, kFwdRows);
-      if (sh.N > 0)
-        launch(backward_delta_tiled_kernel<scalar_t>, row_blocks, kFwdThreads,
-               sizeof(float) * tiled_delta_smem_floats(p.Dv), p);
+      if (sh.N > 0 && delta_split == 2)
+        launch(backward_delta_tiled_kernel<scalar_t, 2>, row_blocks, 2 * kFwdThreads, delta_split_smem, p);
+      else if (sh.N > 0)
+        launch(backward_delta_tiled_kernel<scalar_t, 1>, row_blocks, kFwdThreads, delta_smem, p);
       if (sh.M > 0) {  // with N = 0 this writes zero dk and dv
         if (p.score_cache)
           launch_main_tiled<scalar_t, true>(sh, p, launch);

@@ -215,6 +215,44 @@ def check_score_cache(f32):
     print("  ok  score cache and recomputed scores agree (dq, dk, dv, dradius)")
 
 
+def check_grid_splits(f32):
+    """Where the grid is small (against the emulated GPU's 132 SMs, FF_EMU_SM_COUNT; with the score
+    cache), the backward splits its work: the main pass each key tile's features over up to four
+    blocks (main_pass_splits), the pre-pass into two halves of a block at D >= 64
+    (delta_pass_split); FF_EMU_SM_COUNT=1 splits nothing. Both against the reference and against
+    each other: with the main pass split alone (D 40: two splits of 32 and 8 features) dk and dv
+    bit for bit (the same sums; dq and dradius to float atomics' order); with the two-half pre-pass
+    (D 100: Dp 104, four main-pass splits of 32, 32, 32 and 8 features, the last with 4 real
+    ones; D = Dv = 128 at N = M = 64, the IWSLT'14 benchmark's tile) within 1e-5 relative (its
+    halves' scores round otherwise, by |S| eps32 in P). Causal with a key padding mask and
+    dropout; Dv 12 (the dv tile's phases through shared memory), 40 and 128."""
+    for D, Dv, N, M, same in ((40, 40, 37, 70, True), (100, 12, 37, 70, False), (128, 128, 64, 64, False)):
+        case = make_case(2, 1, N, M, D, Dv, torch.float32, causal=True, kpm=True, scale=0.4, seed=D)
+        kpm = case["key_padding"]
+        key_bias = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
+        args = (case["q"], case["k"], case["v"], case["radius"].float(), 4.0, None, key_bias, True, 0.2, 5, 0.0)
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(12))
+
+        def backward():
+            return torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:])
+
+        split = backward()
+        run_case(f"f32 D{D} Dv{Dv} N{N} M{M} causal kpm dropout, split", case, 4, 0.2, **f32)
+        os.environ["FF_EMU_SM_COUNT"] = "1"
+        try:
+            whole = backward()
+            run_case(f"f32 D{D} Dv{Dv} N{N} M{M} causal kpm dropout, whole", case, 4, 0.2, **f32)
+        finally:
+            del os.environ["FF_EMU_SM_COUNT"]
+        for name, a, b in zip(("dq", "dk", "dv", "dradius"), split, whole):
+            err = (a - b).abs().max().item()
+            rel = 1e-6 if same else 1e-5
+            ok = torch.equal(a, b) if same and name in ("dk", "dv") else err <= rel * max(1.0, b.abs().max().item())
+            assert ok, f"grid splits: {name} differs by {err:.3e} (D {D}, Dv {Dv})"
+    print("  ok  backward split for small grids and whole agree (main pass alone: dk, dv bit for bit)")
+
+
 def check_shared_tables():
     """fourier_attention_tables built once and passed to the forward and the backward (as the
     autograd does on a GPU) gives what they give building their own, bit for bit, in float32,
@@ -462,6 +500,7 @@ def main():
         run_case(name, case, power, dropout_p=p, **tol)
     check_smem_limit(f32)
     check_score_cache(f32)
+    check_grid_splits(f32)
     check_shared_tables()
     if run_special():
         sys.exit(1)

@@ -23,9 +23,20 @@ namespace {
 // e.g. 101376 for the 99 KiB of sm_86 / sm_89; unset: no limit), as CudaLauncher's.
 // score_cache_bytes: the backward's score cache budget (FF_EMU_SCORE_CACHE_BYTES; unset:
 // kScoreCacheBytes, as on a GPU), so that both main passes can be checked.
+// sm_count, smem_per_sm: the emulated GPU's SMs (FF_EMU_SM_COUNT; unset: 132, an H100's or
+// H200's, whose main pass then splits the features of every small test case with the score
+// cache and D >= 32; 1: never) and their shared memory (228 KiB, sm_90's).
 struct EmuLauncher {
   size_t smem_optin = emulated_smem_optin();
   int64_t score_cache_bytes = emulated_score_cache_bytes();
+  int sm_count = emulated_sm_count();
+  size_t smem_per_sm = 228 * 1024;
+  int max_grid_splits = cuda::kMaxMainSplits;
+
+  static int emulated_sm_count() {
+    const char* env = std::getenv("FF_EMU_SM_COUNT");
+    return env && *env ? (int)std::strtol(env, nullptr, 10) : 132;
+  }
 
   static int64_t emulated_score_cache_bytes() {
     const char* env = std::getenv("FF_EMU_SCORE_CACHE_BYTES");

@@ -125,6 +125,9 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ff_emu::g_block->warps[(int)threadIdx.x / 32]->wait();
 }
 
+struct alignas(8) float2 {
+  float x, y;
+};
 struct alignas(16) float4 {
   float x, y, z, w;
 };
