@@ -13,6 +13,8 @@ extra memory of each, and every time as a ratio to softmax
 ``torch.nn.functional.scaled_dot_product_attention`` measured in the same run:
 
   fused      fourier_attention (the fused kernel of this device)
+  fused_unsplit  the same with FOURIERFORMER_GRID_SPLITS=1: the CUDA backward's work not split
+             where its grid is small (CUDA only; a control elsewhere, where nothing splits)
   published  the published code's approach: materialised weights, product of sincs, + 1e-6
   reference  fourier_attention_reference, the pure-PyTorch log-domain implementation
   sdpa       softmax attention at the same shapes
@@ -62,9 +64,10 @@ import torch.nn.functional as F
 
 IMPLS = ("fused", "published", "reference", "sdpa")  # the default run's implementations
 LINEAR_IMPLS = ("performer", "fourier_rf")
+FUSED_IMPLS = ("fused", "fused_unsplit")
 #: the ops that are not quadratic in N: the --scaling crossovers are theirs against the exact ones
 SUBQUADRATIC_IMPLS = LINEAR_IMPLS + ("gfnet",)
-ALL_IMPLS = IMPLS + SUBQUADRATIC_IMPLS
+ALL_IMPLS = IMPLS + ("fused_unsplit",) + SUBQUADRATIC_IMPLS
 MATERIALISING = ("published", "reference")
 SCALING_IMPLS = ("fused", "sdpa") + SUBQUADRATIC_IMPLS
 SCALING_SIZES = tuple(256 * 2 ** i for i in range(7))  # 256 ... 16384
@@ -89,6 +92,20 @@ def make_call(impl, q, k, v, radius, power, causal):
     if impl == "fused":
         backend = "cuda" if q.is_cuda else "cpu"
         return lambda: fourier_attention(q, k, v, radius, power=power, causal=causal, backend=backend)
+    if impl == "fused_unsplit":
+        fused = make_call("fused", q, k, v, radius, power, causal)
+
+        def unsplit():  # (the launcher reads the variable at each call; the backward runs within)
+            before = os.environ.get("FOURIERFORMER_GRID_SPLITS")
+            os.environ["FOURIERFORMER_GRID_SPLITS"] = "1"
+            try:
+                return fused()
+            finally:
+                if before is None:
+                    del os.environ["FOURIERFORMER_GRID_SPLITS"]
+                else:
+                    os.environ["FOURIERFORMER_GRID_SPLITS"] = before
+        return unsplit
     if impl == "published":
         return lambda: published_attention(q, k, v, radius, power, causal)
     if impl == "reference":
@@ -207,6 +224,8 @@ def skip_reason(impl, shape, dtype, args):
     need = materialised_bytes(shape, dtype)
     if impl in MATERIALISING and need > args.memory_budget_gib * 2**30:
         return f"skipped: one (B,H,N,M,D) intermediate is {need / 2**30:.1f} GiB"
+    if impl == "fused_unsplit" and args.device != "cuda":
+        return "skipped: only the CUDA kernels split their grid"
     if impl == "fourier_rf" and args.power % 2:
         return f"skipped: fourier_rf needs an even power, got {args.power}"
     return None
@@ -726,9 +745,9 @@ def main():
     if (args.profile or args.profile_only) and args.scaling:
         raise SystemExit("--profile goes with the default run's shapes, not with --scaling")
     reason = backend_unavailable_reason(args.device)
-    if "fused" in impls and reason:
+    if reason and any(i in FUSED_IMPLS for i in impls):
         print(f"fused {args.device} backend unavailable ({reason}); dropping it", file=sys.stderr)
-        impls.remove("fused")
+        impls = [i for i in impls if i not in FUSED_IMPLS]
     status = extension_status()
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"# Fourier attention benchmark: {device_name}, {args.dtype}, p={args.power}, torch {torch.__version__}, "

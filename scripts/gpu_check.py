@@ -22,8 +22,9 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
   cpu        the CPU op tests and fuzz (tests/test_fourier_attention_op.py, tests/test_op_fuzz.py,
              fast tier) under the avx512 kernel variant (FOURIERFORMER_CPU_ISA=avx512), which no CI
              host has; SKIP on a CPU without AVX-512
-  attention  scripts/benchmark_attention.py --device cuda --quick --profile: fused against sdpa, and the
-             op's time outside its kernels
+  attention  scripts/benchmark_attention.py --device cuda --quick --profile: fused against sdpa, the
+             backward's small-grid splits against none (fused_unsplit), and the op's time outside
+             its kernels
   table9     scripts/benchmark_model.py: training ms per sequence and peak memory, Fourier against its
              softmax twin, the LM and the IWSLT model, fp32, fp16 and bf16
   train      stock fairseq-train, the recipes of fourierformer_fairseq/training_recipes.py at full size
@@ -312,7 +313,9 @@ def step_attention(check: Check, args) -> None:
     t0 = time.perf_counter()
     path = os.path.join(check.out, "attention.json")
     # --profile: the op's ATen ops, launches and time outside its kernels at each shape
-    cmd = [sys.executable, "scripts/benchmark_attention.py", "--quick", "--impls", "fused,sdpa", "--json", path,
+    # (fused_unsplit: the CUDA backward without its small-grid splits, timed in the same rounds)
+    impls = "fused,fused_unsplit,sdpa" if args.gpu else "fused,sdpa"
+    cmd = [sys.executable, "scripts/benchmark_attention.py", "--quick", "--impls", impls, "--json", path,
            "--profile"]
     cmd += ["--device", "cuda"] if args.gpu else ["--device", "cpu", "--shapes", "WikiText-103 small,sweep N=256", "--no-memory"]
     rc, text = check.run("attention", cmd, STEP_SECONDS["attention"])
@@ -320,12 +323,17 @@ def step_attention(check: Check, args) -> None:
         check.record("attention", "FAIL", time.perf_counter() - t0, failure(rc, text))
         return
     parts = []
-    for r in json.load(open(path))["rows"]:
+    rows = json.load(open(path))["rows"]
+    unsplit = {r["shape"]: r for r in rows if r["impl"] == "fused_unsplit"}
+    for r in rows:
         if r["impl"] != "fused" or not r["sdpa_fwd_bwd_ms"]:
             continue
         rate = r["elements"] / (r["fwd_ms"] / 1e3) / (2 if r["causal"] else 1)
-        parts.append(f"{r['shape']}: fwd {r['fwd_ms'] / r['sdpa_fwd_ms']:.1f}x, fwd+bwd "
-                     f"{r['fwd_bwd_ms'] / r['sdpa_fwd_bwd_ms']:.1f}x sdpa, fwd {rate:.2g} elem/s")
+        part = (f"{r['shape']}: fwd {r['fwd_ms'] / r['sdpa_fwd_ms']:.1f}x, fwd+bwd "
+                f"{r['fwd_bwd_ms'] / r['sdpa_fwd_bwd_ms']:.1f}x sdpa, fwd {rate:.2g} elem/s")
+        if r["shape"] in unsplit:
+            part += f", fwd+bwd unsplit / split {unsplit[r['shape']]['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}"
+        parts.append(part)
     for r in json.load(open(path)).get("profile", []):
         if r.get("error"):
             parts.append(f"{r['shape']}: profile failed ({r['error']})")
@@ -634,7 +642,6 @@ def prepare_wheels(folder: str) -> list[str]:
     os.makedirs(folder, exist_ok=True)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     queue = [Requirement(r) for r in OFFLINE_ROOTS]
-    specs: dict[str, Requirement] = {}
     done: set[str] = set()
     while queue:
         req = queue.pop(0)

@@ -268,3 +268,32 @@ def test_packed_data_bin_keeps_the_binaries_and_dictionaries_only(gc, tmp_path):
     assert got == {"wikitext-2/dict.txt", "wikitext-2/train.bin", "multi30k.de-en/dict.de.txt"}
     for rel in got:
         assert open(os.path.join(back, rel), "rb").read() == files[rel]
+
+
+def test_attention_row_gives_the_ratios_and_the_grid_splits_gain(gc, tmp_path):
+    """step_attention on a GPU times fused, fused_unsplit and sdpa in one run and reports, per
+    shape, the ratios to SDPA and unsplit / split where both fused rows are there."""
+    recorded, commands = [], []
+
+    class FakeCheck:
+        out = str(tmp_path)
+
+        def run(self, name, cmd, seconds, env=None):
+            commands.append(cmd)
+            path = cmd[cmd.index("--json") + 1]
+            row = dict(shape="IWSLT'14", causal=False, elements=2 ** 20, sdpa_fwd_ms=1.0, sdpa_fwd_bwd_ms=2.0)
+            rows = [dict(row, impl="fused", fwd_ms=3.0, fwd_bwd_ms=8.0),
+                    dict(row, impl="fused_unsplit", fwd_ms=3.0, fwd_bwd_ms=10.0),
+                    dict(row, impl="sdpa", fwd_ms=1.0, fwd_bwd_ms=2.0)]
+            with open(path, "w") as f:
+                json.dump({"rows": rows, "profile": []}, f)
+            return 0, ""
+
+        def record(self, step, status, seconds, what):
+            recorded.append((step, status, what))
+
+    gc.step_attention(FakeCheck(), argparse.Namespace(gpu=True))
+    assert commands[0][commands[0].index("--impls") + 1] == "fused,fused_unsplit,sdpa"
+    (step, status, what), = recorded
+    assert status == "PASS"
+    assert "IWSLT'14: fwd 3.0x, fwd+bwd 4.0x sdpa" in what and "unsplit / split 1.25" in what
