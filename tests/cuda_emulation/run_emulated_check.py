@@ -184,6 +184,29 @@ def check_smem_limit(f32):
     print("  ok  99 KiB per block: Dv 160 runs the simple forward kernel")
 
 
+def backward_two_ways(case, env, value, dout_seed, also):
+    """The float32 backward of `case` (power 4, causal, its key padding as a key bias, dropout
+    0.2) with the environment variable `env` unset and then set to `value`, `also()` run while
+    it is set; the two (dq, dk, dv, dradius)."""
+    kpm = case["key_padding"]
+    key_bias = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
+    args = (case["q"], case["k"], case["v"], case["radius"].float(), 4.0, None, key_bias, True, 0.2, 5, 0.0)
+    out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(dout_seed))
+
+    def backward():
+        return torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:])
+
+    first = backward()
+    os.environ[env] = value
+    try:
+        second = backward()
+        also()
+    finally:
+        del os.environ[env]
+    return first, second
+
+
 def check_score_cache(f32):
     """The tiled backward's main pass with the pre-pass's score cache (within kScoreCacheBytes:
     the default; rows of M rounded up to a multiple of 4) and without (FF_EMU_SCORE_CACHE_BYTES=0:
@@ -192,22 +215,9 @@ def check_score_cache(f32):
     no scores for the keys a query block does not see, which the main pass must read as -inf; M =
     70, not a multiple of 4: the last 4 keys of a row straddle its end."""
     case = make_case(2, 1, 69, 70, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
-    kpm = case["key_padding"]
-    key_bias = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
-    args = (case["q"], case["k"], case["v"], case["radius"].float(), 4.0, None, key_bias, True, 0.2, 5, 0.0)
-    out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(11))
-
-    def backward():
-        return torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:])
-
-    cached = backward()
-    os.environ["FF_EMU_SCORE_CACHE_BYTES"] = "0"
-    try:
-        recomputed = backward()
-        run_case("f32 causal kpm dropout, no score cache", case, 4, 0.2, **f32)
-    finally:
-        del os.environ["FF_EMU_SCORE_CACHE_BYTES"]
+    cached, recomputed = backward_two_ways(
+        case, "FF_EMU_SCORE_CACHE_BYTES", "0", 11,
+        lambda: run_case("f32 causal kpm dropout, no score cache", case, 4, 0.2, **f32))
     run_case("f32 causal kpm dropout, score cache", case, 4, 0.2, **f32)
     for name, a, b in zip(("dq", "dk", "dv", "dradius"), cached, recomputed):
         err = (a - b).abs().max().item()
@@ -228,23 +238,10 @@ def check_grid_splits(f32):
     dropout; Dv 12 (the dv tile's phases through shared memory), 40 and 128."""
     for D, Dv, N, M, same in ((40, 40, 37, 70, True), (100, 12, 37, 70, False), (128, 128, 64, 64, False)):
         case = make_case(2, 1, N, M, D, Dv, torch.float32, causal=True, kpm=True, scale=0.4, seed=D)
-        kpm = case["key_padding"]
-        key_bias = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
-        args = (case["q"], case["k"], case["v"], case["radius"].float(), 4.0, None, key_bias, True, 0.2, 5, 0.0)
-        out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
-        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(12))
-
-        def backward():
-            return torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:])
-
-        split = backward()
-        run_case(f"f32 D{D} Dv{Dv} N{N} M{M} causal kpm dropout, split", case, 4, 0.2, **f32)
-        os.environ["FF_EMU_SM_COUNT"] = "1"
-        try:
-            whole = backward()
-            run_case(f"f32 D{D} Dv{Dv} N{N} M{M} causal kpm dropout, whole", case, 4, 0.2, **f32)
-        finally:
-            del os.environ["FF_EMU_SM_COUNT"]
+        label = f"f32 D{D} Dv{Dv} N{N} M{M} causal kpm dropout"
+        split, whole = backward_two_ways(case, "FF_EMU_SM_COUNT", "1", 12,
+                                         lambda: run_case(label + ", whole", case, 4, 0.2, **f32))
+        run_case(label + ", split", case, 4, 0.2, **f32)
         for name, a, b in zip(("dq", "dk", "dv", "dradius"), split, whole):
             err = (a - b).abs().max().item()
             rel = 1e-6 if same else 1e-5
