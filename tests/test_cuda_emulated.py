@@ -35,6 +35,28 @@ def test_cuda_kernels_under_host_emulation_match_the_reference():
     assert "all emulated checks passed" in result.stdout
 
 
+# The same checks with the emulation module built under the compiler's thread sanitizer (data
+# races between the threads of a block: a missing __syncthreads or __syncwarp, on shared or global
+# memory) and its address sanitizer (reads and writes past a block's shared memory or past a
+# tensor); a report fails the run. The script also checks that its planted bugs (a missing
+# barrier, a read past shared memory, a read past a tensor) are reported, so that a run with no
+# report is not an uninstrumented one. Skipped, with the script's reason, where the compiler has
+# no such runtime.
+@pytest.mark.slow
+@pytest.mark.parametrize("sanitizer", ["thread", "address"])
+def test_cuda_kernels_under_host_emulation_with_sanitizer(sanitizer):
+    try:
+        result = subprocess.run([sys.executable, SCRIPT, "--quick", "--sanitize", sanitizer], capture_output=True,
+                                text=True, timeout=1800, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the {sanitizer} sanitizer's run passed {exc.timeout:.0f}s; its output so far:\n"
+                    f"{_text(exc.stdout)[-4000:]}\n{_text(exc.stderr)[-4000:]}")
+    if result.returncode != 0 and "(a runtime that the sanitizer needs)" in result.stderr:
+        pytest.skip(result.stderr.strip().splitlines()[-1])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]
+    assert f"all emulated checks passed under the {sanitizer} sanitizer" in result.stdout
+
+
 # Negative, zero and tiny radii through the CUDA kernels under the host emulator, forward and
 # the four gradients, against the float64 oracle (tests/oracle.py): float32 within
 # oracle_mismatches' bound (its plain float32 implementation with the series of log|sinc| near

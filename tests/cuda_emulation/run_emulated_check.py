@@ -1,6 +1,8 @@
 """Runs the CUDA kernels of csrc/cuda on the CPU, under a host emulator, against the reference.
 
-    python tests/cuda_emulation/run_emulated_check.py [--quick]
+    python tests/cuda_emulation/run_emulated_check.py [--quick] [--fuzz N]
+    python tests/cuda_emulation/run_emulated_check.py --quick --sanitize thread    # data races
+    python tests/cuda_emulation/run_emulated_check.py --quick --sanitize address   # out of bounds
 
 For machines without a GPU: compiles fourier_attention_launch.h + fourier_attention_kernels.cuh
 as plain C++ (FF_HOST_EMULATION, with the emulator of csrc/cuda/emulation/; every CUDA thread is
@@ -9,6 +11,15 @@ torch, in a throw-away module that registers those kernels as the CPU implementa
 fourierformer ops. Checks forward,
 backward, masks, causal, dropout and fully masked rows against
 fourierformer_fairseq.ops.fourier_attention_reference in float64, and the float32 sin/cos.
+
+With --sanitize the module is built with the compiler's thread or address sanitizer (the script
+restarts itself with the sanitizer's runtime preloaded), which then watches the same checks: a data
+race between the threads of a block (a missing __syncthreads or __syncwarp, on shared or global
+memory: what compute-sanitizer's racecheck finds on a GPU) or a read or write past a block's
+shared memory or past a tensor (memcheck's) stops the run with a report. The blocks of a kernel
+run one after another, so races between blocks (through global memory) are not seen; a shuffle
+is a barrier here, which on a GPU it is not for memory. Planted bugs (emulated_sanitizer_probe in
+emulated_ops.h) must then be reported, each in a child process.
 
 It does not model what only a GPU does (fast-math intrinsics, the memory model, timing); the
 real check is tests/test_cuda_kernels.py on a GPU. The real extension (fourierformer_fairseq._C)
@@ -22,12 +33,71 @@ import functools
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 
-import torch
-from torch.utils.cpp_extension import load_inline
+# --sanitize thread | address: the emulation module built with that sanitizer of the compiler that
+# torch's builder runs (CXX, else c++), whose runtime must be the process's first library: the
+# script starts itself again with it in LD_PRELOAD, before torch is imported (sanitizer_restart).
+# A report stops the process with exit status SANITIZER_EXIT.
+SANITIZERS = {  # runtime library, options variable, options
+    "thread": ("libtsan.so", "TSAN_OPTIONS", "halt_on_error=1:exitcode=66"),
+    "address": ("libasan.so", "ASAN_OPTIONS", "detect_leaks=0:halt_on_error=1:exitcode=66"),
+}
+# preloaded after the runtime: the C++ library, whose __cxa_throw the address sanitizer intercepts
+# (python does not load it at start: a C++ exception, a refused input, would stop the run)
+SANITIZER_ALSO = "libstdc++.so"
+SANITIZER_EXIT = 66
+
+
+def requested_sanitizer(argv):
+    for i, arg in enumerate(argv):
+        if arg == "--sanitize" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--sanitize="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def sanitizer_restart(argv):
+    """Under --sanitize KIND: returns in a process that has KIND's runtime loaded (LD_PRELOAD then
+    dropped from the environment, so that the compiler and ninja run without it); otherwise
+    replaces this process by the script run again with the runtime preloaded."""
+    kind = requested_sanitizer(argv)
+    if kind not in SANITIZERS:
+        return  # (none asked for; argparse names a wrong one)
+    lib, variable, options = SANITIZERS[kind]
+    with open("/proc/self/maps") as maps:
+        loaded = lib[: -len(".so")] in maps.read()
+    if loaded:
+        os.environ.pop("LD_PRELOAD", None)
+        os.environ.pop("FF_EMU_SANITIZER_RESTARTED", None)  # (a child started from here restarts too)
+        return
+    if os.environ.get("FF_EMU_SANITIZER_RESTARTED"):
+        raise SystemExit(f"--sanitize {kind}: {lib} did not load through LD_PRELOAD")
+    cxx = os.environ.get("CXX", "c++")
+    paths = []
+    for name in (lib, SANITIZER_ALSO):
+        try:
+            path = subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+        except OSError as exc:
+            raise SystemExit(f"--sanitize {kind}: cannot run the compiler {cxx}: {exc}")
+        if not (os.path.isabs(path) and os.path.exists(path)):
+            raise SystemExit(f"--sanitize {kind}: the compiler {cxx} has no {name} (a runtime that the sanitizer needs)")
+        paths.append(path)
+    env = dict(os.environ, LD_PRELOAD=" ".join(paths), FF_EMU_SANITIZER_RESTARTED="1")
+    env[variable] = options + (":" + env[variable] if env.get(variable) else "")  # (yours win)
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, os.path.abspath(argv[0]), *argv[1:]], env)
+
+
+if __name__ == "__main__":
+    sanitizer_restart(sys.argv)
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import load_inline  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
@@ -45,23 +115,29 @@ from fourierformer_fairseq.ops.reference import fourier_attention_reference  # n
 print = functools.partial(print, flush=True)  # progress shows up at once, also through a pipe
 
 
-def build():
+def build(sanitize=None, build_dir=None):
+    """The emulation module. sanitize ("thread", "address"): compiled with that sanitizer (the
+    process must have its runtime loaded: sanitizer_restart). build_dir: build there and keep it
+    (a second process then loads the same build); default a fresh directory, removed after."""
     # A fresh directory per run: torch's builder waits, without a time limit, for a lock file
     # that a killed earlier build in a shared directory would have left behind.
-    build_dir = tempfile.mkdtemp(prefix="ff_cuda_emulation_")
+    directory = build_dir or tempfile.mkdtemp(prefix="ff_cuda_emulation_")
+    sanitizer_flags = [f"-fsanitize={sanitize}", "-g", "-fno-omit-frame-pointer"] if sanitize else []
     try:
         return load_inline(
             name="ff_cuda_emulation",
             cpp_sources=[f'#include "{os.path.join(EMULATION, "emulated_ops.h")}"'],
-            functions=["emulated_sincosf"],
+            functions=["emulated_sincosf", "emulated_sanitizer_probe"],
             extra_include_paths=[CSRC],
-            extra_cflags=["-O1", "-DFF_HOST_EMULATION=1", "-Wall", "-Wno-unknown-pragmas"],  # -O2: 5 s more to build, no faster
-            extra_ldflags=["-lpthread"],
-            build_directory=build_dir,
+            # -O2: 5 s more to build, no faster
+            extra_cflags=["-O1", "-DFF_HOST_EMULATION=1", "-Wall", "-Wno-unknown-pragmas"] + sanitizer_flags,
+            extra_ldflags=["-lpthread"] + sanitizer_flags[:1],
+            build_directory=directory,
             verbose=False,
         )
     finally:  # the loaded library stays mapped; the files are not needed any more
-        shutil.rmtree(build_dir, ignore_errors=True)
+        if build_dir is None:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def check_sincos(mod):
@@ -449,16 +525,76 @@ def run_fuzz(count):
     return failures
 
 
+# The planted bugs of emulated_sanitizer_probe (emulated_ops.h) by name, and what reports each.
+PROBES = {"none": 0, "race": 1, "shared_overflow": 2, "global_overflow": 3}
+PROBE_REPORTS = {"race": ("thread", "ThreadSanitizer: data race"),
+                 "shared_overflow": ("address", "AddressSanitizer: heap-buffer-overflow"),
+                 "global_overflow": ("address", "AddressSanitizer: heap-buffer-overflow")}
+
+
+def run_probe(mod, what):
+    x = torch.arange(1.0, 65.0)
+    out = mod.emulated_sanitizer_probe(x, PROBES[what])
+    assert torch.equal(out[1:], torch.roll(x, -1)[1:]), "the probe kernel computed something else"
+    print(f"probe {what}: no report")
+
+
+def check_sanitizer_probes(kind, build_dir):
+    """Each planted bug of emulated_sanitizer_probe that `kind` covers must be reported (exit status
+    SANITIZER_EXIT, the report naming the probe's kernel), and its correct version must not: each in
+    a child process on the same build. Without this a run with no report could mean an
+    uninstrumented build or a runtime that is not there."""
+    for what in ["none"] + [w for w, (k, _) in PROBE_REPORTS.items() if k == kind]:
+        t0 = time.time()
+        result = subprocess.run([sys.executable, os.path.abspath(__file__), "--sanitize", kind, "--probe", what,
+                                 "--build-dir", build_dir], capture_output=True, text=True, timeout=1200)
+        text = result.stdout + result.stderr
+        if what == "none":
+            ok = result.returncode == 0 and "probe none: no report" in result.stdout
+        else:
+            ok = (result.returncode == SANITIZER_EXIT and PROBE_REPORTS[what][1] in text
+                  and "probe_kernel" in text)
+        print(f"  {'ok ' if ok else 'BAD'} probe {what:16s} exit {result.returncode} ({time.time() - t0:.0f}s)")
+        if not ok:
+            raise AssertionError(f"--sanitize {kind}: the probe {what!r} was not "
+                                 f"{'clean' if what == 'none' else 'reported'}:\n{text[-3000:]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer cases")
     ap.add_argument("--fuzz", type=int, default=0, help="also run this many seeded float32 cases against tests/oracle.py")
+    ap.add_argument("--sanitize", choices=sorted(SANITIZERS),
+                    help="build with the compiler's thread (data races between the threads of a block) or address "
+                         "(out-of-bounds accesses to shared memory and to the tensors) sanitizer; a report stops the "
+                         f"run with exit status {SANITIZER_EXIT}; at the end, planted bugs must be reported")
+    ap.add_argument("--probe", choices=sorted(PROBES), help="(with --sanitize) run only this planted bug")
+    ap.add_argument("--build-dir", help=argparse.SUPPRESS)  # (the probes' children: the parent's build)
     args = ap.parse_args()
+    if args.probe and not args.sanitize:
+        ap.error("--probe needs --sanitize")
     torch.set_num_threads(1)
     t0 = time.time()
-    print("building the emulation module (plain C++, about a minute)")
-    mod = build()
-    print(f"built the emulation module in {time.time() - t0:.0f}s")
+    if args.probe:
+        run_probe(build(args.sanitize, args.build_dir), args.probe)
+        return
+    build_dir = tempfile.mkdtemp(prefix="ff_cuda_emulation_") if args.sanitize else None
+    try:
+        print(f"building the emulation module (plain C++{', ' + args.sanitize + ' sanitizer' if args.sanitize else ''}, "
+              "about a minute)")
+        mod = build(args.sanitize, build_dir)
+        print(f"built the emulation module in {time.time() - t0:.0f}s")
+        run_checks(mod, args)
+        if args.sanitize:
+            check_sanitizer_probes(args.sanitize, build_dir)
+    finally:
+        if build_dir:
+            shutil.rmtree(build_dir, ignore_errors=True)
+    under = f" under the {args.sanitize} sanitizer (no report; its planted bugs reported)" if args.sanitize else ""
+    print(f"all emulated checks passed{under} in {time.time() - t0:.0f}s")
+
+
+def run_checks(mod, args):
     check_sincos(mod)
     check_empty_shapes()
     f64 = dict(rtol=1e-9, atol=1e-10)
@@ -503,7 +639,6 @@ def main():
         sys.exit(1)
     if args.fuzz and run_fuzz(args.fuzz):
         sys.exit(1)
-    print(f"all emulated checks passed in {time.time() - t0:.0f}s")
 
 
 if __name__ == "__main__":

@@ -100,3 +100,33 @@ inline std::vector<at::Tensor> emulated_sincosf(const at::Tensor& x_in) {
   }
   return {s, c, g, l};
 }
+
+// Planted bugs for the sanitizer runs (run_emulated_check.py --sanitize, which must see each one
+// reported, so that a clean run of the kernels means something): a block of 64 threads stages x
+// in shared memory and reads its neighbour's word. what: 0, correct; 1, "race": no barrier between
+// the writes and the reads; 2, "shared_overflow": thread 0 also reads the first float past the
+// block's shared memory (which the emulator allocates to the byte); 3, "global_overflow":
+// thread 0 also reads x one element past its end.
+namespace ff_probe {
+inline void probe_kernel(const float* x, int64_t n, float* out, int what, int64_t smem_floats) {
+  float* s = reinterpret_cast<float*>(ff_emu::dynamic_smem());
+  const int t = (int)threadIdx.x;
+  s[t] = x[t % n];
+  if (what != 1) __syncthreads();
+  float v = s[(t + 1) % 64];
+  if (what == 2 && t == 0) v += s[smem_floats];
+  if (what == 3 && t == 0) v += x[n];
+  out[t] = v;
+}
+}  // namespace ff_probe
+
+inline at::Tensor emulated_sanitizer_probe(const at::Tensor& x_in, int64_t what) {
+  TORCH_CHECK(what >= 0 && what <= 3, "emulated_sanitizer_probe: what is 0 to 3");
+  at::Tensor x = x_in.to(at::kFloat).contiguous();
+  TORCH_CHECK(x.numel() > 0, "emulated_sanitizer_probe: x is empty");
+  at::Tensor out = at::empty({64}, x.options());
+  const int64_t smem_floats = 64;
+  ff_emu::launch(ff_probe::probe_kernel, 1, 64, sizeof(float) * smem_floats, (const float*)x.data_ptr<float>(),
+                 x.numel(), out.data_ptr<float>(), (int)what, smem_floats);
+  return out;
+}

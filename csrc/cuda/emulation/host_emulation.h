@@ -1,14 +1,18 @@
 // A tiny CUDA execution emulator for checking ../fourier_attention_kernels.cuh on a machine
 // without a GPU (used by run_emulated_check.py; not part of the built extension).
 //
-// Each block runs as blockDim real OS threads (blocks one after another), so __syncthreads
-// and the warp shuffles are real barriers: a shuffle or __syncthreads that not every thread
-// reaches deadlocks, which is reported (timeout) and aborts. Dynamic shared memory starts
-// filled with NaN bytes, so reading smem that was never written shows up in the results.
+// Each block runs as blockDim real OS threads (blocks one after another, on the same threads),
+// so __syncthreads and the warp shuffles are real barriers: a shuffle or __syncthreads that not
+// every thread reaches deadlocks, which is reported (timeout) and aborts. Dynamic shared memory
+// is allocated to the byte and starts filled with NaN bytes, so reading smem that was never
+// written shows up in the results. Built with a sanitizer (run_emulated_check.py --sanitize),
+// the barriers (a mutex and a condition variable) order the threads for the thread sanitizer,
+// and shared memory past its size is a heap overflow for the address sanitizer.
 #pragma once
 
 #include <math.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -55,7 +59,7 @@ class Barrier {
 };
 
 struct Block {
-  explicit Block(int threads, size_t smem) : sync(threads), slots(threads), smem(smem + 16, 0xFF) {
+  explicit Block(int threads, size_t smem) : sync(threads), slots(threads), smem(smem, 0xFF) {
     for (int w = 0; w < threads / 32; ++w) warps.emplace_back(new Barrier(32));
   }
   Barrier sync;
@@ -72,20 +76,30 @@ inline unsigned char* dynamic_smem() { return g_block->smem.data(); }
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, int64_t blocks, int threads, size_t smem, const Args&... args) {
   if (threads % 32 != 0) std::abort();
-  for (int64_t bid = 0; bid < blocks; ++bid) {
-    Block block(threads, smem);
-    g_block = &block;
-    std::vector<std::thread> pool;
-    pool.reserve(threads);
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        threadIdx.x = (unsigned)t;
+  if (blocks <= 0) return;
+  // One OS thread per CUDA thread for the whole launch, running the blocks one after another:
+  // after each block every thread meets the block barrier, then thread 0 refills shared memory
+  // with NaN bytes for the next (under the thread sanitizer a thread start costs about 5 ms,
+  // 1.3 s for a block of 256 threads: 8 blocks of 256 threads with one barrier took 10.7 s with
+  // new threads for each block, 0.8 s so).
+  Block block(threads, smem);
+  g_block = &block;
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      threadIdx.x = (unsigned)t;
+      for (int64_t bid = 0; bid < blocks; ++bid) {
         blockIdx.x = (unsigned)bid;
         kernel(args...);
-      });
-    for (auto& th : pool) th.join();
-    g_block = nullptr;
-  }
+        block.sync.wait();  // the block is done in every thread
+        if (bid + 1 == blocks) break;
+        if (t == 0) std::fill(block.smem.begin(), block.smem.end(), (unsigned char)0xFF);
+        block.sync.wait();  // the next block starts on fresh shared memory
+      }
+    });
+  for (auto& th : pool) th.join();
+  g_block = nullptr;
 }
 
 }  // namespace ff_emu
