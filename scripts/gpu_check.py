@@ -2,7 +2,7 @@
 """The GPU check: everything a user does on a GPU, in one run of under ten minutes, with one table.
 
     bash scripts/gpu_check.sh [--out DIR] [--offline DIR | --wheels DIR --data-bin DIR] [--raw DIR]
-                              [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,train]
+                              [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,train,sanitize]
     bash scripts/gpu_check.sh --dry-run [--offline DIR]   # without a GPU: every step but the GPU's
     python scripts/gpu_check.py --prepare-offline DIR     # with a network: the wheels and data for --offline DIR
 
@@ -33,6 +33,11 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
              (fairseq's --bf16 means a TPU, so bfloat16 is checked by the tests and Table 9); then the
              --fp16 runs are evaluated: fairseq-generate --fp16 (beam 5, BLEU) and fairseq-eval-lm --fp16
   GPU-hours  from the --fp16 runs' ms per update: what each of the paper's tables costs on this card
+  sanitize   compute-sanitizer's memcheck, racecheck and synccheck over scripts/cuda_kernel_cases.py
+             (every kernel instance of the CUDA path once, small shapes), each tool while at least
+             SANITIZE_MIN_SECONDS of the budget is left; last, since the budget decides how much of it
+             runs (a tool out of time gives no verdict: SKIP); SKIP without a GPU or compute-sanitizer,
+             or where it refuses the device
 
 What fails the check: a step's command failing or running past its time limit, any test failing,
 the cuda backend not available after the install, and per trained pair (judge_pair): the softmax
@@ -69,7 +74,7 @@ from fourierformer_fairseq.training_recipes import (PAPER_SEEDS, PAPER_TABLE_RUN
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
-STEPS = ("install", "tests", "cpu", "attention", "table9", "train")
+STEPS = ("install", "tests", "cpu", "attention", "table9", "train", "sanitize")
 CUDA_TESTS = ("tests/test_cuda_kernels.py", "tests/test_cuda_fuzz.py", "tests/test_cuda_module.py")
 CPU_OP_TESTS = ("tests/test_fourier_attention_op.py", "tests/test_op_fuzz.py")
 CPU_VARIANT = "avx512"  # the variant no CI host runs (tests/cpu_variants.py: FOURIERFORMER_CPU_ISA)
@@ -80,7 +85,7 @@ CPU_VARIANT = "avx512"  # the variant no CI host runs (tests/cpu_variants.py: FO
 # A dry run runs the same test selections on a CPU, far slower: its limits are this many times longer
 DRY_RUN_SCALE = 4
 STEP_SECONDS = {"install": 200, "tests": 200, "cpu": 200, "attention": 90, "table9": 120, "training": 100,
-                "evaluate": 60}
+                "evaluate": 60, "sanitize": 150}
 
 # The trained tasks: the recipe (training_recipes.py) and the data-bin folder of each
 TASKS = {"mt": ("iwslt14", "multi30k.de-en"), "lm": ("wikitext103", "wikitext-2")}
@@ -96,6 +101,14 @@ TINY = {  # --dry-run model sizes and batches
     "lm": {"--decoder-layers": "2", "--decoder-embed-dim": "32", "--decoder-ffn-embed-dim": "64",
            "--decoder-attention-heads": "2", "--tokens-per-sample": "32", "--batch-size": "16", "--lr": "1e-2"},
 }
+
+# The sanitize step: compute-sanitizer's tools, in this order, over scripts/cuda_kernel_cases.py (every
+# kernel instance of the CUDA path once); a tool starts only with at least SANITIZE_MIN_SECONDS of the
+# budget left, and one that runs out of time gives no verdict (SKIP): the budget decides how much of
+# this last step runs. Errors exit with SANITIZER_ERROR_EXIT.
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
+SANITIZE_MIN_SECONDS = 30
+SANITIZER_ERROR_EXIT = 86
 
 # Verdicts on a trained pair (fairseq logs the loss in bits)
 MIN_TWIN_LOSS_DROP = {True: 1.0, False: 0.05}  # GPU / dry run: the twin must learn, or the pair says nothing
@@ -358,6 +371,61 @@ def step_table9(check: Check, args) -> None:
     parts = [f"{r['name']}: train {r['train_vs_softmax']:.2f}x softmax ({r['train_ms_per_sample']:.2f} ms/seq, "
              f"{r['train_peak_mem_mb']:.0f} MB)" for r in res["models"] if r["name"].startswith("fourier")]
     check.record("table9", "PASS", time.perf_counter() - t0, "; ".join(parts))
+
+
+# ------------------------------------------------------------------------------------- sanitize
+
+def find_compute_sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        path = os.path.join(home, "bin", "compute-sanitizer") if home else ""
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def judge_sanitizer(tool: str, rc: int, text: str) -> tuple[str, str]:
+    """(status, what) of one compute-sanitizer run over cuda_kernel_cases.py."""
+    summary = [l.strip("= ").strip() for l in text.splitlines() if re.search(r"(ERROR|RACECHECK) SUMMARY", l)]
+    said = "; ".join(summary[-2:]) or tail(text)
+    if rc == TIMED_OUT:
+        return "SKIP", f"{tool}: ran past its time limit, no verdict"
+    if re.search(r"Device not supported|Unable to find injection library|not supported on this platform", text):
+        return "SKIP", f"{tool}: compute-sanitizer cannot run here ({tail(text, 1)})"
+    if rc == SANITIZER_ERROR_EXIT:
+        first = next((l.strip("= ").strip() for l in text.splitlines()
+                      if re.search(r"Invalid|Race reported|hazard|Barrier error|Error:", l)), "")
+        return "FAIL", f"{tool}: {said}; first: {first}"
+    if rc != 0:
+        return "FAIL", f"{tool}: {failure(rc, text)}"
+    return "PASS", f"{tool}: {said}"
+
+
+def step_sanitize(check: Check, args) -> None:
+    """compute-sanitizer's memcheck, racecheck and synccheck over every kernel instance
+    (scripts/cuda_kernel_cases.py); on a CPU the host emulator's thread and address sanitizer runs
+    (tests/test_cuda_emulated.py) check the same kernels."""
+    if not args.gpu:
+        check.record("sanitize", "SKIP", 0, "no GPU (on a CPU: run_emulated_check.py --sanitize thread / address)")
+        return
+    tool_path = find_compute_sanitizer()
+    if tool_path is None:
+        check.record("sanitize", "SKIP", 0, "compute-sanitizer not found (PATH, CUDA_HOME/bin, /usr/local/cuda/bin)")
+        return
+    # every tensor its own allocation, so that memcheck sees an access past a tensor's end
+    env = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    for tool in SANITIZER_TOOLS:
+        t0 = time.perf_counter()
+        if check.left() < SANITIZE_MIN_SECONDS:
+            check.record(f"sanitize ({tool})", "SKIP", 0, f"{check.left():.0f} s of the budget left")
+            continue
+        cmd = [tool_path, "--tool", tool, "--error-exitcode", str(SANITIZER_ERROR_EXIT), "--print-limit", "20",
+               sys.executable, "scripts/cuda_kernel_cases.py"]
+        rc, text = check.run(f"sanitize_{tool}", cmd, STEP_SECONDS["sanitize"], env=env)
+        status, what = judge_sanitizer(tool, rc, text)
+        check.record(f"sanitize ({tool})", status, time.perf_counter() - t0, what)
 
 
 # ------------------------------------------------------------------------------------- training
@@ -839,6 +907,8 @@ def main(argv=None) -> int:
                     card = "this card" if args.gpu else "this CPU (dry run: tiny models, not a budget)"
                     check.record("GPU-hours", "INFO", 0, f"the paper's tables on {card}, --{precision} ms/update: "
                                  + "; ".join(lines))
+        if "sanitize" in steps:
+            step_sanitize(check, args)
 
     total = time.monotonic() - check.start
     with open(check.summary, "a") as fh:

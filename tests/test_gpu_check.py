@@ -297,3 +297,87 @@ def test_attention_row_gives_the_ratios_and_the_grid_splits_gain(gc, tmp_path):
     (step, status, what), = recorded
     assert status == "PASS"
     assert "IWSLT'14: fwd 3.0x, fwd+bwd 4.0x sdpa" in what and "unsplit / split 1.25" in what
+
+
+# ------------------------------------------------------------------------------------- sanitize
+# compute-sanitizer's own output lines (the tool prefixes each with "========= ")
+MEMCHECK_CLEAN = "========= COMPUTE-SANITIZER\nok  Dv 3\n========= ERROR SUMMARY: 0 errors\n"
+RACECHECK_RACE = ("========= COMPUTE-SANITIZER\n"
+                  "========= Error: Race reported between Write access at backward_delta_tiled_kernel+0x1a0\n"
+                  "=========     and Read access at backward_delta_tiled_kernel+0x2f0 [128 hazards]\n"
+                  "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
+REFUSED = "========= COMPUTE-SANITIZER\n========= Error: Device not supported. Please refer to the documentation\n"
+
+
+class FakeSanitizerCheck:
+    """Check's run / record / left, with canned outputs per compute-sanitizer tool."""
+
+    def __init__(self, outputs, left=500.0):
+        self.outputs, self.seconds_left = outputs, left
+        self.commands, self.envs, self.recorded = [], [], []
+
+    def left(self):
+        return self.seconds_left
+
+    def run(self, name, cmd, seconds, env=None):
+        self.commands.append(cmd)
+        self.envs.append(env)
+        return self.outputs[cmd[cmd.index("--tool") + 1]]
+
+    def record(self, step, status, seconds, what):
+        self.recorded.append((step, status, what))
+
+
+def test_sanitize_runs_each_tool_over_the_kernel_cases_and_reads_its_verdict(gc, monkeypatch):
+    monkeypatch.setattr(gc, "find_compute_sanitizer", lambda: "/opt/cuda/bin/compute-sanitizer")
+    check = FakeSanitizerCheck({"memcheck": (0, MEMCHECK_CLEAN),
+                                "racecheck": (gc.SANITIZER_ERROR_EXIT, RACECHECK_RACE),
+                                "synccheck": (TIMED_OUT, "========= COMPUTE-SANITIZER\nok  Dv 3\n")})
+    gc.step_sanitize(check, argparse.Namespace(gpu=True))
+    assert [c[c.index("--tool") + 1] for c in check.commands] == list(gc.SANITIZER_TOOLS)
+    for cmd, env in zip(check.commands, check.envs):
+        assert cmd[0] == "/opt/cuda/bin/compute-sanitizer" and cmd[-1] == "scripts/cuda_kernel_cases.py"
+        assert cmd[cmd.index("--error-exitcode") + 1] == str(gc.SANITIZER_ERROR_EXIT)
+        assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
+    (m_step, m_status, m_what), (r_step, r_status, r_what), (s_step, s_status, s_what) = check.recorded
+    assert (m_step, m_status) == ("sanitize (memcheck)", "PASS") and "ERROR SUMMARY: 0 errors" in m_what
+    assert (r_step, r_status) == ("sanitize (racecheck)", "FAIL")
+    assert "1 hazard displayed (1 error" in r_what and "Race reported between Write access" in r_what
+    assert (s_step, s_status) == ("sanitize (synccheck)", "SKIP") and "no verdict" in s_what
+
+
+def test_sanitize_gives_no_verdict_without_a_gpu_a_tool_the_device_or_the_time(gc, monkeypatch):
+    check = FakeSanitizerCheck({})
+    gc.step_sanitize(check, argparse.Namespace(gpu=False))
+    assert [(s, st) for s, st, _ in check.recorded] == [("sanitize", "SKIP")] and not check.commands
+
+    monkeypatch.setattr(gc, "find_compute_sanitizer", lambda: None)
+    check = FakeSanitizerCheck({})
+    gc.step_sanitize(check, argparse.Namespace(gpu=True))
+    assert check.recorded[0][1] == "SKIP" and "not found" in check.recorded[0][2]
+
+    monkeypatch.setattr(gc, "find_compute_sanitizer", lambda: "compute-sanitizer")
+    check = FakeSanitizerCheck({tool: (gc.SANITIZER_ERROR_EXIT, REFUSED) for tool in gc.SANITIZER_TOOLS})
+    gc.step_sanitize(check, argparse.Namespace(gpu=True))
+    assert {st for _, st, _ in check.recorded} == {"SKIP"} and "cannot run here" in check.recorded[0][2]
+
+    check = FakeSanitizerCheck({}, left=gc.SANITIZE_MIN_SECONDS - 1)
+    gc.step_sanitize(check, argparse.Namespace(gpu=True))
+    assert len(check.recorded) == len(gc.SANITIZER_TOOLS) and not check.commands
+    assert all(st == "SKIP" and "of the budget left" in what for _, st, what in check.recorded)
+
+
+def test_sanitize_fails_a_tool_that_exits_otherwise(gc):
+    status, what = gc.judge_sanitizer("memcheck", 1, "Traceback\nRuntimeError: CUDA error\n")
+    assert status == "FAIL" and "exit 1" in what
+
+
+def test_the_kernel_cases_run_through_the_cpu_kernels(capsys):
+    """scripts/cuda_kernel_cases.py (what the sanitize step runs on a GPU), here through the CPU
+    kernels: every float32 and float64 case runs with finite outputs, the half ones are named."""
+    cases = load("cuda_kernel_cases")
+    assert cases.main(["--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    halves = sum(dtype not in (cases.torch.float32, cases.torch.float64) for _, _, dtype, _ in cases.CASES)
+    assert f"{len(cases.CASES) - halves} of {len(cases.CASES)} cases ran with finite outputs on cpu" in out
+    assert out.count("ok  ") == len(cases.CASES) - halves
