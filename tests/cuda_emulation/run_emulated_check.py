@@ -63,17 +63,21 @@ def requested_sanitizer(argv):
 
 def sanitizer_restart(argv):
     """Under --sanitize KIND: returns in a process that has KIND's runtime loaded (LD_PRELOAD then
-    dropped from the environment, so that the compiler and ninja run without it); otherwise
-    replaces this process by the script run again with the runtime preloaded."""
+    set back to what it was, so that the compiler and ninja run without the runtime); otherwise
+    replaces this process by the script run again with the runtime preloaded before anything the
+    environment preloaded."""
     kind = requested_sanitizer(argv)
     if kind not in SANITIZERS:
         return  # (none asked for; argparse names a wrong one)
     lib, variable, options = SANITIZERS[kind]
     with open("/proc/self/maps") as maps:
         loaded = lib[: -len(".so")] in maps.read()
-    if loaded:
-        os.environ.pop("LD_PRELOAD", None)
-        os.environ.pop("FF_EMU_SANITIZER_RESTARTED", None)  # (a child started from here restarts too)
+    if loaded:  # the children (compiler, ninja, the probes) get the preload the restart found, or none
+        was = os.environ.pop("FF_EMU_SANITIZER_RESTARTED", "")[len("preload="):]
+        if was:
+            os.environ["LD_PRELOAD"] = was
+        else:
+            os.environ.pop("LD_PRELOAD", None)
         return
     if os.environ.get("FF_EMU_SANITIZER_RESTARTED"):
         raise SystemExit(f"--sanitize {kind}: {lib} did not load through LD_PRELOAD")
@@ -87,7 +91,9 @@ def sanitizer_restart(argv):
         if not (os.path.isabs(path) and os.path.exists(path)):
             raise SystemExit(f"--sanitize {kind}: the compiler {cxx} has no {name} (a runtime that the sanitizer needs)")
         paths.append(path)
-    env = dict(os.environ, LD_PRELOAD=" ".join(paths), FF_EMU_SANITIZER_RESTARTED="1")
+    before = os.environ.get("LD_PRELOAD", "")
+    env = dict(os.environ, LD_PRELOAD=" ".join(paths + ([before] if before else [])),
+               FF_EMU_SANITIZER_RESTARTED="preload=" + before)
     env[variable] = options + (":" + env[variable] if env.get(variable) else "")  # (yours win)
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, os.path.abspath(argv[0]), *argv[1:]], env)
