@@ -70,5 +70,9 @@ def test_grid_splits_harness(monkeypatch):
     harness.test_cuda_grid_splits_and_whole_agree(monkeypatch)
 
 
+def test_repeated_runs_harness():
+    harness.test_cuda_repeated_runs_agree()
+
+
 def test_lse_harness():
     harness.test_cuda_fuzz_lse_against_oracle()

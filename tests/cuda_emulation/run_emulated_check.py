@@ -17,8 +17,9 @@ restarts itself with the sanitizer's runtime preloaded), which then watches the 
 race between the threads of a block (a missing __syncthreads or __syncwarp, on shared or global
 memory: what compute-sanitizer's racecheck finds on a GPU) or a read or write past a block's
 shared memory or past a tensor (memcheck's) stops the run with a report. The blocks of a kernel
-run one after another, so races between blocks (through global memory) are not seen; a shuffle
-is a barrier here, which on a GPU it is not for memory. Planted bugs (emulated_sanitizer_probe in
+run one after another, so races between blocks (through global memory) are not seen there
+(check_block_order runs every launch's blocks last to first as well: a result that depends on
+their order differs); a shuffle is a barrier here, which on a GPU it is not for memory. Planted bugs (emulated_sanitizer_probe in
 emulated_ops.h) must then be reported, each in a child process.
 
 It does not model what only a GPU does (fast-math intrinsics, the memory model, timing); the
@@ -332,6 +333,49 @@ def check_grid_splits(f32):
     print("  ok  backward split for small grids and whole agree (main pass alone: dk, dv bit for bit)")
 
 
+def check_block_order():
+    """The blocks of every launch run last to first (FF_EMU_BLOCK_ORDER=reverse) against first to
+    last: out, lse, dk and dv bit for bit (each written by one block: a difference is two blocks
+    writing one word, or a block reading what another of the same launch writes), dq and dradius
+    (summed over blocks by atomics) to float rounding. float32 with the backward split on a small
+    grid (D 100: the pre-pass in halves, four main-pass splits; D 40: two), several query and key
+    tiles with remainders, causal, key padding, dropout; float64 (the simple kernels)."""
+    cases = (("f32 D100 Dv12 N37 M70", make_case(2, 1, 37, 70, 100, 12, torch.float32, causal=True, kpm=True,
+                                                scale=0.4, seed=100), 0.2),
+             ("f32 D40 Dv20 N65 M130", make_case(1, 2, 65, 130, 40, 20, torch.float32, causal=True, kpm=True,
+                                                 scale=0.5, seed=40), 0.0),
+             ("f64 D59 Dv33 N37 M45", make_case(1, 2, 37, 45, 59, 33, torch.float64, mask="random"), 0.3))
+    for label, case, dropout_p in cases:
+        acc = torch.float64 if case["q"].dtype == torch.float64 else torch.float32
+        kpm = case["key_padding"]
+        key_bias = None if kpm is None else torch.zeros(kpm.shape, dtype=acc).masked_fill(kpm, float("-inf"))
+        mask = None if case["attn_mask"] is None else case["attn_mask"].to(acc)
+        args = (case["q"], case["k"], case["v"], case["radius"].to(acc), 4.0, mask, key_bias, case["causal"],
+                dropout_p, 5, 0.0)
+        dout = torch.randn(case["q"].shape[:3] + case["v"].shape[3:], generator=torch.Generator().manual_seed(9),
+                           dtype=acc)
+
+        def run():
+            out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+            return (out, lse, *torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse,
+                                                                                  *args[4:]))
+
+        first = run()
+        os.environ["FF_EMU_BLOCK_ORDER"] = "reverse"
+        try:
+            last = run()
+        finally:
+            del os.environ["FF_EMU_BLOCK_ORDER"]
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dradius"), first, last):
+            if name in ("dq", "dradius"):
+                err = (a - b).abs().max().item()
+                ok = err <= 1e-6 * max(1.0, b.abs().max().item())
+            else:
+                ok = torch.equal(a, b)
+            assert ok, f"block order: {label}: {name} differs when the blocks run last to first"
+    print("  ok  blocks last to first: out, lse, dk, dv bit for bit, dq and dradius to rounding")
+
+
 def check_shared_tables():
     """fourier_attention_tables built once and passed to the forward and the backward (as the
     autograd does on a GPU) gives what they give building their own, bit for bit, in float32,
@@ -640,6 +684,7 @@ def run_checks(mod, args):
     check_smem_limit(f32)
     check_score_cache(f32)
     check_grid_splits(f32)
+    check_block_order()
     check_shared_tables()
     if run_special():
         sys.exit(1)

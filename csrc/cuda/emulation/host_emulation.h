@@ -73,6 +73,15 @@ inline std::mutex g_atomic_mu;
 
 inline unsigned char* dynamic_smem() { return g_block->smem.data(); }
 
+// FF_EMU_BLOCK_ORDER=reverse: the blocks of each launch run last to first. A GPU runs them in any
+// order and at once, so a result that depends on their order (two blocks writing one word, a
+// block reading what another block of the same launch writes) is a bug that the sanitizers,
+// which see one block at a time here, cannot show: run_emulated_check.py compares both orders.
+inline bool reverse_block_order() {
+  const char* env = std::getenv("FF_EMU_BLOCK_ORDER");
+  return env && std::strcmp(env, "reverse") == 0;
+}
+
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, int64_t blocks, int threads, size_t smem, const Args&... args) {
   if (threads % 32 != 0) std::abort();
@@ -84,13 +93,14 @@ void launch(Kernel kernel, int64_t blocks, int threads, size_t smem, const Args&
   // new threads for each block, 0.8 s so).
   Block block(threads, smem);
   g_block = &block;
+  const bool reverse = reverse_block_order();
   std::vector<std::thread> pool;
   pool.reserve(threads);
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
       threadIdx.x = (unsigned)t;
       for (int64_t bid = 0; bid < blocks; ++bid) {
-        blockIdx.x = (unsigned)bid;
+        blockIdx.x = (unsigned)(reverse ? blocks - 1 - bid : bid);
         kernel(args...);
         block.sync.wait();  // the block is done in every thread
         if (bid + 1 == blocks) break;
