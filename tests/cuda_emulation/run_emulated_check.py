@@ -19,8 +19,8 @@ memory: what compute-sanitizer's racecheck finds on a GPU) or a read or write pa
 shared memory or past a tensor (memcheck's) stops the run with a report. The blocks of a kernel
 run one after another, so races between blocks (through global memory) are not seen there
 (check_block_order runs every launch's blocks last to first as well: a result that depends on
-their order differs); a shuffle is a barrier here, which on a GPU it is not for memory. Planted bugs (emulated_sanitizer_probe in
-emulated_ops.h) must then be reported, each in a child process.
+their order differs); a shuffle is a barrier here, which on a GPU it is not for memory. Planted
+bugs (emulated_sanitizer_probe in emulated_ops.h) must then be reported, each in a child process.
 
 It does not model what only a GPU does (fast-math intrinsics, the memory model, timing); the
 real check is tests/test_cuda_kernels.py on a GPU. The real extension (fourierformer_fairseq._C)
@@ -30,6 +30,7 @@ module sets FOURIERFORMER_DISABLE_EXTENSION=1 before it imports the package.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
@@ -203,20 +204,39 @@ def make_case(B, H, N, M, D, Dv, dtype, *, mask=None, kpm=False, causal=False, s
                 key_padding=key_padding, causal=causal)
 
 
-def run_case(name, case, power, dropout_p=0.0, seed=1234, rtol=1e-9, atol=1e-9, normaliser_eps=0.0):
-    t0 = time.time()
-    q, k, v, radius = case["q"], case["k"], case["v"], case["radius"]
-    dtype = q.dtype
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
+def op_args(case, power, dropout_p, seed, normaliser_eps=0.0):
+    """The forward op's arguments for `case` (make_case): the radius, the mask and the key padding
+    (as a key bias of -inf) in the accumulation dtype (float64 for float64 inputs, else float32)."""
+    acc = torch.float64 if case["q"].dtype == torch.float64 else torch.float32
     kpm = case["key_padding"]
     key_bias = None if kpm is None else torch.zeros(kpm.shape, dtype=acc).masked_fill(kpm, float("-inf"))
     attn_mask = None if case["attn_mask"] is None else case["attn_mask"].to(acc)
-    out, lse = torch.ops.fourierformer.fourier_attention_forward(
-        q, k, v, radius.to(acc), float(power), attn_mask, key_bias, case["causal"], dropout_p, seed, normaliser_eps)
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    dq, dk, dv, dr = torch.ops.fourierformer.fourier_attention_backward(
-        dout.to(dtype), q, k, v, radius.to(acc), out, lse, float(power), attn_mask, key_bias, case["causal"],
-        dropout_p, seed, normaliser_eps)
+    return (case["q"], case["k"], case["v"], case["radius"].to(acc), float(power), attn_mask, key_bias, case["causal"],
+            dropout_p, seed, normaliser_eps)
+
+
+def forward_backward(args, dout):
+    """(out, lse, dq, dk, dv, dradius) of the ops on op_args' arguments."""
+    out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+    return (out, lse, *torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:]))
+
+
+@contextlib.contextmanager
+def environment(name, value):
+    """The emulator's (or the launcher's) environment variable `name` set to `value` inside."""
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        del os.environ[name]
+
+
+def run_case(name, case, power, dropout_p=0.0, seed=1234, rtol=1e-9, atol=1e-9, normaliser_eps=0.0):
+    t0 = time.time()
+    q, k, v, radius, kpm = case["q"], case["k"], case["v"], case["radius"], case["key_padding"]
+    B, H, N, _ = q.shape
+    dout = torch.randn(B, H, N, v.shape[-1], generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    out, lse, dq, dk, dv, dr = forward_backward(op_args(case, power, dropout_p, seed, normaliser_eps), dout.to(q.dtype))
 
     # float64 reference with autograd
     qr, kr, vr, rr = (t.detach().double().requires_grad_(True) for t in (q, k, v, radius))
@@ -254,14 +274,11 @@ def check_smem_limit(f32):
             case["q"], case["k"], case["v"], case["radius"].float(), 4.0, None, None, False, 0.0, 0, 0.0)[0]
 
     unlimited = forward()
-    os.environ["FF_EMU_SMEM_OPTIN"] = "101376"
-    try:
+    with environment("FF_EMU_SMEM_OPTIN", "101376"):
         limited = forward()
         run_case("f32 D64 Dv160 at 99 KiB per block", case, 4, 0.0, **f32)
         run_case("f32 D128 Dv128 at 99 KiB per block", make_case(1, 1, 9, 70, 128, 128, torch.float32, scale=0.3), 4,
                  0.0, **f32)
-    finally:
-        del os.environ["FF_EMU_SMEM_OPTIN"]
     # the same inputs through the other kernel: not bit for bit the same output
     assert not torch.equal(unlimited, limited), "the 99 KiB limit did not change the forward's kernel"
     print("  ok  99 KiB per block: Dv 160 runs the simple forward kernel")
@@ -271,9 +288,8 @@ def backward_two_ways(case, env, value, dout_seed, also):
     """The float32 backward of `case` (power 4, causal, its key padding as a key bias, dropout
     0.2) with the environment variable `env` unset and then set to `value`, `also()` run while
     it is set; the two (dq, dk, dv, dradius)."""
-    kpm = case["key_padding"]
-    key_bias = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
-    args = (case["q"], case["k"], case["v"], case["radius"].float(), 4.0, None, key_bias, True, 0.2, 5, 0.0)
+    assert case["causal"] and case["attn_mask"] is None
+    args = op_args(case, 4, 0.2, 5)
     out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(dout_seed))
 
@@ -281,12 +297,9 @@ def backward_two_ways(case, env, value, dout_seed, also):
         return torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:])
 
     first = backward()
-    os.environ[env] = value
-    try:
+    with environment(env, value):
         second = backward()
         also()
-    finally:
-        del os.environ[env]
     return first, second
 
 
@@ -346,26 +359,13 @@ def check_block_order():
                                                  scale=0.5, seed=40), 0.0),
              ("f64 D59 Dv33 N37 M45", make_case(1, 2, 37, 45, 59, 33, torch.float64, mask="random"), 0.3))
     for label, case, dropout_p in cases:
-        acc = torch.float64 if case["q"].dtype == torch.float64 else torch.float32
-        kpm = case["key_padding"]
-        key_bias = None if kpm is None else torch.zeros(kpm.shape, dtype=acc).masked_fill(kpm, float("-inf"))
-        mask = None if case["attn_mask"] is None else case["attn_mask"].to(acc)
-        args = (case["q"], case["k"], case["v"], case["radius"].to(acc), 4.0, mask, key_bias, case["causal"],
-                dropout_p, 5, 0.0)
-        dout = torch.randn(case["q"].shape[:3] + case["v"].shape[3:], generator=torch.Generator().manual_seed(9),
-                           dtype=acc)
-
-        def run():
-            out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
-            return (out, lse, *torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse,
-                                                                                  *args[4:]))
-
-        first = run()
-        os.environ["FF_EMU_BLOCK_ORDER"] = "reverse"
-        try:
-            last = run()
-        finally:
-            del os.environ["FF_EMU_BLOCK_ORDER"]
+        args = op_args(case, 4, dropout_p, 5)
+        B, H, N, _ = case["q"].shape
+        dout = torch.randn(B, H, N, case["v"].shape[-1], generator=torch.Generator().manual_seed(9),
+                           dtype=args[3].dtype)
+        first = forward_backward(args, dout)
+        with environment("FF_EMU_BLOCK_ORDER", "reverse"):
+            last = forward_backward(args, dout)
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dradius"), first, last):
             if name in ("dq", "dradius"):
                 err = (a - b).abs().max().item()
