@@ -41,14 +41,18 @@ Per kernel instance it prints:
     summed over the threads of all blocks of one (batch, head) slice, divided by N M D. The count
     is for the plain case: no mask, no key bias, no dropout, not causal, the backward's score cache
     present (its main pass reads the pre-pass's scores; --no-score-cache: computes them again), no pair on the rare path
-    (|x| < 2^-14), no flat feature: the source lines of those branches (COLD_REGIONS) weigh 0,
-    and out-of-line subroutines (the rare path's function, slow paths of divisions and of
+    (|x| < 2^-14), no flat feature: the source lines of those branches (COLD_REGIONS) weigh 0, but
+    for the tests that skip them, which the plain case runs (a region's first line with test=True:
+    its instructions up to its conditional branch, the compare and what the compiler hoisted above
+    it), and out-of-line subroutines (the rare path's function, slow paths of divisions and of
     float64 sincos) are not counted. In the table kernel the per-feature x / u branch is weighted
     for one batch (H Dp threads of the grid) and the row constant's slot sum for slot 0 only.
     Totals: forward + tables = table kernel + forward kernel, backward + tables = table kernel +
     pre-pass + main pass + dq finish kernel (as when the backward builds its own tables), and a
     training step = table kernel + forward + backward (the autograd builds the tables once and
-    passes them to both: fourier_attention_tables).
+    passes them to both: fourier_attention_tables); at head dims of 64 and more also the backward
+    and the step on a small grid (the two-half pre-pass and the main pass in two splits, as the
+    launcher runs the IWSLT'14 benchmark shape on 132 SMs: delta_pass_split, main_pass_splits).
 
 Each loop row also gives its share of the whole-kernel count (the instructions of that loop not
 inside a nested loop, weighted as above, per element), and "outside every loop" the rest, so that
@@ -60,17 +64,11 @@ This is a static model: it does not know about stalls, bank conflicts or latency
 issued under a false predicate still counts (it takes an issue slot), and a loop exit or `continue`
 that the plain case does not take (P = 0) is assumed not taken.
 
-For the kernels of 2026-11-28 (nvcc 13.0.88, this script at its defaults, on a 2-core CPU machine
-without a GPU) the whole-kernel counts at N = M = 256 / 1024 are: forward 12.63 / 12.30 at D = 16
-and 10.70 / 10.61 at D = 128 (512-thread two-half blocks); backward (pre-pass + main pass + dq
-finish) 44.01 / 42.30 at D = 16 and 35.69 / 35.08 at D = 128 with the score cache (--no-score-cache:
-53.24 / 51.53 and 43.73 / 43.12); the g pass for dq and dk 21.2-21.3, the scores' chunk loop 8.3-8.6
-per element (9.3 in the two-half blocks); the table kernel 2.12 / 0.53 and 1.32 / 0.33; a training
-step (tables once, forward, backward) 58.76 / 55.13 and 47.71 / 46.02; no kernel spills. These are
-full tiles: the threads of a short sequence's empty micro-tiles (micro_tile_live) skip their
-loops, which this count does not model. The first feature chunk of the scores
-runs outside that loop (peeled): at D = 16 the loop does not run and the chunk counts in the tile
-loop's share.
+What it reported for each version of the kernels (the command, the compiler, the headers' hash):
+docs/kernels.md, "Reading the CUDA kernels without a GPU". The counts are for full tiles: the
+threads of a short sequence's empty micro-tiles (micro_tile_live) skip their loops, which this
+count does not model. The first feature chunk of the scores runs outside that loop (peeled): at
+D = 16 the loop does not run and the chunk counts in the tile loop's share.
 
 Requirements: nvcc (the CUDA toolkit, 12.x or 13.x) and nvdisasm; cuobjdump (optional) cross-checks
 the register counts. The two disassemblers come as PyPI wheels (not needed by the project itself):
@@ -78,8 +76,7 @@ the register counts. The two disassemblers come as PyPI wheels (not needed by th
     python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
 
 They are found on PATH, next to nvcc, under $CUDA_HOME/bin, or in those wheels (nvidia/cu*/bin).
-On 2 shared cores a cold run at the default head dims (7 instances) took 21-134 s, a cached one 1-6 s
-(2026-11-27 and 28).
+A cold run compiles every instance (minutes on a few cores), a cached one only disassembles.
 """
 import argparse
 import glob
@@ -415,40 +412,45 @@ LOOP_SPECS = [
 SCORE_CACHE_REGIONS = {
     True: [],
     False: [dict(file="backward_tiled.cuh", start=r"if \(p\.score_cache && j0 \+ tx \* kMicro < M\) \{",
-                 end=r"^    \}$", why="the score cache (written)")],
+                 end=r"^    \}$", test=True, why="the score cache (written)")],
 }
 SCORE_CACHE = True  # (main: --no-score-cache)
+# test=True: the region's first line is the test that skips it, which the plain case runs: that
+# line's instructions up to each of its conditional branches count (the compare, and what the
+# compiler hoisted above the branch), those after its last branch are the region's (test_line_runs)
 COLD_REGIONS = [
     dict(file="forward_tiled.cuh", start=r"// ---- 2\. the rare path ----", end=r"// ---- 3\. masks ----",
          why="rare path (|x| < 2^-14)"),
-    # tile_scores_impl after `if (!p.attn_mask && !p.key_bias) return;` (to the end of the function)
-    dict(file="forward_tiled.cuh", start=r"const int64_t b = bh / p\.H, h = bh % p\.H;", end=r"^}$",
+    # tile_scores_impl after `if (!p.attn_mask && !p.key_bias) return;` (to the end of the function;
+    # the compiler puts that line's test on this first line of the region)
+    dict(file="forward_tiled.cuh", start=r"const int64_t b = bh / p\.H, h = bh % p\.H;", end=r"^}$", test=True,
          why="attention mask and key bias"),
     dict(file="forward_tiled.cuh", start=r"FF_DEV void rare_scores_log2\(", end=r"^}$",
          why="rare path of the forward (|x| < 2^-14)"),
-    dict(file="forward_tiled.cuh", start=r"if \(rare\) rare_scores_log2", end=None, why="rare path of the forward"),
+    dict(file="forward_tiled.cuh", start=r"if \(rare\) rare_scores_log2", end=None, test=True,
+         why="rare path of the forward"),
     dict(file="forward_tiled.cuh", start=r"if \(j0 \+ tx \* kMicro \+ kMicro > first_end\) \{  // partial tile",
-         end=r"^    \}$", why="a partial tile (the causal diagonal, the last keys)"),
-    dict(file="forward_tiled.cuh", start=r"\} else if \(half == 0\) \{  // scalar staging", end=r"^    \}$",
+         end=r"^    \}$", test=True, why="a partial tile (the causal diagonal, the last keys)"),
+    dict(file="forward_tiled.cuh", start=r"\} else if \(half == 0\) \{  // scalar staging", end=r"^    \}$", test=True,
          why="scalar staging (N or M not a multiple of 4)"),
-    dict(file="backward_tiled.cuh", start=r"\} else \{  // scalar staging", end=r"^        \}$",
+    dict(file="backward_tiled.cuh", start=r"\} else \{  // scalar staging", end=r"^        \}$", test=True,
          why="scalar staging (N or M not a multiple of 4)"),
     # threads with no visible pair (short sequences, the causal diagonal: micro_tile_live)
     dict(file="forward_tiled.cuh", start=r"auto no_scores = \[&\]\(\) \{", end=r"^  \};$", why="a tile with no visible pair"),
-    dict(file="forward_tiled.cuh", start=r"return no_scores\(\);", end=None, why="a tile with no visible pair"),
+    dict(file="forward_tiled.cuh", start=r"return no_scores\(\);", end=None, test=True, why="a tile with no visible pair"),
     dict(file="backward_tiled.cuh", start=r"if \(!live\) \{  // C = 0: zero partials", end=r"^        \} else \{$",
-         why="a tile with no visible pair"),
+         test=True, why="a tile with no visible pair"),
     dict(file="*", start=r"dropout_factor\(p, ", end=None, why="dropout"),
     # the backward's block-uniform dropout branches (pre-pass and main pass)
     dict(file="backward_tiled.cuh", start=r"if \(p\.dropout_p > 0\.0f\) \{  // \(block-uniform\)", end=r"^    \}$",
-         why="dropout"),
+         test=True, why="dropout"),
     dict(file="forward_tiled.cuh", start=r"if \(p\.dropout_p > 0\.0f\) \{  // \(block-uniform\)", end=r"^      \}$",
-         why="dropout"),
+         test=True, why="dropout"),
     dict(file="fourier_element_math.h", start=r"FF_HD uint32_t ff_mix32\(", end=r"^}$", why="dropout (hash)"),
     dict(file="fourier_element_math.h", start=r"FF_HD float ff_dropout_uniform\(", end=r"^}$", why="dropout (hash)"),
     dict(file="tables.cuh", start=r"else  // \(over 2\^31 rows\)", end=None, why="over 2^31 table rows"),
     dict(file="tables.cuh", start=r"if \(r >= 0\.0f && \(double\)r < kFlatRadius\) \{\s*// flat", end=r"\} else if \(r > 0\.0f\) \{",
-         why="flat features"),
+         test=True, why="flat features"),
 ]
 TABLE_BRANCHES = [
     dict(file="tables.cuh", start=r"if \(on && row < N\) \{\s*// query row", end=r"\} else if \(on\) \{\s*// key row",
@@ -495,6 +497,49 @@ def region_lines(sources, reg):
                         out.setdefault(f, set()).update(range(i + 1, k + 2 if "weight" in reg else k + 1))
                         break
     return out
+
+
+def region_starts(sources, reg):
+    """{file: set(lines)} of a region's first lines (1-based)."""
+    files = [os.path.basename(f) for f in header_files()] if reg["file"] == "*" else [reg["file"]]
+    out = {}
+    for f in files:
+        for i, text in enumerate(read_source(sources, f)):
+            if re.search(reg["start"], text):
+                out.setdefault(f, set()).add(i + 1)
+    return out
+
+
+def cold_and_test_lines(sources, regions):
+    """({file: lines} that weigh 0, {file: lines} of tests that skip them): a test=True region's
+    first line is a test line unless another region's lines hold it."""
+    cold, tests = {}, {}
+    for reg in regions:
+        starts = region_starts(sources, reg) if reg.get("test") else {}
+        for f, ls in region_lines(sources, reg).items():
+            cold.setdefault(f, set()).update(ls - starts.get(f, set()))
+            tests.setdefault(f, set()).update(ls & starts.get(f, set()))
+    return cold, {f: ls - cold.get(f, set()) for f, ls in tests.items()}
+
+
+def test_line_runs(fn, tests, is_cold):
+    """Addresses of the instructions of test lines (cold_and_test_lines) that the plain case runs:
+    each conditional branch of a test line, and the line's instructions before it in its basic
+    block (the compare, and what the compiler hoisted above the branch). What the line has after
+    its branch (a call's arguments, the region's first instructions) is the region's."""
+    runs, pending = set(), {}
+    starts = set(fn.labels.values())
+    for ins in fn.insts:
+        if ins.addr in starts:  # a branch target: a new basic block
+            pending.clear()
+        on = [(f, line) for f, line in ins.chain if line in tests.get(f, ())]
+        if on and not is_cold(ins.chain):
+            pending.setdefault(on[0], []).append(ins.addr)
+            if ins.guard and ins.opcode.startswith("BRA") and ins.chain[0] == on[0]:
+                runs.update(pending.pop(on[0]))
+        if ins.opcode.startswith(("BRA", "EXIT", "RET", "CALL", "JMP", "BRX")):  # the end of a basic block
+            pending.clear()
+    return runs
 
 
 def launch_bounds(kernel_template, names):
@@ -677,6 +722,9 @@ def unroll_factor(lp, source_step):
         return 1, "no exit test found"
     ops = re.findall(r"\b(U?R\d+)\b", setp.text)
     versus_zero = ", RZ," in setp.text or setp.text.rstrip().endswith("RZ, PT")
+    # a down-counter of the trips left compared with a constant: the main copy of a loop unrolled
+    # by 16 over a runtime count runs while more than 12 are left (ISETP.GT P1, PT, R13, 0xc)
+    constant = re.search(r",\s*(-?0x[0-9a-f]+|-?\d+),\s*PT\s*$", setp.text.rstrip())
     for reg in ops:
         for ins in lp.insts:
             m = REG_INC.match(ins.text)
@@ -686,6 +734,8 @@ def unroll_factor(lp, source_step):
                     inc -= 1 << 32
                 if versus_zero and abs(inc) <= 16:
                     return abs(inc), f"{reg} {inc:+d} against 0"
+                if constant and -16 <= inc < 0:
+                    return -inc, f"{reg} {inc:+d} against {constant.group(1)}"
                 if source_step and inc % source_step == 0 and inc > 0:
                     return inc // source_step, f"{reg} += {inc:#x} (source step {source_step})"
     return 1, "increment not found (assumed 1)"
@@ -873,10 +923,7 @@ def analyse(inst, fn, names, sources):
                 lp.trips = float(left // lp.unroll)
                 left -= lp.trips * lp.unroll
     # instruction weights
-    cold = {}
-    for reg in COLD_REGIONS + SCORE_CACHE_REGIONS[SCORE_CACHE]:
-        for f, ls in region_lines(sources, reg).items():
-            cold.setdefault(f, set()).update(ls)
+    cold, tests = cold_and_test_lines(sources, COLD_REGIONS + SCORE_CACHE_REGIONS[SCORE_CACHE])
     branch_w = []
     if inst.kind == "tables":
         for reg in TABLE_BRANCHES:
@@ -885,8 +932,13 @@ def analyse(inst, fn, names, sources):
     def is_cold(chain):
         return any(line in cold.get(f, ()) for f, line in chain)
 
+    def on_test_line(chain):
+        return any(line in tests.get(f, ()) for f, line in chain)
+
+    runs = test_line_runs(fn, tests, is_cold)
+
     def weight(ins):
-        if is_cold(ins.chain):
+        if is_cold(ins.chain) or (on_test_line(ins.chain) and ins.addr not in runs):
             return 0.0
         w = 1.0
         for lines, bw in branch_w:
@@ -1110,7 +1162,8 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                                   backward=None if bwd is None else round(bwd, 2),
                                   backward_small_grid=None if small is None else round(small, 2),
                                   backward_with_tables=None if bwd is None else round(by["tables"] + bwd, 2),
-                                  step=None if bwd is None else round(by["tables"] + by["forward"] + bwd, 2))
+                                  step=None if bwd is None else round(by["tables"] + by["forward"] + bwd, 2),
+                                  step_small_grid=None if small is None else round(by["tables"] + by["forward"] + small, 2))
         report["head_dims"][str(hd)] = dict(sizes=sizes, kernels=rows, totals=totals)
     return report
 
@@ -1197,7 +1250,8 @@ def print_report(r):
         for name, label in (("backward", "backward (pre-pass + main + finish)"),
                             ("backward_small_grid", "backward, small grid (two-half pre-pass)"),
                             ("forward_with_tables", "forward + tables"),
-                            ("backward_with_tables", "backward + tables"), ("step", "step (tables once, fwd, bwd)")):
+                            ("backward_with_tables", "backward + tables"), ("step", "step (tables once, fwd, bwd)"),
+                            ("step_small_grid", "step, small grid")):
             vals = [h["totals"][s][name] for s in shapes]
             if all(v is not None for v in vals):
                 out.append(f"  {hd:>4} {label:<48} {'':>4} {'':>13} {'':>8} {'':>18} "

@@ -209,3 +209,58 @@ def test_whole_kernel_count_weights_loops_by_trips(compiled, monkeypatch, name, 
     assert per_thread == expected
     for row in rows:  # instructions per element: the body over the elements of one SASS iteration
         assert row["per_element"] == round(row["static"] / row["unroll"], 2)
+
+
+# Hand-written nvdisasm text (the layout of `nvdisasm -g -gi -c`), for what the tiny kernels above
+# do not make the compiler emit: no tools needed.
+def _sass(file, body):
+    """A function `kern` from (line, instruction) rows; a row (None, ".L_x_N") is a label."""
+    out = [".text.kern:"]
+    addr = 0
+    for line, text in body:
+        if line is None:
+            out.append(f"{text}:")
+            continue
+        out.append(f'\t//## File "/x/{file}", line {line}')
+        out.append(f"        /*{addr:04x}*/                   {text} ;")
+        addr += 0x10
+    return sr.parse_nvdisasm("\n".join(out) + "\n")["kern"]
+
+
+def test_unroll_factor_of_a_down_counter_against_a_constant():
+    # nvcc's main copy of a loop unrolled by 16 over a runtime count: the trips left count down by
+    # 16 and the loop runs while more than 12 are left; the remainder copy counts down by 4 to 0
+    rows = [(1, "MOV R13, R48"), (None, ".L_x_1"), (2, "LDS.64 R70, [R60+0x10]"), (2, "IADD3 R13, R13, -0x10, RZ"),
+            (2, "IADD3 R51, R51, 0x10, RZ"), (2, "ISETP.GT.AND P1, PT, R13, 0xc, PT"), (2, "FFMA R55, R36, R70, R55"),
+            (2, "@P1 BRA `(.L_x_1)"), (None, ".L_x_2"), (2, "IADD3 R13, R13, -0x4, RZ"),
+            (2, "ISETP.NE.AND P0, PT, R13, RZ, PT"), (2, "FFMA R55, R36, R70, R55"), (2, "@P0 BRA `(.L_x_2)"),
+            (3, "EXIT")]
+    fn = _sass("k.cuh", rows)
+    loops = sr.find_loops(fn)
+    assert [sr.unroll_factor(lp, 1)[0] for lp in loops] == [16, 4], [sr.unroll_factor(lp, 1) for lp in loops]
+
+
+@pytest.mark.parametrize("test_line", [True, False])
+def test_a_regions_test_counts_up_to_its_branch(tmp_path, monkeypatch, test_line):
+    """A cold region whose first line is the test that skips it (test=True): that line's
+    instructions count up to its conditional branch, in its basic block (the compare and what the
+    compiler hoisted above the branch), not what follows the branch; the region's other lines weigh 0.
+    Without test=True the whole first line weighs 0."""
+    src = tmp_path / "t.cuh"
+    src.write_text("x = a + b;\nif (p.dropout_p > 0.0f) {  // (block-uniform)\n  y = f(y);\n}\nz = x + y;\n")
+    monkeypatch.setitem(sr.EXTRA_SOURCES, "t.cuh", str(src))
+    monkeypatch.setattr(sr, "LOOP_SPECS", [])
+    monkeypatch.setattr(sr, "SCORE_CACHE_REGIONS", {True: [], False: []})
+    monkeypatch.setattr(sr, "COLD_REGIONS", [dict(file="t.cuh", start=r"if \(p\.dropout_p > 0\.0f\) \{", end=r"^}$",
+                                                  test=test_line, why="dropout")])
+    rows = [(1, "IADD3 R1, R2, R3, RZ"),
+            (2, "LDC R49, c[0x0][0x324]"), (1, "IADD3 R4, R1, R1, RZ"), (2, "FSETP.GT.AND P0, PT, R49, RZ, PT"),
+            (2, "MOV R30, R34"), (2, "@!P0 BRA `(.L_x_9)"),
+            (2, "IMAD R5, R5, R6, RZ"),  # the region's, on the test line after its branch
+            (3, "FMUL R7, R7, R8"), (3, "FMUL R7, R7, R8"), (None, ".L_x_9"),
+            (5, "FADD R9, R1, R7"), (5, "EXIT")]
+    fn = _sass("t.cuh", rows)
+    inst = sr.Instance("test", "kern", {}, "kFwdThreads", None)
+    per_thread, _, _, _ = sr.analyse(inst, fn, {}, {})
+    # lines 1 and 5: 4; the test line: LDC, FSETP, MOV, BRA with test=True
+    assert per_thread == (8 if test_line else 4)
