@@ -6,6 +6,9 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 SEEDS="1 2 3"
 SMALL=0
+PROTOCOL=""   # the WikiText-103 recipe's default (training_recipes.py: DEFAULT_LM_PROTOCOL)
+DRY=0
+TIMINGS=""
 IWSLT_RAW=""
 WIKI_RAW=""
 DATA_ROOT="data-bin"
@@ -17,12 +20,19 @@ usage() {
 Usage: examples/reproduce.sh [options] TABLE [TABLE ...]
 
 TABLE is one of
-  table1   WikiText-103 valid/test perplexity: softmax and FourierFormer, small and medium
+  table1   WikiText-103 valid/test perplexity, small and medium: softmax, the published FourierFormer
+           (--fourier-published: the paper's column) and our defaults
   table5   IWSLT'14 De-En BLEU: softmax (transformer_iwslt_de_en) and FourierFormer
-  table6   head redundancy of the small LMs (trains them if table1 has not)
-  table7   ablation over phi (power, abs, relu, sigmoid), FourierFormer small LM
-  table8   ablation over the radius: init automatic (the default) / 0.5 / 1 / 2 (the paper's) / 4 (scalar), shape scalar / head / feature (automatic init)
+  table6   head redundancy of table 1's small LMs (trains them if table1 has not)
+  table7   the paper's ablation over phi (x^2, x^4, x^6, x, x^3, |x|, ReLU, sigmoid; the published
+           attention), and our defaults and Gaussian kernel beside them; small LM
+  table8   the paper's ablation over the radius (R_init 0.1, 1, 2, 3, 4 a scalar per layer; a learnable
+           vector at 2; the published attention), and our defaults (automatic radius: a scalar, per head,
+           per head and feature) beside them; small LM
   table9   training / inference ms per sample and peak memory, small LMs, same batch
+The runs of each table: python fourierformer_fairseq/training_recipes.py --table-runs TABLE.
+Tables 1, 6, 7 and 8 train under the WikiText-103 recipe's --protocol: published (the default, the
+published code's training: comparable with the paper's numbers) or fairseq.
   e4       Appendix E.4: Fourier density estimators and Nadaraya-Watson regression
   all      all of the above
 Each writes RUNS/tableN.md (mean ± std over the seeds, the paper's numbers beside ours).
@@ -32,6 +42,11 @@ Options:
   --iwslt-raw PATH     offline IWSLT'14 archive or folder (default: download)
   --wikitext-raw PATH  offline wikitext-103-v1.zip or folder (default: download)
   --data-root DIR      (default: $DATA_ROOT)      --runs DIR (default: $RUNS)
+  --protocol P         published (default) or fairseq: the WikiText-103 training of tables 1, 6, 7, 8
+  --dry-run            train nothing: print every run of each table (3 seeds: --seeds), its command,
+                       updates, tokens and GPU-hours on 1, 2 and 8 GPUs, and the total
+  --timings FILE       the step times the GPU-hours come from (default: the dated record,
+                       docs/records/step_times.json)
   --small              every step in its small mode (the whole path in minutes on a CPU)
   -h, --help
 EOF
@@ -45,6 +60,9 @@ while [[ $# -gt 0 ]]; do
         --data-root) DATA_ROOT="${2:?}"; shift 2 ;;
         --runs) RUNS="${2:?}"; shift 2 ;;
         --small) SMALL=1; shift ;;
+        --protocol) PROTOCOL="${2:?}"; shift 2 ;;
+        --dry-run) DRY=1; shift ;;
+        --timings) TIMINGS="${2:?}"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         table1|table5|table6|table7|table8|table9|e4) TABLES+=("$1"); shift ;;
         all) TABLES+=(table1 table5 table6 table7 table8 table9 e4); shift ;;
@@ -54,6 +72,18 @@ done
 [[ ${#TABLES[@]} -gt 0 ]] || { usage >&2; die "name at least one TABLE"; }
 
 EX="$REPO_ROOT/examples"
+if [[ $DRY == 1 ]]; then
+    for T in "${TABLES[@]}"; do
+        case "$T" in
+            table9|e4) echo "$T: trains nothing" ;;
+            *) recipe --dry-run "$T" --seeds "$(wc -w <<< "$SEEDS")" ${PROTOCOL:+--protocol "$PROTOCOL"} \
+                   ${TIMINGS:+--timings "$TIMINGS"} ;;
+        esac
+    done
+    exit 0
+fi
+PROTO=()
+[[ -n "$PROTOCOL" ]] && PROTO=(--protocol "$PROTOCOL")
 SM=()
 [[ $SMALL == 1 ]] && SM=(--small)
 IWSLT_DATA="$DATA_ROOT/iwslt14.tokenized.de-en"
@@ -76,7 +106,7 @@ lm() {
     for seed in $SEEDS; do
         local run="$RUNS/wikitext103/${name}_seed$seed"
         [[ -f "$run/results-lm.json" ]] && { say "$run already evaluated"; continue; }
-        "$EX/wikitext103/train.sh" --model "$model" --size "$size" --seeds "$seed" --data "$WIKI_DATA" \
+        "$EX/wikitext103/train.sh" "${PROTO[@]}" --model "$model" --size "$size" --seeds "$seed" --data "$WIKI_DATA" \
             --runs "$RUNS/wikitext103" --name "$name" "${SM[@]}" -- "$@"
         "$EX/wikitext103/evaluate.sh" --data "$WIKI_DATA" "${SM[@]}" "$run"
     done
@@ -92,6 +122,14 @@ mt() {
         "$EX/iwslt14/evaluate.sh" --data "$IWSLT_DATA" "${SM[@]}" "$run"
     done
 }
+# lm_table TABLE: train + evaluate every run of a paper table (training_recipes.py --table-runs)
+lm_table() {
+    local name model size extra
+    while IFS=$'\t' read -r -a fields; do
+        name="${fields[0]}" model="${fields[1]}" size="${fields[2]}" extra=("${fields[@]:3}")
+        lm "$model" "$size" "$name" "${extra[@]}"
+    done < <(recipe --table-runs "$1")
+}
 tables() {  # tables OUT [make_tables args]
     local out="$1"; shift
     "$PYTHON" "$REPO_ROOT/scripts/make_tables.py" --out "$out" "$@"
@@ -103,10 +141,7 @@ for T in "${TABLES[@]}"; do
     case "$T" in
         table1)
             prep_wiki
-            for size in small medium; do
-                lm softmax "$size" "softmax_$size"
-                lm fourier "$size" "fourier_$size"
-            done
+            lm_table table1
             tables "$RUNS/table1.md" --runs "$RUNS/wikitext103" ;;
         table5)
             prep_iwslt
@@ -115,29 +150,24 @@ for T in "${TABLES[@]}"; do
             tables "$RUNS/table5.md" --runs "$RUNS/iwslt14" ;;
         table6)
             prep_wiki
-            lm softmax small softmax_small
-            lm fourier small fourier_small
+            lm_table table6
             HR=()
-            for name in softmax_small fourier_small; do
+            while IFS=$'\t' read -r -a fields; do
+                name="${fields[0]}"
                 seed="${SEEDS%% *}"
                 ck="$RUNS/wikitext103/${name}_seed$seed/checkpoints/checkpoint_best.pt"
                 "$PYTHON" "$REPO_ROOT/scripts/head_redundancy.py" --checkpoint "$ck" --data "$WIKI_DATA" \
                     --out "$RUNS/head_redundancy_$name.json" --png "$RUNS/attention_maps_$name.png" "${SM[@]}"
                 HR+=("$RUNS/head_redundancy_$name.json")
-            done
+            done < <(recipe --table-runs table6)
             tables "$RUNS/table6.md" --runs "$RUNS/none" --head-redundancy "${HR[@]}" ;;
         table7)
             prep_wiki
-            lm fourier small fourier_small
-            for phi in abs relu sigmoid; do
-                lm fourier small "fourier_small_phi$phi" --fourier-phi "$phi"
-            done
+            lm_table table7
             tables "$RUNS/table7.md" --runs "$RUNS/wikitext103" ;;
         table8)
             prep_wiki
-            lm fourier small fourier_small
-            for r in 0.5 1.0 2.0 4.0; do lm fourier small "fourier_small_radius$r" --fourier-radius-init "$r"; done
-            for s in head feature; do lm fourier small "fourier_small_radius_$s" --fourier-radius-shape "$s"; done
+            lm_table table8
             tables "$RUNS/table8.md" --runs "$RUNS/wikitext103" ;;
         table9)
             "$PYTHON" "$REPO_ROOT/scripts/benchmark_model.py" --out "$RUNS/benchmark.json" "${SM[@]}"

@@ -8,7 +8,9 @@ of each architecture is ``fourierformer_fairseq.models.SOFTMAX_TWINS``.
     python fourierformer_fairseq/training_recipes.py iwslt14                 # the options, one a line
     python fourierformer_fairseq/training_recipes.py iwslt14 --set lr 1e-3 --drop max-epoch
     python fourierformer_fairseq/training_recipes.py wikitext103 --shell     # NAME=value lines for a shell
-    python fourierformer_fairseq/training_recipes.py --paper-updates         # updates of each paper table's runs
+    python fourierformer_fairseq/training_recipes.py wikitext103 --protocol fairseq --size medium
+    python fourierformer_fairseq/training_recipes.py --table-runs table7     # a paper table's runs
+    python fourierformer_fairseq/training_recipes.py --dry-run table1        # their commands, tokens, GPU-hours
 
 This file imports nothing of the package (nor fairseq or torch), so a shell can run it as a file.
 """
@@ -33,24 +35,111 @@ RECIPES = {
             ("--max-tokens", "4096"), ("--max-epoch", "50"),
         ),
     },
-    # the WikiText-103 language models (small: 16 layers, d 128; medium: d 256): 96 sequences an
-    # update (16 a pass, 6 passes), 120,000 updates
-    "wikitext103": {
-        "arch": "fourierformer_lm_wiki103_small",
-        "sizes": {  # each size's architecture and --tokens-per-sample
-            "small": {"arch": "fourierformer_lm_wiki103_small", "context": "256"},
-            "medium": {"arch": "fourierformer_lm_wiki103_medium", "context": "384"},
-        },
+}
+
+# The WikiText-103 language models (small: 16 layers, d 128; medium: d 256) train under a protocol:
+# the same command for the FourierFormer, --fourier-published and the softmax twin, so that both
+# columns of a table come from one training. Each protocol: its options (those of every size), and
+# per size the sequences an update, the sequences a forward pass (the rest by --update-freq) and
+# the updates. --tokens-per-sample is the size's context (LM_SIZES).
+#   published: the published code's training (docs/published-model.md: its status table says
+#              which of its settings are reproduced, approximated or not, and how)
+#   fairseq:   fairseq's transformer_lm recipe at the paper's sizes (inverse-sqrt, full softmax)
+SIZED = "<size>"  # a value lm_recipe fills in from the protocol's size and LM_SIZES
+LM_SIZES = {
+    "small": {"arch": "fourierformer_lm_wiki103_small", "context": "256"},
+    "medium": {"arch": "fourierformer_lm_wiki103_medium", "context": "384"},
+}
+PUBLISHED_CUTOFFS = "20000,40000,200000"  # the published code's adaptive input / softmax bands (wt103)
+LM_PROTOCOLS = {
+    "published": {
         "options": (
-            ("--task", "language_modeling"), ("--tokens-per-sample", "256"), ("--sample-break-mode", "none"),
+            ("--task", "language_modeling"), ("--tokens-per-sample", SIZED), ("--sample-break-mode", "none"),
+            ("--optimizer", "adam"), ("--adam-betas", "(0.9, 0.999)"), ("--clip-norm", "0.25"),
+            ("--weight-decay", "0.0"), ("--dropout", "0.1"), ("--activation-dropout", "0.1"),
+            ("--adaptive-softmax-dropout", "0.1"),
+            ("--lr", "2.5e-4"), ("--lr-scheduler", "cosine"), ("--warmup-updates", "2000"),
+            ("--warmup-init-lr", "0"),
+            ("--adaptive-input", None), ("--adaptive-input-factor", "1"),
+            ("--adaptive-input-cutoff", PUBLISHED_CUTOFFS), ("--adaptive-softmax-cutoff", PUBLISHED_CUTOFFS),
+            ("--adaptive-softmax-factor", "1"), ("--tie-adaptive-weights", None), ("--tie-adaptive-proj", None),
+            ("--criterion", "adaptive_loss"), ("--ddp-backend", "legacy_ddp"),  # adaptive_loss refuses pytorch_ddp
+            ("--lm-layernorm", "post"), ("--lm-init", "published"), ("--no-softmax-proj-bias", None),
+            ("--batch-size", SIZED), ("--update-freq", SIZED), ("--max-update", SIZED),
+        ),
+        "sizes": {
+            "small": {"sequences": 96, "per_pass": 16, "updates": 500000},
+            "medium": {"sequences": 56, "per_pass": 8, "updates": 400000},
+        },
+    },
+    "fairseq": {
+        "options": (
+            ("--task", "language_modeling"), ("--tokens-per-sample", SIZED), ("--sample-break-mode", "none"),
             ("--optimizer", "adam"), ("--adam-betas", "(0.9, 0.98)"), ("--clip-norm", "0.25"),
             ("--weight-decay", "0.01"), ("--dropout", "0.1"),
             ("--lr", "5e-4"), ("--lr-scheduler", "inverse_sqrt"), ("--warmup-updates", "4000"),
             ("--warmup-init-lr", "1e-07"),
-            ("--batch-size", "16"), ("--update-freq", "6"), ("--max-update", "120000"),
+            ("--batch-size", SIZED), ("--update-freq", SIZED), ("--max-update", SIZED),
         ),
+        "sizes": {
+            "small": {"sequences": 96, "per_pass": 16, "updates": 120000},
+            "medium": {"sequences": 96, "per_pass": 16, "updates": 120000},
+        },
     },
 }
+DEFAULT_LM_PROTOCOL = "published"
+# The vocabulary the published cutoffs are for: WikiText-103 as examples/wikitext103/prepare.sh
+# binarises it (fairseq's dictionary, its four special symbols included).
+WIKITEXT103_VOCAB = 267744
+
+
+def scaled_cutoffs(cutoffs: str, vocab: int) -> str:
+    """The adaptive input / softmax cutoffs scaled from WikiText-103's vocabulary to another one in
+    proportion, each to two significant digits (WikiText-2's 33,280 words: 2500,5000,25000)."""
+    out = []
+    for c in (int(x) for x in cutoffs.split(",")):
+        x = c * vocab / WIKITEXT103_VOCAB
+        digits = max(0, len(str(int(x))) - 2)
+        x = max(1, int(round(x / 10 ** digits)) * 10 ** digits)
+        if out and x <= out[-1]:
+            x = out[-1] + 1
+        out.append(x)
+    if out[-1] >= vocab:
+        raise ValueError(f"a vocabulary of {vocab} is too small for {len(out)} adaptive-softmax cutoffs")
+    return ",".join(map(str, out))
+
+
+def scaled_warmup(protocol: str, size: str, updates: int) -> int:
+    """The protocol's warm-up scaled to a run of `updates` updates in proportion (at least 1)."""
+    rec = lm_recipe(protocol, size)
+    values = dict(rec["options"])
+    return max(1, round(int(values["--warmup-updates"]) * updates / int(values["--max-update"])))
+
+
+def lm_protocol(protocol: str = None) -> dict:
+    protocol = protocol or DEFAULT_LM_PROTOCOL
+    try:
+        return LM_PROTOCOLS[protocol]
+    except KeyError:
+        raise ValueError(f"unknown protocol '{protocol}' (choose from {', '.join(LM_PROTOCOLS)})") from None
+
+
+def lm_recipe(protocol: str = None, size: str = "small") -> dict:
+    """The WikiText-103 recipe of a protocol and size: its arch and its options with the size's
+    context, sequences a pass, --update-freq and updates filled in."""
+    if size not in LM_SIZES:
+        raise ValueError(f"unknown size '{size}' (choose from {', '.join(LM_SIZES)})")
+    spec = lm_protocol(protocol)
+    per_size = spec["sizes"][size]
+    if per_size["sequences"] % per_size["per_pass"]:
+        raise ValueError(f"{size}: {per_size['sequences']} sequences an update are not a multiple of "
+                         f"{per_size['per_pass']} a pass")
+    values = {"--tokens-per-sample": LM_SIZES[size]["context"], "--batch-size": str(per_size["per_pass"]),
+              "--update-freq": str(per_size["sequences"] // per_size["per_pass"]),
+              "--max-update": str(per_size["updates"])}
+    options = tuple((opt, values[opt] if value == SIZED else value) for opt, value in spec["options"])
+    return {"arch": LM_SIZES[size]["arch"], "options": options, "sizes": LM_SIZES}
+
 
 # The IWSLT'14 recipe stops after epochs, not updates. Its training set, as fairseq's
 # prepare-iwslt14.sh makes it, is 160,239 sentence pairs; at 4,096 tokens a batch fairseq makes
@@ -58,39 +147,111 @@ RECIPES = {
 # sentence with padding, 150 sentences a batch). Only the GPU-hour estimates use it.
 IWSLT14_UPDATES_PER_EPOCH_ESTIMATE = 1100
 
-# The paper's tables as examples/reproduce.sh trains them, per seed: (recipe, size, number of
-# runs). Table 6 reuses table 1's small models, table 9 and E.4 train nothing.
-PAPER_TABLE_RUNS = {
-    "table1": (("wikitext103", "small", {"softmax": 1, "fourier": 1}),
-               ("wikitext103", "medium", {"softmax": 1, "fourier": 1})),
-    "table5": (("iwslt14", None, {"softmax": 1, "fourier": 1}),),
-    "table7": (("wikitext103", "small", {"fourier": 4}),),  # phi: power (the default), abs, relu, sigmoid
-    "table8": (("wikitext103", "small", {"fourier": 7}),),  # radius init auto/0.5/1/2/4, shape head/feature
+# The runs of each paper table, as examples/reproduce.sh trains them (per seed) and
+# scripts/make_tables.py reads them back: (run name, model, size, fairseq-train arguments beyond
+# the protocol's, the row's label, the paper's row in scripts/paper_numbers.json or None for a row
+# of this project's own). The paper's FourierFormer is the published attention (--fourier-published)
+# with the row's phi or radius; this project's rows (the defaults: unit-RMS q / k and the automatic
+# radius; the Gaussian kernel) stand beside them. A run named in several tables is trained once.
+_PUBLISHED = ("--fourier-published",)
+PAPER_TABLES = {
+    "table1": {"task": "wikitext103", "runs": (
+        ("softmax_small", "softmax", "small", (), "softmax small", "softmax small"),
+        ("published_small", "fourier", "small", _PUBLISHED, "FourierFormer small (published attention)", "fourier small"),
+        ("fourier_small", "fourier", "small", (), "FourierFormer small (defaults)", None),
+        ("softmax_medium", "softmax", "medium", (), "softmax medium", "softmax medium"),
+        ("published_medium", "fourier", "medium", _PUBLISHED, "FourierFormer medium (published attention)", "fourier medium"),
+        ("fourier_medium", "fourier", "medium", (), "FourierFormer medium (defaults)", None),
+    )},
+    "table5": {"task": "iwslt14", "runs": (
+        ("softmax", "softmax", None, (), "softmax", "softmax"),
+        ("fourier", "fourier", None, (), "FourierFormer (defaults)", "fourier"),
+    )},
+    "table6": {"task": "wikitext103", "runs": (  # head redundancy of table 1's small models
+        ("softmax_small", "softmax", "small", (), "softmax small", "softmax small"),
+        ("published_small", "fourier", "small", _PUBLISHED, "FourierFormer small (published attention)", "fourier small"),
+        ("fourier_small", "fourier", "small", (), "FourierFormer small (defaults)", None),
+    )},
+    "table7": {"task": "wikitext103", "runs": (
+        ("published_small_power2", "fourier", "small", _PUBLISHED + ("--fourier-power", "2"), "phi x^2", "x^2"),
+        ("published_small", "fourier", "small", _PUBLISHED, "phi x^4", "x^4"),
+        ("published_small_power6", "fourier", "small", _PUBLISHED + ("--fourier-power", "6"), "phi x^6", "x^6"),
+        ("published_small_power1", "fourier", "small", _PUBLISHED + ("--fourier-power", "1"), "phi x", "x"),
+        ("published_small_power3", "fourier", "small", _PUBLISHED + ("--fourier-power", "3"), "phi x^3", "x^3"),
+        ("published_small_phiabs", "fourier", "small", _PUBLISHED + ("--fourier-phi", "abs"), "phi |x|", "|x|"),
+        ("published_small_phirelu", "fourier", "small", _PUBLISHED + ("--fourier-phi", "relu"), "phi ReLU", "ReLU"),
+        ("published_small_phisigmoid", "fourier", "small", _PUBLISHED + ("--fourier-phi", "sigmoid"), "phi sigmoid",
+         "sigmoid"),
+        ("fourier_small", "fourier", "small", (), "defaults (x^4, unit-RMS q / k, automatic radius)", None),
+        ("fourier_small_gaussian", "fourier", "small", ("--fourier-kernel", "gaussian"), "defaults, Gaussian kernel",
+         None),
+    )},
+    "table8": {"task": "wikitext103", "runs": (
+        ("published_small_radius0.1", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "0.1"), "R_init 0.1",
+         "R_init 0.1"),
+        ("published_small_radius1.0", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "1.0"), "R_init 1.0",
+         "R_init 1.0"),
+        ("published_small", "fourier", "small", _PUBLISHED, "R_init 2.0", "R_init 2.0"),
+        ("published_small_radius3.0", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "3.0"), "R_init 3.0",
+         "R_init 3.0"),
+        ("published_small_radius4.0", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "4.0"), "R_init 4.0",
+         "R_init 4.0"),
+        ("published_small_vector", "fourier", "small", _PUBLISHED + ("--fourier-radius-shape", "vector"),
+         "R a learnable vector, 2.0", "R vector 2.0"),
+        ("fourier_small", "fourier", "small", (), "defaults (automatic radius, a scalar)", None),
+        ("fourier_small_radius_head", "fourier", "small", ("--fourier-radius-shape", "head"),
+         "defaults, a radius per head", None),
+        ("fourier_small_radius_feature", "fourier", "small", ("--fourier-radius-shape", "feature"),
+         "defaults, a radius per head and feature", None),
+    )},
 }
 PAPER_SEEDS = 3
 
+# Measured step times the dry run's GPU-hours are computed from (a dated record, with its machine,
+# kernels and shape; examples/reproduce.sh --timings FILE takes another one, e.g. the GPU check's).
+STEP_TIMES_RECORD = "docs/records/step_times.json"
+# Multi-GPU scaling assumed until it is measured: data-parallel efficiency by GPU count (1.0:
+# linear, the same GPU-hours on any count).
+ASSUMED_SCALING_EFFICIENCY = {1: 1.0, 2: 1.0, 8: 1.0}
 
-def recipe(name: str) -> dict:
+
+def table_runs(table: str):
+    try:
+        return PAPER_TABLES[table]
+    except KeyError:
+        raise ValueError(f"unknown table '{table}' (choose from {', '.join(PAPER_TABLES)})") from None
+
+
+def recipe(name: str, protocol: str = None, size: str = None) -> dict:
+    """A recipe: its arch and options. wikitext103: the protocol's (default DEFAULT_LM_PROTOCOL), at a size
+    (default small)."""
+    if name == "wikitext103":
+        return lm_recipe(protocol, size or "small")
+    if protocol is not None:
+        raise ValueError(f"recipe '{name}' has no protocols (only wikitext103 has: {', '.join(LM_PROTOCOLS)})")
     try:
         return RECIPES[name]
     except KeyError:
-        raise ValueError(f"unknown recipe '{name}' (choose from {', '.join(RECIPES)})") from None
+        raise ValueError(f"unknown recipe '{name}' (choose from {', '.join(RECIPE_NAMES)})") from None
 
 
-def recipe_value(name: str, option: str):
-    for opt, value in recipe(name)["options"]:
+RECIPE_NAMES = (*RECIPES, "wikitext103")
+
+
+def recipe_value(name: str, option: str, protocol: str = None, size: str = None):
+    for opt, value in recipe(name, protocol, size)["options"]:
         if opt == option:
             return value
     raise ValueError(f"recipe '{name}' has no option {option}")
 
 
-def recipe_args(name: str, set_options=None, drop=()) -> list:
+def recipe_args(name: str, set_options=None, drop=(), protocol: str = None, size: str = None) -> list:
     """The recipe's fairseq-train arguments: set_options ({"--lr": "1e-3", ...}) replaces the
     value of an option in place or, for an option the recipe does not give, appends it (value
     None: a flag); drop leaves options out. Unknown options in drop are an error (a typo would
     otherwise keep the recipe's value silently)."""
     set_options = dict(set_options or {})
-    options = recipe(name)["options"]
+    options = recipe(name, protocol, size)["options"]
     given = {opt for opt, _ in options}
     missing = [opt for opt in drop if opt not in given]
     if missing:
@@ -104,48 +265,147 @@ def recipe_args(name: str, set_options=None, drop=()) -> list:
     return out
 
 
-def updates_per_run(name: str) -> int:
+def updates_per_run(name: str, protocol: str = None, size: str = None) -> int:
     """The updates of one run of the recipe as the paper's tables train it."""
     if name == "iwslt14":
         return int(recipe_value(name, "--max-epoch")) * IWSLT14_UPDATES_PER_EPOCH_ESTIMATE
-    return int(recipe_value(name, "--max-update"))
+    return int(recipe_value(name, "--max-update", protocol, size))
 
 
-def passes_per_update(name: str) -> int:
+def passes_per_update(name: str, protocol: str = None, size: str = None) -> int:
     """Forward/backward passes of an update (fairseq's --update-freq)."""
-    for opt, value in recipe(name)["options"]:
+    for opt, value in recipe(name, protocol, size)["options"]:
         if opt == "--update-freq":
             return int(value)
     return 1
+
+
+def tokens_per_update(name: str, protocol: str = None, size: str = None) -> int:
+    """Tokens an update: sequences x context (LM); --max-tokens, the most there can be (translation)."""
+    if name == "iwslt14":
+        return int(recipe_value(name, "--max-tokens"))
+    rec = recipe(name, protocol, size)
+    values = dict(rec["options"])
+    return int(values["--batch-size"]) * int(values["--update-freq"]) * int(values["--tokens-per-sample"])
+
+
+def step_times(path: str = None) -> dict:
+    """The step-time record (STEP_TIMES_RECORD, relative to the repository, or path)."""
+    import json
+    import os
+
+    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), STEP_TIMES_RECORD)
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def run_cost(name: str, model: str, protocol: str, size, timings: dict) -> dict:
+    """One run's updates, tokens and GPU-hours on one GPU: its tokens x the record's ms per token of the
+    model kind (a translation run: of the IWSLT model; a language model: of the small LM, whatever the size)."""
+    updates = updates_per_run(name, protocol, size)
+    tokens = updates * tokens_per_update(name, protocol, size)
+    kind = "fourier" if model != "softmax" else "softmax"
+    entry = timings["iwslt14" if name == "iwslt14" else "wikitext103"]
+    ms_per_token = entry["ms_per_sequence"][kind] / entry["tokens_per_sequence"]
+    return {"updates": updates, "tokens": tokens, "gpu_hours": tokens * ms_per_token / 3.6e6}
+
+
+def table_cost_lines(table: str, protocol: str = None, timings: dict = None, seeds: int = PAPER_SEEDS,
+                     commands: dict = None) -> list:
+    """What reproduce.sh --dry-run prints for a table: every run (its command when given: {run name: text}),
+    its updates, tokens and GPU-hours on 1, 2 and 8 GPUs (ASSUMED_SCALING_EFFICIENCY), then the total.
+    A run another table of the same call already trains is counted once (by name)."""
+    spec = table_runs(table)
+    protocol = (protocol or DEFAULT_LM_PROTOCOL) if spec["task"] == "wikitext103" else None
+    timings = timings or step_times()
+    lines, total, seen = [], 0.0, set()
+    counts = sorted(ASSUMED_SCALING_EFFICIENCY)
+    for run, model, size, extra, label, _ in spec["runs"]:
+        if run in seen:
+            continue
+        seen.add(run)
+        c = run_cost(spec["task"], model, protocol, size, timings)
+        hours = [c["gpu_hours"] / ASSUMED_SCALING_EFFICIENCY[n] for n in counts]
+        total += seeds * c["gpu_hours"]
+        what = f"{spec['task']} {size + ' ' if size else ''}{run}" + (f" ({protocol} protocol)" if protocol else "")
+        lines.append(f"{table} {what}: {label}; {seeds} seeds x {c['updates']:,} updates = "
+                     f"{seeds * c['tokens'] / 1e9:.2f}G tokens; a seed "
+                     + ", ".join(f"{h:.1f} GPU-h on {n} GPU{'s' if n > 1 else ''} ({h / n:.1f} h)" for n, h in zip(counts, hours)))
+        if commands and run in commands:
+            lines.append(f"  {commands[run]}")
+    eff = ", ".join(f"{n}: {ASSUMED_SCALING_EFFICIENCY[n]:g}" for n in counts)
+    lines.append(f"{table} total: {total:.0f} GPU-hours on 1 GPU, "
+                 + ", ".join(f"{total / ASSUMED_SCALING_EFFICIENCY[n] / n:.0f} h on {n}" for n in counts)
+                 + f" (wall-clock); assumed multi-GPU efficiency {eff} (not measured)")
+    return lines
 
 
 def _shell_name(option: str) -> str:
     return "R_" + option.lstrip("-").replace("-", "_").upper()
 
 
+def lm_run_command(protocol: str, run: str, model: str, size: str, extra, seeds: int) -> str:
+    """The train.sh command reproduce.sh runs for one LM run of a table (all its seeds)."""
+    seeds_text = " ".join(str(i) for i in range(1, seeds + 1))
+    return (f"examples/wikitext103/train.sh --protocol {protocol} --model {model} --size {size} --name {run} "
+            f"--seeds {shlex.quote(seeds_text)}" + (" -- " + " ".join(shlex.quote(a) for a in extra) if extra else ""))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("name", nargs="?", help=f"the recipe ({', '.join(RECIPES)})")
+    p.add_argument("name", nargs="?", help=f"the recipe ({', '.join(RECIPE_NAMES)})")
+    p.add_argument("--protocol", help=f"wikitext103: {' or '.join(LM_PROTOCOLS)} (default {DEFAULT_LM_PROTOCOL})")
+    p.add_argument("--size", help=f"wikitext103: {' or '.join(LM_SIZES)} (default small)")
     p.add_argument("--set", nargs=2, action="append", default=[], metavar=("OPTION", "VALUE"),
                    help="give OPTION (without its dashes: lr) this VALUE; appended when the recipe has no such option")
     p.add_argument("--flag", action="append", default=[], metavar="OPTION", help="add a flag without a value (share-all-embeddings)")
     p.add_argument("--drop", action="append", default=[], metavar="OPTION", help="leave OPTION out (max-epoch)")
     p.add_argument("--shell", action="store_true", help="print the recipe's values as NAME=value lines")
-    p.add_argument("--paper-updates", action="store_true", help="print the updates of each paper table's runs")
+    p.add_argument("--table-runs", metavar="TABLE", help="print a paper table's runs, one a line: name, model, size "
+                                                         "and the extra arguments, tab-separated")
+    p.add_argument("--dry-run", metavar="TABLE", help="print a paper table's runs with their commands, updates, "
+                                                      "tokens and GPU-hours, and the total")
+    p.add_argument("--timings", help=f"the step-time record the GPU-hours come from (default {STEP_TIMES_RECORD})")
+    p.add_argument("--seeds", type=int, default=PAPER_SEEDS, help="seeds a run (--dry-run)")
+    p.add_argument("--scaled-cutoffs", type=int, metavar="VOCAB",
+                   help="print the published cutoffs scaled to a vocabulary of VOCAB words")
+    p.add_argument("--scaled-warmup", type=int, metavar="UPDATES",
+                   help="print the protocol's warm-up scaled to a run of UPDATES updates")
     args = p.parse_args(argv)
     try:
-        if args.paper_updates:
-            for table, runs in PAPER_TABLE_RUNS.items():
-                for name, size, kinds in runs:
-                    for kind, n in kinds.items():
-                        print(f"{table} {name} {size or '-'} {kind}: {n} run(s) x {PAPER_SEEDS} seeds, "
-                              f"{updates_per_run(name)} updates each")
+        if args.scaled_cutoffs:
+            print(scaled_cutoffs(PUBLISHED_CUTOFFS, args.scaled_cutoffs))
+            return 0
+        if args.scaled_warmup:
+            print(scaled_warmup(args.protocol, args.size or "small", args.scaled_warmup))
+            return 0
+        if args.table_runs:
+            for run, model, size, extra, _, _ in table_runs(args.table_runs)["runs"]:
+                print("\t".join([run, model, size or "-", *extra]))
+            return 0
+        if args.dry_run:
+            spec = table_runs(args.dry_run)
+            timings = step_times(args.timings)
+            commands = {}
+            if spec["task"] == "wikitext103":
+                protocol = args.protocol or DEFAULT_LM_PROTOCOL
+                for run, model, size, extra, _, _ in spec["runs"]:
+                    arch = recipe("wikitext103", protocol, size)["arch"]
+                    commands[run] = (lm_run_command(protocol, run, model, size, extra, args.seeds)
+                                     + "\n    fairseq-train: " + " ".join(shlex.quote(a) for a in recipe_args(
+                                         "wikitext103", protocol=protocol, size=size)))
+            note = timings.get("note", "")
+            print(f"# GPU-hours: estimates from {args.timings or STEP_TIMES_RECORD} (measured {timings['date']}, "
+                  f"{timings['machine']}; {timings['kernels']}){': ' + note if note else ''}")
+            print("\n".join(table_cost_lines(args.dry_run, args.protocol, timings, args.seeds, commands)))
             return 0
         if not args.name:
             p.error("name a recipe")
         if args.shell:
-            rec = recipe(args.name)
+            rec = recipe(args.name, args.protocol, args.size)
             print(f"R_ARCH={shlex.quote(rec['arch'])}")
+            if args.name == "wikitext103":
+                print(f"R_PROTOCOL_NAME={shlex.quote(args.protocol or DEFAULT_LM_PROTOCOL)}")
             for opt, value in rec["options"]:
                 print(f"{_shell_name(opt)}={shlex.quote('1' if value is None else value)}")
             for size, values in rec.get("sizes", {}).items():
@@ -154,8 +414,9 @@ def main(argv=None) -> int:
             return 0
         set_options = {"--" + opt.lstrip("-"): value for opt, value in args.set}
         set_options.update({"--" + opt.lstrip("-"): None for opt in args.flag})
-        print("\n".join(recipe_args(args.name, set_options, ["--" + opt.lstrip("-") for opt in args.drop])))
-    except ValueError as e:
+        print("\n".join(recipe_args(args.name, set_options, ["--" + opt.lstrip("-") for opt in args.drop],
+                                     args.protocol, args.size)))
+    except (ValueError, OSError, KeyError) as e:
         print(f"training_recipes.py: error: {e}", file=sys.stderr)
         return 2
     return 0

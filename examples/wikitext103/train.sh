@@ -3,26 +3,30 @@
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/lib.sh"
 
-# the recipe's hyper-parameters: R_LR, R_MAX_UPDATE, ... (fourierformer_fairseq/training_recipes.py)
-eval "$(recipe wikitext103 --shell)"
+PROTOCOL=""   # the recipe's default (fourierformer_fairseq/training_recipes.py: DEFAULT_LM_PROTOCOL)
 MODEL=fourier
 SIZE=small
 SEEDS="1"
 DATA="data-bin/wikitext-103"
 RUNS="runs/wikitext103"
 NAME=""
-MAX_UPDATE=$R_MAX_UPDATE
-MAX_SEQS=$R_BATCH_SIZE                    # sequences a forward pass (BATCH / MAX_SEQS = gradient accumulation)
-BATCH=$(( R_BATCH_SIZE * R_UPDATE_FREQ ))  # sequences an update
-LR=$R_LR
-WARMUP=$R_WARMUP_UPDATES
+MAX_UPDATE=""
+MAX_SEQS=""
+BATCH=""
+LR=""
+WARMUP=""
 CONTEXT=""
 SMALL=0
+PRINT=0
 KEEP=5
 SAVE_EVERY=5000
 EXTRA=()
 
+# the recipe's hyper-parameters for a protocol and size: R_LR, R_MAX_UPDATE, ... (training_recipes.py)
+load_recipe() { eval "$(recipe wikitext103 ${PROTOCOL:+--protocol "$PROTOCOL"} --size "$SIZE" --shell)"; }
+
 usage() {
+    load_recipe
     cat <<EOF
 Usage: examples/wikitext103/train.sh [options] [-- extra fairseq-train arguments]
 
@@ -33,12 +37,19 @@ Models (registered by the plugin, --user-dir fourierformer_fairseq):
   softmax small   softmax_lm_wiki103_small         the same shapes with dot-product attention
   softmax medium  softmax_lm_wiki103_medium
 Training context (tokens-per-sample): $R_CONTEXT_SMALL (small) / $R_CONTEXT_MEDIUM (medium), sample-break-mode $R_SAMPLE_BREAK_MODE.
-Optimisation (our defaults, all overridable): Adam $R_ADAM_BETAS, lr $LR, $R_LR_SCHEDULER with
-$WARMUP warm-up updates, clip-norm $R_CLIP_NORM, dropout $R_DROPOUT, weight decay $R_WEIGHT_DECAY, $BATCH sequences an
-update ($MAX_SEQS a pass, the rest by --update-freq), $MAX_UPDATE updates. One run per seed:
+Protocols (--protocol; the same training for every model, so both columns of a table come from one):
+  published  the published code's training (the default): its optimiser, schedule, adaptive input
+             and softmax, post-LN and init (docs/published-model.md: what is reproduced, what approximated)
+  fairseq    fairseq's transformer_lm recipe at the paper's sizes (inverse-sqrt, full softmax, pre-LN)
+This protocol ($R_PROTOCOL_NAME, $SIZE): Adam $R_ADAM_BETAS, lr $R_LR, $R_LR_SCHEDULER with $R_WARMUP_UPDATES warm-up
+updates, clip-norm $R_CLIP_NORM, dropout $R_DROPOUT, weight decay $R_WEIGHT_DECAY, $(( R_BATCH_SIZE * R_UPDATE_FREQ )) sequences an update
+($R_BATCH_SIZE a pass, the rest by --update-freq), $R_MAX_UPDATE updates. On data with another vocabulary than
+WikiText-103's (dict.txt), the published cutoffs are scaled to it in proportion (and printed); with
+--max-update and no --warmup, the warm-up is scaled in proportion too. One run per seed:
 RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/.
 
 Options:
+  --protocol published|fairseq   (default: $R_PROTOCOL_NAME)
   --model fourier|softmax|ARCH   (default: $MODEL)
   --size small|medium      (default: $SIZE)
   --seeds "1 2 3"          (default: $SEEDS)
@@ -46,24 +57,27 @@ Options:
   --runs DIR               (default: $RUNS)
   --name NAME              run name (default: MODEL_SIZE plus the Fourier options given)
   --context N              tokens per sample (default: $R_CONTEXT_SMALL small, $R_CONTEXT_MEDIUM medium)
-  --max-update N           (default: $MAX_UPDATE)
-  --batch N                sequences an update (default: $BATCH)
-  --max-seqs N             sequences a forward pass (default: $MAX_SEQS)
-  --lr X / --warmup N      (defaults: $LR / $WARMUP)
+  --max-update N           (default: the protocol's)
+  --batch N                sequences an update (default: the protocol's)
+  --max-seqs N             sequences a forward pass (default: the protocol's)
+  --lr X / --warmup N      (defaults: the protocol's)
   --save-every N           checkpoint every N updates, the last $KEEP kept (default: $SAVE_EVERY)
   --small                  small mode: a 2-layer, 32-dim model, context 32, 40 updates
+  --print-command          print each seed's fairseq-train command and stop (nothing is checked or run)
   -h, --help               this help
 Anything after -- goes to fairseq-train (e.g. -- --adaptive-input ... for the softmax twins,
 or -- --fourier-phi abs / --fourier-radius-init 1.0 / --fourier-radius-shape head).
 
 Examples:
-  examples/wikitext103/train.sh --model fourier --size small --seeds "1 2 3"
+  examples/wikitext103/train.sh --model fourier --size small --seeds "1 2 3" -- --fourier-published
   examples/wikitext103/train.sh --model softmax --size medium --seeds "1 2 3"
+  examples/wikitext103/train.sh --protocol fairseq --model fourier --size small
 EOF
 }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
+        --protocol) PROTOCOL="${2:?}"; shift 2 ;;
         --model) MODEL="${2:?}"; shift 2 ;;
         --size) SIZE="${2:?}"; shift 2 ;;
         --seeds) SEEDS="${2:?}"; shift 2 ;;
@@ -78,6 +92,7 @@ while [[ $# -gt 0 ]]; do
         --warmup) WARMUP="${2:?}"; shift 2 ;;
         --save-every) SAVE_EVERY="${2:?}"; shift 2 ;;
         --small) SMALL=1; shift ;;
+        --print-command) PRINT=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; EXTRA=("$@"); break ;;
         *) usage >&2; die "unknown option '$1' (fairseq-train arguments go after --)" ;;
@@ -85,14 +100,23 @@ while [[ $# -gt 0 ]]; do
 done
 
 case "$SIZE" in small|medium) ;; *) die "--size must be small or medium, got '$SIZE'" ;; esac
+case "${PROTOCOL:-published}" in published|fairseq) ;; *) die "--protocol must be published or fairseq, got '$PROTOCOL'" ;; esac
+load_recipe
 case "$MODEL" in
-    fourier) ARCH_OF_SIZE="R_ARCH_${SIZE^^}"; ARCH="${!ARCH_OF_SIZE}" ;;
-    softmax) ARCH_OF_SIZE="R_ARCH_${SIZE^^}"; ARCH=$(softmax_twin "${!ARCH_OF_SIZE}") ;;
+    fourier) ARCH="$R_ARCH" ;;
+    softmax) ARCH=$(softmax_twin "$R_ARCH") ;;
     *) ARCH="$MODEL" ;;
 esac
-if [[ -z "$CONTEXT" ]]; then
-    [[ $SIZE == small ]] && CONTEXT=$R_CONTEXT_SMALL || CONTEXT=$R_CONTEXT_MEDIUM
+CONTEXT=${CONTEXT:-$R_TOKENS_PER_SAMPLE}
+MAX_SEQS=${MAX_SEQS:-$R_BATCH_SIZE}
+BATCH=${BATCH:-$(( R_BATCH_SIZE * R_UPDATE_FREQ ))}
+LR=${LR:-$R_LR}
+if [[ -z "$WARMUP" && -n "$MAX_UPDATE" ]]; then
+    WARMUP=$(recipe ${PROTOCOL:+--protocol "$PROTOCOL"} --size "$SIZE" --scaled-warmup "$MAX_UPDATE")
+    say "warm-up scaled to the $MAX_UPDATE updates in proportion: $WARMUP"
 fi
+WARMUP=${WARMUP:-$R_WARMUP_UPDATES}
+MAX_UPDATE=${MAX_UPDATE:-$R_MAX_UPDATE}
 DIMS=()
 if [[ $SMALL == 1 ]]; then
     DIMS=(--decoder-layers 2 --decoder-embed-dim 32 --decoder-ffn-embed-dim 64 --decoder-attention-heads 2)
@@ -105,8 +129,33 @@ if [[ -z "$NAME" ]]; then
 fi
 (( BATCH % MAX_SEQS == 0 )) || die "--batch ($BATCH) must be a multiple of --max-seqs ($MAX_SEQS)"
 UPDATE_FREQ=$(( BATCH / MAX_SEQS ))
-mapfile -t RECIPE < <(recipe wikitext103 --set tokens-per-sample "$CONTEXT" --set lr "$LR" --set warmup-updates "$WARMUP" \
-                      --set batch-size "$MAX_SEQS" --set update-freq "$UPDATE_FREQ" --set max-update "$MAX_UPDATE")
+SETS=(--set tokens-per-sample "$CONTEXT" --set lr "$LR" --set warmup-updates "$WARMUP"
+      --set batch-size "$MAX_SEQS" --set update-freq "$UPDATE_FREQ" --set max-update "$MAX_UPDATE")
+if [[ -n "${R_ADAPTIVE_INPUT_CUTOFF:-}" && -f "$DATA/dict.txt" ]]; then
+    # fairseq's dictionary: dict.txt's words and its four special symbols
+    VOCAB=$(( $(wc -l < "$DATA/dict.txt") + 4 ))
+    CUTOFFS=$(recipe --scaled-cutoffs "$VOCAB")
+    if [[ "$CUTOFFS" != "$R_ADAPTIVE_INPUT_CUTOFF" ]]; then
+        say "a vocabulary of $VOCAB words (not WikiText-103's): adaptive cutoffs $R_ADAPTIVE_INPUT_CUTOFF scaled in proportion to $CUTOFFS"
+        SETS+=(--set adaptive-input-cutoff "$CUTOFFS" --set adaptive-softmax-cutoff "$CUTOFFS")
+    fi
+fi
+mapfile -t RECIPE < <(recipe wikitext103 ${PROTOCOL:+--protocol "$PROTOCOL"} --size "$SIZE" "${SETS[@]}")
+DEVICE=()
+has_cuda || DEVICE=(--cpu)
+
+command_of() {  # command_of SEED RUN: the fairseq-train command of a seed, one argument an element of CMD
+    CMD=(fairseq-train "$DATA" --user-dir "$USER_DIR" --arch "$ARCH" "${DIMS[@]}" "${RECIPE[@]}"
+         --save-interval-updates "$SAVE_EVERY" --keep-interval-updates "$KEEP" --no-epoch-checkpoints
+         --seed "$1" --save-dir "$2/checkpoints" "${DEVICE[@]}" --log-format simple --log-interval 100 "${EXTRA[@]}")
+}
+if [[ $PRINT == 1 ]]; then
+    for SEED in $SEEDS; do
+        command_of "$SEED" "$RUNS/${NAME}_seed${SEED}"
+        printf '%q ' "${CMD[@]}"; echo
+    done
+    exit 0
+fi
 
 need fairseq-train "pip install fairseq-fixed==0.12.3.1"
 [[ -f "$DATA/dict.txt" ]] || die "no binarised data in $DATA: run examples/wikitext103/prepare.sh first"
@@ -118,14 +167,12 @@ for SEED in $SEEDS; do
     RUN="$RUNS/${NAME}_seed${SEED}"
     mkdir -p "$RUN/checkpoints"
     write_meta "$RUN/meta.json" task=wikitext103 model="$MODEL" size="$SIZE" arch="$ARCH" seed="$SEED" \
-        name="$NAME" context="$CONTEXT" data="$DATA" small="$SMALL" -- "${EXTRA[@]}"
-    say "training $ARCH (context $CONTEXT, $BATCH seqs/update) seed $SEED -> $RUN (log: $RUN/train.log)"
+        protocol="$R_PROTOCOL_NAME" name="$NAME" context="$CONTEXT" data="$DATA" small="$SMALL" -- "${EXTRA[@]}"
+    say "training $ARCH ($R_PROTOCOL_NAME protocol, context $CONTEXT, $BATCH seqs/update, $MAX_UPDATE updates) seed $SEED -> $RUN (log: $RUN/train.log)"
     start=$(date +%s)
+    command_of "$SEED" "$RUN"
     set +e
-    fairseq-train "$DATA" --user-dir "$USER_DIR" --arch "$ARCH" "${DIMS[@]}" "${RECIPE[@]}" \
-        --save-interval-updates "$SAVE_EVERY" --keep-interval-updates "$KEEP" --no-epoch-checkpoints \
-        --seed "$SEED" --save-dir "$RUN/checkpoints" "${DEVICE[@]}" \
-        --log-format simple --log-interval 100 "${EXTRA[@]}" 2>&1 | tee "$RUN/train.log" \
+    "${CMD[@]}" 2>&1 | tee "$RUN/train.log" \
         | grep --line-buffered -E "valid on|done training|Error|error:|Traceback" >&2
     rc=${PIPESTATUS[0]}
     set -e

@@ -3,7 +3,7 @@
 Translation: model ``fourierformer``, arch ``fourierformer_iwslt_de_en`` (twin: stock
 ``transformer_iwslt_de_en``). Language modelling: model ``fourierformer_lm``, archs
 ``fourierformer_lm_wiki103_small`` / ``_medium`` (twins ``softmax_lm_wiki103_small`` / ``_medium``
-on stock ``transformer_lm``).
+on ``softmax_lm``: stock ``transformer_lm`` with the plugin's LM options).
 """
 import importlib
 import pkgutil

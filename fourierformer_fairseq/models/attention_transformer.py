@@ -27,6 +27,7 @@ from fairseq.utils import safe_getattr
 
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 
+from . import lm_options
 from .attention_options import LM_SITES, SITES, AttentionOptions
 
 
@@ -244,9 +245,11 @@ class AttentionKindLanguageModel(TransformerLanguageModel):
         """``TransformerLanguageModel.build_model`` with the decoder of ``options_class``.
 
         Mirrors the stock method step for step (same modules built in the same order), so the
-        language model and its softmax twin initialise identically under one seed.
+        language model and its softmax twin initialise identically under one seed; then the
+        ``lm_options`` (LayerNorm placement before, biases and init after).
         """
         attention_options = cls.options_class.from_args(args, LM_SITES)
+        lm_options.prepare_args(args)
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if safe_getattr(args, "max_target_positions", None) is None:
@@ -293,6 +296,7 @@ class AttentionKindLanguageModel(TransformerLanguageModel):
         )
         model = cls(decoder)
         cls.options_class.prepare_model(model, args)
+        lm_options.finish_model(model, args)
         return model
 
 

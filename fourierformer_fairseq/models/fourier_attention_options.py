@@ -42,7 +42,8 @@ class FourierKernelConfig(FairseqDataclass):
                              "sqrt(3 / (p sqrt(head_dim))) (as peaked as softmax at init), or the paper's with "
                              "--fourier-paper-exact; Performer fourier_rf the paper's (1.0 translation, 2.0 language models)")
     fourier_radius_shape: ChoiceEnum(RADIUS_SHAPES) = kwarg_field(
-        "radius_shape", "scalar", "one learnable radius per layer (scalar), per head, or per head and feature")
+        "radius_shape", "scalar", "one learnable radius per layer (scalar), per head, per head and feature, or per feature "
+                         "shared by the heads (vector: the paper's learnable vector R)")
 
 
 @dataclass

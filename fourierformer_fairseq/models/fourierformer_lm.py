@@ -9,9 +9,7 @@ big ``transformer_lm_wiki103``):
 
 (radius init 2.0 with --fourier-paper-exact, as in the paper)
 
-and their softmax twins at identical sizes, registered on stock ``transformer_lm``:
-
-    softmax_lm_wiki103_small, softmax_lm_wiki103_medium
+and their softmax twins at identical sizes, ``softmax_lm_wiki103_small`` / ``_medium`` (``softmax_lm.py``).
 
 The context sets ``--max-target-positions``; train and evaluate with ``--tokens-per-sample``
 equal to it (256 / 384). Adaptive input / softmax stay off unless asked for
@@ -22,16 +20,16 @@ so the archs also run on small vocabularies.
 from dataclasses import dataclass
 
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 from fairseq.utils import safe_getattr
 
+from .lm_options import LanguageModelConfig
 from .attention_transformer import AttentionKindLanguageModel, paper_lm_sizes
 from .fourier_attention_options import FourierAttentionConfig, FourierAttentionOptions, set_fourier_defaults
 
 
 @dataclass
-class FourierFormerLanguageModelConfig(TransformerLanguageModelConfig, FourierAttentionConfig):
-    """``transformer_lm``'s options plus the --fourier-* ones (declared in FourierAttentionConfig)."""
+class FourierFormerLanguageModelConfig(LanguageModelConfig, FourierAttentionConfig):
+    """``transformer_lm``'s options, ``lm_options``' and the --fourier-* ones (declared in FourierAttentionConfig)."""
 
 
 @register_model("fourierformer_lm", dataclass=FourierFormerLanguageModelConfig)
@@ -61,14 +59,4 @@ def fourierformer_lm_wiki103_small(args):
 @register_model_architecture("fourierformer_lm", "fourierformer_lm_wiki103_medium")
 def fourierformer_lm_wiki103_medium(args):
     set_fourier_defaults(args, power=LM_POWER, paper_radius_init=LM_PAPER_RADIUS_INIT)
-    paper_lm_sizes(args, embed_dim=256, context=384)
-
-
-@register_model_architecture("transformer_lm", "softmax_lm_wiki103_small")
-def softmax_lm_wiki103_small(args):
-    paper_lm_sizes(args, embed_dim=128, context=256)
-
-
-@register_model_architecture("transformer_lm", "softmax_lm_wiki103_medium")
-def softmax_lm_wiki103_medium(args):
     paper_lm_sizes(args, embed_dim=256, context=384)

@@ -13,15 +13,15 @@ at most the context. Incremental decoding keeps the values so far (O(t d) per st
 from dataclasses import dataclass
 
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 
+from .lm_options import LanguageModelConfig
 from .attention_transformer import AttentionKindLanguageModel, paper_lm_sizes
 from .gfnet_options import GlobalFilterConfig, GlobalFilterOptions
 
 
 @dataclass
-class GlobalFilterLanguageModelConfig(TransformerLanguageModelConfig, GlobalFilterConfig):
-    """``transformer_lm``'s options plus the --gfnet-* ones (declared in GlobalFilterConfig)."""
+class GlobalFilterLanguageModelConfig(LanguageModelConfig, GlobalFilterConfig):
+    """``transformer_lm``'s options, ``lm_options``' and the --gfnet-* ones (declared in GlobalFilterConfig)."""
 
 
 @register_model("gfnet_lm", dataclass=GlobalFilterLanguageModelConfig)

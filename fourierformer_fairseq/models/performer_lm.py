@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from omegaconf import II
 
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 
+from .lm_options import LanguageModelConfig
 from .attention_transformer import AttentionKindLanguageModel, paper_lm_sizes
 from .performer_options import PerformerAttentionOptions, PerformerConfig, set_performer_defaults
 
 
 @dataclass
-class PerformerLanguageModelConfig(TransformerLanguageModelConfig, PerformerConfig):
-    """``transformer_lm``'s options plus the --performer-* ones (declared in PerformerConfig)."""
+class PerformerLanguageModelConfig(LanguageModelConfig, PerformerConfig):
+    """``transformer_lm``'s options, ``lm_options``' and the --performer-* ones (declared in PerformerConfig)."""
 
     seed: int = II("common.seed")  # the features' seed (no option of its own: --seed)
 

@@ -183,7 +183,7 @@ def trig_softmax_features(x: Tensor, projection: Tensor) -> Tensor:
 
 
 def _radius_view(radius: Tensor, x: Tensor) -> Tensor:
-    """A scalar, (H, 1) or (H, D) radius, shaped to broadcast against x (B, H, N, D)."""
+    """A scalar, (H, 1), (D,) or (H, D) radius, shaped to broadcast against x (B, H, N, D)."""
     if radius.dim() == 2:
         return radius.reshape(1, radius.size(0), 1, radius.size(1)).to(compute_dtype(x))
     return radius.to(compute_dtype(x))

@@ -13,7 +13,7 @@ import torch
 
 PHIS = ("power", "abs", "relu", "sigmoid")
 #: the shapes of a learnable radius, by name (what ``radius_parameter_shape`` makes; ``expand_radius`` takes each)
-RADIUS_SHAPES = ("scalar", "head", "feature")
+RADIUS_SHAPES = ("scalar", "head", "feature", "vector")
 
 
 @dataclass
@@ -56,13 +56,16 @@ def expand_radius(radius: torch.Tensor, num_heads: int, head_dim: int) -> torch.
 
 
 def radius_parameter_shape(radius_shape: str, num_heads: int, head_dim: int) -> Tuple[int, ...]:
-    """Shape of a learnable radius: () scalar, (H, 1) per head, (H, D) per head and feature."""
+    """Shape of a learnable radius: () scalar, (H, 1) per head, (H, D) per head and feature, (D,) per
+    feature and shared by the heads (the paper's "learnable vector R", Table 8)."""
     if radius_shape == "scalar":
         return ()
     if radius_shape == "head":
         return (num_heads, 1)
     if radius_shape == "feature":
         return (num_heads, head_dim)
+    if radius_shape == "vector":
+        return (head_dim,)
     raise ValueError(f"radius_shape must be one of {RADIUS_SHAPES}, got {radius_shape!r}")
 
 
