@@ -109,6 +109,24 @@ def scaled_cutoffs(cutoffs: str, vocab: int) -> str:
     return ",".join(map(str, out))
 
 
+def cutoff_changes(data_dir: str, protocol: str = None) -> dict:
+    """The protocol's adaptive cutoffs scaled to a binarised data folder's dictionary (dict.txt's words and
+    fairseq's four special symbols), as options to set; {} where the protocol has none or the data is
+    WikiText-103's vocabulary. (examples/wikitext103/train.sh does the same in the shell.)"""
+    import os
+
+    values = dict(lm_protocol(protocol)["options"])
+    path = os.path.join(data_dir, "dict.txt")
+    if "--adaptive-input-cutoff" not in values or not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        vocab = sum(1 for _ in fh) + 4
+    cut = scaled_cutoffs(values["--adaptive-input-cutoff"], vocab)
+    if cut == values["--adaptive-input-cutoff"]:
+        return {}
+    return {"--adaptive-input-cutoff": cut, "--adaptive-softmax-cutoff": cut}
+
+
 def scaled_warmup(protocol: str, size: str, updates: int) -> int:
     """The protocol's warm-up scaled to a run of `updates` updates in proportion (at least 1)."""
     rec = lm_recipe(protocol, size)

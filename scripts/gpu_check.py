@@ -59,6 +59,7 @@ import importlib
 import json
 import lzma
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -69,8 +70,8 @@ import time
 import zipfile
 
 from fourierformer_fairseq.fairseq_runs import TIMED_OUT, fairseq_command, fairseq_log_records, run_logged
-from fourierformer_fairseq.training_recipes import (PAPER_SEEDS, PAPER_TABLE_RUNS, passes_per_update, recipe,
-                                                    recipe_args, recipe_value, updates_per_run)
+from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes, recipe, recipe_args, recipe_value,
+                                                    table_cost_lines)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
@@ -90,8 +91,9 @@ STEP_SECONDS = {"install": 200, "tests": 200, "cpu": 200, "attention": 90, "tabl
 # The trained tasks: the recipe (training_recipes.py) and the data-bin folder of each
 TASKS = {"mt": ("iwslt14", "multi30k.de-en"), "lm": ("wikitext103", "wikitext-2")}
 # What the check's short runs change in the recipes: warm-up over the first third, no epoch limit;
-# the LM takes 16 sequences an update (one pass of the recipe's 6) at lr 1e-3, as the full-size
-# comparison does (examples/full_size/compare.sh), so a few hundred updates show learning
+# the LM (the recipe's default protocol, its adaptive cutoffs scaled to WikiText-2's vocabulary) takes
+# 16 sequences an update (one pass of the recipe's) at lr 1e-3, as the full-size comparison does
+# (examples/full_size/compare.sh), so a few hundred updates show learning
 CHECK_CHANGES = {"mt": ({}, ("--max-epoch",)), "lm": ({"--lr": "1e-3"}, ("--update-freq", "--max-update"))}
 TINY = {  # --dry-run model sizes and batches
     "mt": {"--encoder-layers": "1", "--decoder-layers": "1", "--encoder-embed-dim": "32", "--decoder-embed-dim": "32",
@@ -442,6 +444,8 @@ def train_command(args, task: str, arch: str, precision: str, save_dir: str) -> 
     name, folder = TASKS[task]
     changes, dropped = CHECK_CHANGES[task]
     changes = {**changes, "--warmup-updates": str(max(1, args.updates // 3))}
+    if name == "wikitext103":
+        changes.update(cutoff_changes(os.path.join(args.data_bin, folder)))
     if not args.gpu:
         changes.update(TINY[task])
     cmd = [*fairseq_command("fairseq-train"), os.path.join(args.data_bin, folder), "--user-dir", USER_DIR,
@@ -586,35 +590,44 @@ def step_train(check: Check, args) -> dict:
     return results
 
 
-def gpu_hours(results: dict, precision: str) -> list[str]:
-    """What each paper table's training costs on this card: for every run of it (training_recipes.
-    PAPER_TABLE_RUNS, PAPER_SEEDS seeds), the recipe's updates x the measured ms per update of its
-    model (an LM update of the recipe is --update-freq of the check's 16-sequence updates)."""
-    ms = {}
+def check_step_times(results: dict, precision: str, args=None) -> dict:
+    """The check's measured ms per update as a step-time record (training_recipes.step_times' format):
+    an LM update of the check is one pass of --batch-size sequences of --tokens-per-sample tokens, a
+    translation update one batch of --max-tokens tokens (counted as one "sequence" of that length)."""
+    out = {}
     for (task, prec), runs in results.items():
         if prec != precision:
             continue
         name = TASKS[task][0]
         fourier = recipe(name)["arch"]
+        changes = {**CHECK_CHANGES[task][0], **(TINY[task] if args is not None and not args.gpu else {})}
+        if name == "wikitext103":
+            per_update = int(changes.get("--batch-size", recipe_value(name, "--batch-size")))
+            tokens = int(changes.get("--tokens-per-sample", recipe_value(name, "--tokens-per-sample")))
+        else:
+            per_update, tokens = 1, int(changes.get("--max-tokens", recipe_value(name, "--max-tokens")))
+        entry = out.setdefault(name, {"tokens_per_sequence": tokens, "ms_per_sequence": {}})
         for arch, r in runs.items():
             if r.get("ms_per_update"):
-                ms[(name, "fourier" if arch == fourier else "softmax")] = r["ms_per_update"] * passes_per_update(name)
+                entry["ms_per_sequence"]["fourier" if arch == fourier else "softmax"] = r["ms_per_update"] / per_update
+    return out
+
+
+def gpu_hours(results: dict, precision: str, args=None) -> list[str]:
+    """What each paper table's training costs on this card (training_recipes.table_cost_lines: every run
+    of it, PAPER_SEEDS seeds, the recipe's tokens x the measured ms per token of its model kind); a
+    table whose kinds were not both measured is said so, not guessed."""
+    timings = check_step_times(results, precision, args)
     lines = []
-    for table, entries in PAPER_TABLE_RUNS.items():
-        hours, missing = 0.0, []
-        for name, size, kinds in entries:
-            for kind, count in kinds.items():
-                if size not in (None, "small") or (name, kind) not in ms:
-                    missing.append(f"{name} {size or ''} {kind}".replace("  ", " "))
-                    continue
-                hours += count * PAPER_SEEDS * updates_per_run(name) * ms[(name, kind)] / 3.6e6
-        line = f"{table}: {hours:.1f} GPU-hours"
-        if missing:
-            line += f" + what is not measured here ({', '.join(sorted(set(missing)))})"
-        lines.append(line)
-    per_run = [f"{name} {kind}: {updates_per_run(name)} updates x {v:.1f} ms = {updates_per_run(name) * v / 3.6e6:.2f} h a run"
-               for (name, kind), v in sorted(ms.items())]
-    return per_run + lines
+    for table, spec in PAPER_TABLES.items():
+        if table == "table6":  # table 1's small models
+            continue
+        measured = timings.get(spec["task"], {}).get("ms_per_sequence", {})
+        if set(measured) != {"fourier", "softmax"}:
+            lines.append(f"{table}: not measured here ({spec['task']}: {', '.join(sorted(measured)) or 'no run'})")
+            continue
+        lines.append(table_cost_lines(table, None, timings)[-1])
+    return lines
 
 
 # ------------------------------------------------------------------------------------- data and wheels
@@ -902,7 +915,14 @@ def main(argv=None) -> int:
             if ok:
                 results = step_train(check, args)
                 precision = "fp16" if args.gpu else "fp32"
-                lines = gpu_hours(results, precision)
+                lines = gpu_hours(results, precision, args)
+                timings = check_step_times(results, precision, args)
+                if timings:  # the record examples/reproduce.sh --dry-run --timings reads
+                    timings.update({"date": time.strftime("%Y-%m-%d"), "machine": platform.node() or "this machine",
+                                    "kernels": "this checkout's", "precision": precision,
+                                    "note": "measured by the GPU check at its own batch (one pass an update)"})
+                    with open(os.path.join(check.out, "step_times.json"), "w") as fh:
+                        json.dump(timings, fh, indent=1)
                 if lines:
                     card = "this card" if args.gpu else "this CPU (dry run: tiny models, not a budget)"
                     check.record("GPU-hours", "INFO", 0, f"the paper's tables on {card}, --{precision} ms/update: "

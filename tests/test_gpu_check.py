@@ -91,8 +91,10 @@ def test_the_twin_must_fall_by_the_stated_minimum(gc):
 
 
 @pytest.mark.parametrize("precision, flag", [("fp16", "--fp16"), ("amp", "--amp")])
-def test_train_command_is_the_recipe_with_the_precision_flag(gc, precision, flag):
-    args = argparse.Namespace(gpu=True, data_bin="/data", updates=200)
+def test_train_command_is_the_recipe_with_the_precision_flag(gc, precision, flag, tmp_path):
+    args = argparse.Namespace(gpu=True, data_bin=str(tmp_path), updates=200)
+    (tmp_path / gc.TASKS["lm"][1]).mkdir()  # WikiText-2's dictionary: 33,276 words and fairseq's 4 symbols
+    (tmp_path / gc.TASKS["lm"][1] / "dict.txt").write_text("".join(f"w{i} 1\n" for i in range(33276)))
     for task, (name, _) in gc.TASKS.items():
         fourier = training_recipes.recipe(name)["arch"]
         cmd = gc.train_command(args, task, fourier, precision, "/save")
@@ -108,6 +110,9 @@ def test_train_command_is_the_recipe_with_the_precision_flag(gc, precision, flag
         assert cmd[cmd.index("--lr") + 1] == changed_lr
         # only the evaluated (--fp16) runs keep a checkpoint
         assert ("--no-save" in cmd) == (precision != "fp16")
+        if name == "wikitext103":  # the protocol's adaptive cutoffs, scaled to the data's vocabulary
+            assert cmd[cmd.index("--adaptive-input-cutoff") + 1] == cmd[cmd.index("--adaptive-softmax-cutoff") + 1] \
+                == training_recipes.scaled_cutoffs(training_recipes.PUBLISHED_CUTOFFS, 33280)
 
 
 # The verdict's two thresholds, each just inside and just outside (the twin: loss 10 -> 6, best
@@ -179,25 +184,24 @@ def test_verify_wheels_refuses_torch_in_the_folder(gc, tmp_path):
     assert any("torch is in" in p for p in gc.verify_wheels(str(tmp_path)))
 
 
-def test_gpu_hours_are_updates_times_ms_per_update(gc):
+def test_gpu_hours_are_the_recipes_tokens_times_the_measured_ms_per_token(gc):
     ms = {"fourierformer_iwslt_de_en": 120.0, "transformer_iwslt_de_en": 100.0,
-          "fourierformer_lm_wiki103_small": 30.0, "softmax_lm_wiki103_small": 20.0}
+          "fourierformer_lm_wiki103_small": 32.0, "softmax_lm_wiki103_small": 16.0}
     results = {(task, "fp16"): {arch: {"ms_per_update": ms[arch]} for arch in ms
                                 if (task == "mt") == ("iwslt" in arch)} for task in ("mt", "lm")}
+    timings = gc.check_step_times(results, "fp16")
+    # an LM update of the check is one pass of 16 sequences of the recipe's context
+    assert timings["wikitext103"]["ms_per_sequence"] == {"fourier": 2.0, "softmax": 1.0}
+    assert timings["wikitext103"]["tokens_per_sequence"] == int(training_recipes.recipe_value("wikitext103", "--tokens-per-sample"))
     lines = gc.gpu_hours(results, "fp16")
-    seeds, freq = training_recipes.PAPER_SEEDS, training_recipes.passes_per_update("wikitext103")
-    mt_updates, lm_updates = training_recipes.updates_per_run("iwslt14"), training_recipes.updates_per_run("wikitext103")
-    table5 = seeds * mt_updates * (120.0 + 100.0) / 3.6e6
-    table7 = 4 * seeds * lm_updates * 30.0 * freq / 3.6e6
-    assert f"table5: {table5:.1f} GPU-hours" in lines
-    assert f"table7: {table7:.1f} GPU-hours" in lines
-    # table 1's medium models are not trained by the check: said, not guessed
-    t1 = next(l for l in lines if l.startswith("table1:"))
-    assert f"{seeds * lm_updates * (30.0 + 20.0) * freq / 3.6e6:.1f} GPU-hours" in t1 and "medium" in t1
-    # another precision's runs are not used
-    assert all("GPU-hours" not in l or l.startswith(("table1", "table5", "table7", "table8")) for l in lines)
-    assert gc.gpu_hours(results, "amp")[0].startswith("table1: 0.0")
-
+    t1 = next(l for l in lines if l.startswith("table1 total:"))
+    assert t1 == training_recipes.table_cost_lines("table1", None, timings)[-1]
+    # by hand: table 5 = 3 seeds x the IWSLT'14 updates x (120 + 100) ms
+    seeds, mt_updates = training_recipes.PAPER_SEEDS, training_recipes.updates_per_run("iwslt14")
+    t5 = next(l for l in lines if l.startswith("table5 total:"))
+    assert f"table5 total: {seeds * mt_updates * (120.0 + 100.0) / 3.6e6:.0f} GPU-hours" in t5
+    # another precision's runs are not used: nothing measured, said so
+    assert all("not measured here" in l for l in gc.gpu_hours(results, "amp"))
 
 def test_rows_are_written_as_they_come_and_a_step_past_its_limit_is_stopped(gc, tmp_path):
     check = gc.Check(str(tmp_path), budget=100)
