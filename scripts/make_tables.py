@@ -10,12 +10,16 @@ are missing, the raw logs generate-test.txt / eval-{valid,test}.log), groups the
 by model and settings, and writes mean +- std over seeds (sample std; n = runs), with the
 paper's number in a column beside ours (scripts/paper_numbers.json; "—" where not filled in):
 
-  Table 1   WikiText-103 valid / test perplexity, small and medium, softmax vs Fourier
+  Table 1   WikiText-103 valid / test perplexity, small and medium, by protocol: every LM run, grouped
+            by its settings; the paper's numbers beside the rows of training_recipes.PAPER_TABLES
+            (its Fourier column is the published attention) trained under the published protocol
   Table 5   IWSLT'14 De-En BLEU (tokenised, beam 5) and sacreBLEU (detokenised)
   Table 6   head redundancy (from head_redundancy.py JSON files)
-  Table 7   ablation over phi (Fourier runs grouped by --fourier-phi)
-  Table 8   ablation over the radius (grouped by --fourier-radius-init / -shape)
+  Table 7   the paper's ablation over phi: the rows of training_recipes.PAPER_TABLES["table7"], by protocol
+  Table 8   the paper's ablation over the radius: the rows of PAPER_TABLES["table8"], by protocol
   Table 9   efficiency (from benchmark_model.py JSON)
+
+A run's protocol is meta.json's "protocol" (runs recorded without one trained fairseq's recipe).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import sys
 from collections import defaultdict
 
 from fourierformer_fairseq.fairseq_runs import options_given
+from fourierformer_fairseq.training_recipes import PAPER_TABLES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -152,12 +157,14 @@ def fmt(m, s, digits=2):
 def fmt_paper(x, digits=2):
     if x is None:
         return DASH
+    if isinstance(x, str):  # the paper's words for a row without a number ("not converge")
+        return x
     if isinstance(x, float) and (abs(x) < 1e-3 and x != 0):
         return f"{x:.2e}"
     return f"{x:.{digits}f}"
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
+def table_md(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out)
@@ -174,8 +181,33 @@ def setting_label(run: dict) -> str:
     """'' for a softmax run or a Fourier run at its architecture's defaults, else e.g. ' (radius_init=0.5)'."""
     if run.get("model") == "softmax" or run.get("task") not in TASKS:
         return ""
-    changed = [k if k == "paper_exact" else f"{k}={v}" for k, v in run.get("fourier", {}).items()]
+    changed = [k if k in ("paper_exact", "published") else f"{k}={v}" for k, v in run.get("fourier", {}).items()]
     return f" ({', '.join(changed)})" if changed else ""
+
+
+def protocol_of(run: dict) -> str:
+    """The protocol a WikiText-103 run trained under; runs recorded before protocols trained fairseq's recipe."""
+    return str(run.get("protocol") or "fairseq")
+
+
+def _normalised(options: dict) -> dict:
+    out = {}
+    for k, v in options.items():
+        if k in NOT_SETTINGS:
+            continue
+        f = _float(v)
+        out[k] = f if f is not None else str(v)
+    return out
+
+
+def table_row_of(run: dict, table: str):
+    """The row of training_recipes.PAPER_TABLES[table] a run is (same model, size and options), or None."""
+    for row in PAPER_TABLES[table]["runs"]:
+        name, model, size, extra, label, paper_row = row
+        if (run.get("model") == model and (size is None or run.get("size") == size)
+                and _normalised(run.get("fourier", {})) == _normalised(options_given(list(extra)))):
+            return row
+    return None
 
 
 def table1(runs, paper) -> str | None:
@@ -184,17 +216,23 @@ def table1(runs, paper) -> str | None:
         return None
     groups = defaultdict(list)
     for r in lm:  # runs off the defaults get a row of their own, named by what they changed
-        groups[(data_name(r), r.get("model"), r.get("size"), setting_label(r))].append(r)
+        groups[(data_name(r), protocol_of(r), r.get("model"), r.get("size"), setting_label(r))].append(r)
     rows = []
     order = {"small": 0, "medium": 1}
-    for (data, model, size, label), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][2], 9), kv[0][1] != "softmax", kv[0][1], kv[0][3])):
+    for (data, protocol, model, size, label), rs in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][3], 9), kv[0][2] != "softmax", kv[0][2], kv[0][4])):
         v, t = mean_std([r["valid_ppl"] for r in rs]), mean_std([r["test_ppl"] for r in rs])
-        p = {} if label else paper.get("table1_wikitext103", {}).get(f"{model} {size}", {})
+        row = table_row_of(rs[0], "table1")
+        # the paper's number only beside its own row, trained as the paper trained it
+        p = (paper.get("table1_wikitext103", {}).get(row[5], {})
+             if row and row[5] and protocol == "published" else {})
+        name = row[4] if row else f"{model} {size}{label}"
         strides = sorted({str(r.get("eval_stride")) for r in rs if r.get("eval_stride") is not None})
-        rows.append([f"{model} {size}{label}", data, fmt(v[0], v[1]), fmt(t[0], t[1]), str(max(v[2], t[2])),
+        rows.append([name, data, protocol, fmt(v[0], v[1]), fmt(t[0], t[1]), str(max(v[2], t[2])),
                      fmt_paper(p.get("valid_ppl")), fmt_paper(p.get("test_ppl")), ",".join(strides) or DASH])
-    return "### Table 1: WikiText-103 perplexity (lower is better)\n\n" + table(
-        ["model", "data", "valid PPL (ours)", "test PPL (ours)", "seeds", "valid PPL (paper)", "test PPL (paper)", "eval stride"], rows)
+    return "### Table 1: WikiText-103 perplexity (lower is better)\n\n" + table_md(
+        ["model", "data", "protocol", "valid PPL (ours)", "test PPL (ours)", "seeds", "valid PPL (paper)",
+         "test PPL (paper)", "eval stride"], rows)
 
 
 def table5(runs, paper) -> str | None:
@@ -210,46 +248,39 @@ def table5(runs, paper) -> str | None:
         sigs |= {r["sacrebleu_signature"] for r in rs if r.get("sacrebleu_signature")}
         p = {} if label else paper.get("table5_iwslt14", {}).get(model, {})
         rows.append([model + label, data, fmt(b[0], b[1]), fmt(s[0], s[1]), str(max(b[2], s[2])), fmt_paper(p.get("bleu"))])
-    text = "### Table 5: IWSLT'14 De-En BLEU (higher is better)\n\n" + table(
+    text = "### Table 5: IWSLT'14 De-En BLEU (higher is better)\n\n" + table_md(
         ["model", "data", "BLEU, tokenised (ours)", "sacreBLEU, detokenised (ours)", "seeds", "BLEU (paper)"], rows)
     if sigs:
         text += "\n\nsacreBLEU signature: " + "; ".join(f"`{s}`" for s in sorted(sigs))
     return text
 
 
-def ablation(runs, keys: tuple, title: str, paper_key: str, paper) -> str | None:
-    fr = [r for r in runs if r.get("model") not in ("softmax",) and r.get("task") in TASKS]
-    if not fr:
-        return None
-    # only useful when more than one setting of the keys was run for some task
-    by_task = defaultdict(list)
-    for r in fr:
-        if all(k in keys for k in r.get("fourier", {})):  # compared only with runs that differ in keys alone
-            by_task[(r["task"], r.get("size"))].append(r)
+def ablation(runs, table: str, title: str, paper_key: str, paper) -> str | None:
+    """The rows of PAPER_TABLES[table] that have runs, by data and protocol; the paper's number beside
+    its rows trained under the published protocol."""
+    lm = [r for r in runs if r.get("task") == PAPER_TABLES[table]["task"]]
+    by = defaultdict(lambda: defaultdict(list))  # (data, protocol) -> row name -> runs
+    for r in lm:
+        row = table_row_of(r, table)
+        if row:
+            by[(data_name(r), protocol_of(r))][row[0]].append(r)
     parts = []
-    for (task, size), rs_task in sorted(by_task.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        if len({tuple(r["fourier"].get(k) for k in keys) for r in rs_task}) < 2:
-            continue
-        groups = defaultdict(list)  # an option not given is at its declared default
-        for r in rs_task:
-            groups[tuple(r["fourier"].get(k, declared_defaults()[k]) for k in keys)].append(r)
-        if len(groups) < 2:
+    for (data, protocol), found in sorted(by.items()):
+        if len(found) < 2:
             continue
         rows = []
-        for setting, rs in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
-            p = paper.get(paper_key, {}).get(f"{task} {size or ''}".strip() + " " + " ".join(map(str, setting)), {})
-            name = ", ".join(f"{k}={v}" for k, v in zip(keys, setting))
-            if task == "wikitext103":
-                v, t = mean_std([r["valid_ppl"] for r in rs]), mean_std([r["test_ppl"] for r in rs])
-                rows.append([name, fmt(v[0], v[1]), fmt(t[0], t[1]), str(max(v[2], t[2])),
-                             fmt_paper(p.get("valid_ppl")), fmt_paper(p.get("test_ppl"))])
-            else:
-                b = mean_std([r.get("bleu") for r in rs])
-                rows.append([name, fmt(b[0], b[1]), str(b[2]), fmt_paper(p.get("bleu"))])
-        what = f"WikiText-103 {size}" if task == "wikitext103" else "IWSLT'14 De-En"
-        header = (["setting", "valid PPL (ours)", "test PPL (ours)", "seeds", "valid PPL (paper)", "test PPL (paper)"]
-                  if task == "wikitext103" else ["setting", "BLEU (ours)", "seeds", "BLEU (paper)"])
-        parts.append(f"### {title}, {what}\n\n" + table(header, rows))
+        for name, model, size, extra, label, paper_row in PAPER_TABLES[table]["runs"]:
+            rs = found.get(name)
+            if not rs:
+                continue
+            p = paper.get(paper_key, {}).get(paper_row, {}) if paper_row and protocol == "published" else {}
+            v, t = mean_std([r["valid_ppl"] for r in rs]), mean_std([r["test_ppl"] for r in rs])
+            rows.append([label, "paper" if paper_row else "ours", fmt(v[0], v[1]), fmt(t[0], t[1]),
+                         str(max(v[2], t[2])), fmt_paper(p.get("valid_ppl")), fmt_paper(p.get("test_ppl"))])
+        size = PAPER_TABLES[table]["runs"][0][2]
+        parts.append(f"### {title}, WikiText-103 {size} ({data}, {protocol} protocol)\n\n" + table_md(
+            ["setting", "row", "valid PPL (ours)", "test PPL (ours)", "seeds", "valid PPL (paper)",
+             "test PPL (paper)"], rows))
     return "\n\n".join(parts) if parts else None
 
 
@@ -260,10 +291,10 @@ def table6(files, paper) -> str | None:
         name = d.get("label") or d.get("model") or os.path.basename(f)
         p = paper.get("table6_head_redundancy", {}).get(name, {})
         rows.append([name, f"{d['mean']:.4g}", f"{d['var']:.4g}", str(d.get("layers", DASH)), str(d.get("batches", DASH)),
-                     fmt_paper(p.get("mean")), fmt_paper(p.get("var"))])
+                     fmt(p.get("mean"), p.get("mean_std")), fmt(p.get("var"), p.get("var_std"))])
     if not rows:
         return None
-    return "### Table 6: head redundancy, layer-averaged pairwise L2 distance between heads' attention maps (higher = less redundant)\n\n" + table(
+    return "### Table 6: head redundancy, layer-averaged pairwise L2 distance between heads' attention maps (higher = less redundant)\n\n" + table_md(
         ["model", "mean (ours)", "variance (ours)", "layers", "batches", "mean (paper)", "variance (paper)"], rows)
 
 
@@ -272,13 +303,18 @@ def table9(files, paper) -> str | None:
     for f in files:
         d = json.load(open(f))
         for m in d.get("models", []):
+            p = paper.get("table9_efficiency", {}).get(m["name"], {})
             rows.append([m["name"], d.get("device", DASH), str(d.get("batch_size", DASH)), str(d.get("context", DASH)),
                          f"{m['train_ms_per_sample']:.2f}", f"{m['infer_ms_per_sample']:.2f}",
-                         f"{m['train_peak_mem_mb']:.0f}", f"{m['infer_peak_mem_mb']:.0f}"])
+                         f"{m['train_peak_mem_mb']:.0f}", f"{m['infer_peak_mem_mb']:.0f}",
+                         fmt_paper(p.get("train_ms_per_sample")), fmt_paper(p.get("test_ms_per_sample")),
+                         fmt_paper(p.get("train_memory_gb")), fmt_paper(p.get("test_memory_gb"))])
     if not rows:
         return None
-    return "### Table 9: efficiency of the small LM (same batch)\n\n" + table(
-        ["model", "device", "batch", "context", "train ms/sample", "inference ms/sample", "train peak MB", "inference peak MB"], rows)
+    return "### Table 9: efficiency of the small LM (same batch)\n\n" + table_md(
+        ["model", "device", "batch", "context", "train ms/sample", "inference ms/sample", "train peak MB",
+         "inference peak MB", "train ms/sample (paper)", "test ms/sample (paper)", "train GB (paper)",
+         "test GB (paper)"], rows)
 
 
 def main(argv=None) -> int:
@@ -295,8 +331,8 @@ def main(argv=None) -> int:
     parts = [f"<!-- written by scripts/make_tables.py from {len(runs)} runs under {', '.join(args.runs)} -->"]
     for t in (table1(runs, paper), table5(runs, paper),
               table6(args.head_redundancy, paper),
-              ablation(runs, ("phi",), "Table 7: ablation over phi", "table7_phi", paper),
-              ablation(runs, ("radius_init", "radius_shape"), "Table 8: ablation over the radius", "table8_radius", paper),
+              ablation(runs, "table7", "Table 7: ablation over phi", "table7_phi", paper),
+              ablation(runs, "table8", "Table 8: ablation over the radius", "table8_radius", paper),
               table9(args.benchmark, paper)):
         if t:
             parts.append(t)

@@ -56,12 +56,20 @@ def test_make_tables_all_tables(tmp_path):
     fake_run(root, "lm/fourier_small_seed1", {"task": "wikitext103", "model": "fourier", "size": "small", "seed": 1},
              files={"eval-valid.log": "x | Loss (base 2): 5.0000, Perplexity: 32.00\n",
                     "eval-test.log": "x | Loss (base 2): 5.1000, Perplexity: 34.30\n"})
-    # phi / radius ablations of the Fourier LM
-    fake_run(root, "lm/fourier_small_phiabs_seed1", {"task": "wikitext103", "model": "fourier", "size": "small", "seed": 1,
-                                                     "fourier": {"phi": "abs"}}, {"results-lm.json": {"valid_ppl": 40.0, "test_ppl": 41.0}})
-    fake_run(root, "lm/fourier_small_r1_seed1", {"task": "wikitext103", "model": "fourier", "size": "small", "seed": 1,
-                                                 "fourier": {"radius_init": "1.0", "radius_shape": "head"}},
+    # the paper's rows of tables 1, 7 and 8 under the published protocol (training_recipes.PAPER_TABLES)
+    pub = {"task": "wikitext103", "model": "fourier", "size": "small", "seed": 1, "protocol": "published"}
+    fake_run(root, "lm/published_small_seed1", {**pub, "fourier": {"published": 1}},
+             {"results-lm.json": {"valid_ppl": 31.0, "test_ppl": 32.0}})
+    fake_run(root, "lm/softmax_small_pub_seed1", {**pub, "model": "softmax"},
+             {"results-lm.json": {"valid_ppl": 33.5, "test_ppl": 34.5}})
+    fake_run(root, "lm/published_small_phiabs_seed1", {**pub, "fourier": {"published": 1, "phi": "abs"}},
+             {"results-lm.json": {"valid_ppl": 40.0, "test_ppl": 41.0}})
+    fake_run(root, "lm/published_small_power3_seed1", {**pub, "fourier": {"published": 1, "power": "3"}},
+             {"results-lm.json": {"valid_ppl": 900.0, "test_ppl": 901.0}})
+    fake_run(root, "lm/published_small_radius1_seed1", {**pub, "fourier": {"published": 1, "radius_init": "1.0"}},
              {"results-lm.json": {"valid_ppl": 35.0, "test_ppl": 36.0}})
+    fake_run(root, "lm/fourier_small_head_seed1", {**pub, "fourier": {"radius_shape": "head"}},
+             {"results-lm.json": {"valid_ppl": 37.0, "test_ppl": 38.0}})
     # the paper's formulation: a setting of its own, never merged with the default rows
     # (a meta.json from before "fourier" was recorded: its options are read from extra_args)
     fake_run(root, "lm/fourier_small_paper_exact_seed1", {"task": "wikitext103", "model": "fourier", "size": "small",
@@ -81,24 +89,38 @@ def test_make_tables_all_tables(tmp_path):
     assert "Table 1" in text and "Table 5" in text and "Table 6" in text and "Table 9" in text
     assert "Table 7: ablation over phi, WikiText-103 small" in text
     assert "Table 8: ablation over the radius, WikiText-103 small" in text
+    assert "phi=abs" not in text.split("Table 7")[1]
     # mean +- sample std over the three seeds, paper number beside
     b = [34.5, 34.9, 34.7]
     m = sum(b) / 3
     s = math.sqrt(sum((x - m) ** 2 for x in b) / 2)
     assert f"| fourier | — | {m:.2f} ± {s:.2f} |" in text
     assert "| 34.68 |" in text and "| 34.42 |" in text
-    assert "| fourier small | — | 32.00 | 34.30 | 1 |" in text  # parsed from the raw eval logs
-    assert "phi=abs" in text and "radius_init=1.0, radius_shape=head" in text
-    # Table 1 keeps runs off the defaults apart, named by what they changed, with no paper number
+    # parsed from the raw eval logs; a run without a protocol trained fairseq's recipe: no paper number
+    assert "| FourierFormer small (defaults) | — | fairseq | 32.00 | 34.30 | 1 | — | — |" in text
+    assert "| softmax small | — | fairseq | 33.00 | 34.00 | 1 | — | — | 1 |" in text
     table1 = text.split("### Table 5")[0]
-    assert "| fourier small (phi=abs) | — | 40.00 | 41.00 | 1 | — | — |" in table1
-    assert "| fourier small (radius_init=1.0, radius_shape=head) | — | 35.00 | 36.00 | 1 | — | — |" in table1
-    assert "| fourier small (paper_exact) | — | 50.00 | 51.00 | 1 | — | — |" in table1
-    # an unset option is shown as its declared default: the default run's radius is the automatic one
+    # the paper's Fourier column beside the published attention under the published protocol
+    assert "| FourierFormer small (published attention) | — | published | 31.00 | 32.00 | 1 | 31.86 | 32.85 |" in table1
+    assert "| softmax small | — | published | 33.50 | 34.50 | 1 | 33.15 | 34.29 |" in table1
+    # runs off the table's rows keep rows of their own, named by what they changed, with no paper number
+    assert "| fourier small (published, phi=abs) | — | published | 40.00 | 41.00 | 1 | — | — |" in table1
+    assert "| fourier small (paper_exact) | — | fairseq | 50.00 | 51.00 | 1 | — | — |" in table1
+    table7 = text.split("Table 7: ablation over phi")[1].split("###")[0]
+    assert "(—, published protocol)" in table7
+    assert "| phi x^4 | paper | 31.00 | 32.00 | 1 | 31.86 | 32.85 |" in table7
+    assert "| phi |x| | paper | 40.00 | 41.00 | 1 | 33.12 | 34.18 |" in table7
+    assert "| phi x^3 | paper | 900.00 | 901.00 | 1 | not converge | not converge |" in table7
+    assert "50.00" not in table7 and "37.00" not in table7
     table8 = text.split("Table 8: ablation over the radius")[1].split("###")[0]
-    assert "| radius_init=auto, radius_shape=scalar | 32.00 | 34.30 | 1 |" in table8
-    assert "| radius_init=1.0, radius_shape=head | 35.00 | 36.00 | 1 |" in table8
+    assert "| R_init 1.0 | paper | 35.00 | 36.00 | 1 | 31.89 | 32.87 |" in table8
+    assert "| R_init 2.0 | paper | 31.00 | 32.00 | 1 | 31.86 | 32.85 |" in table8
+    assert "| defaults, a radius per head | ours | 37.00 | 38.00 | 1 | — | — |" in table8
     assert "paper_exact" not in table8 and "50.00" not in table8
+    table6 = text.split("### Table 6")[1].split("###")[0]
+    assert "| 7.45 ± 2.50 | 7.37 ± 2.44 |" in table6
+    table9 = text.split("### Table 9")[1]
+    assert "| 6.00 | 1.70 | 1.43 | 0.94 |" in table9
     assert "unevaluated_seed1" in text
     assert "nrefs:1|case:lc|x" in text
 
