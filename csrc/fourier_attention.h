@@ -75,7 +75,8 @@ int64_t cuda_table_floats(const AttentionShape& sh, at::ScalarType dtype);
 
 // Checks the `tables` argument of the forward and backward ops: absent, or what
 // fourier_attention_tables returned for these q, k and radius on this backend (`floats`
-// float32 elements, contiguous, on q's device); returns it or an undefined tensor.
+// float32 elements, contiguous, on q's device); returns it (a copy where it does not start on
+// cuda::kTableAlignBytes, which the kernels' float4 loads need) or an undefined tensor.
 at::Tensor checked_tables(const std::optional<at::Tensor>& tables, const at::Tensor& q, int64_t floats);
 
 at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& radius);

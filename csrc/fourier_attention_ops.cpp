@@ -4,10 +4,12 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <sstream>
 #include <string>
 
+#include "cuda/score_cache.h"
 #include "cuda/table_layout.h"
 #include "fourier_attention.h"
 
@@ -108,6 +110,9 @@ at::Tensor checked_tables(const std::optional<at::Tensor>& tables, const at::Ten
               "fourier_attention: tables must be what fourier_attention_tables(q, k, radius) returned for these "
               "inputs (", floats, " float32 elements on ", q.device(), "), got ", t.scalar_type(), " ", t.sizes(),
               " on ", t.device());
+  // a view that does not start on the kernels' float4 boundary (a slice of a larger buffer, say):
+  // read from an aligned copy (the same values, so the same results bit for bit)
+  if (t.numel() > 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % cuda::kTableAlignBytes != 0) return t.clone();
   return t;
 }
 
@@ -210,10 +215,36 @@ PyObject* py_cuda_table_floats(PyObject*, PyObject* args) {
   return PyLong_FromLongLong(fourierformer::cuda_table_floats(sh, at::kFloat));
 }
 
+// _C.score_cache_budget(free_bytes, setting=None) and _C.score_cache_bytes(B, H, N, M): the CUDA
+// float32 backward's rule for its score cache (cuda/score_cache.h), for the tests on any machine.
+PyObject* py_score_cache_budget(PyObject*, PyObject* args) {
+  long long free_bytes;
+  const char* setting = nullptr;
+  if (!PyArg_ParseTuple(args, "L|z", &free_bytes, &setting)) return nullptr;
+  const int64_t budget = fourierformer::cuda::score_cache_budget(free_bytes, setting);
+  if (budget < 0) {
+    PyErr_Format(PyExc_ValueError, "FOURIERFORMER_SCORE_CACHE_MB must be a whole number of MiB (0: no score cache), "
+                 "got \"%s\"", setting);
+    return nullptr;
+  }
+  return PyLong_FromLongLong(budget);
+}
+
+PyObject* py_score_cache_bytes(PyObject*, PyObject* args) {
+  long long B, H, N, M;
+  if (!PyArg_ParseTuple(args, "LLLL", &B, &H, &N, &M)) return nullptr;
+  return PyLong_FromLongLong(fourierformer::cuda::score_cache_bytes(B * H, N, M));
+}
+
 PyMethodDef module_methods[] = {
     {"cuda_table_floats", py_cuda_table_floats, METH_VARARGS,
      "cuda_table_floats(B, H, N, M, D): float32 elements of fourier_attention_tables' output on CUDA "
      "(float32, float16, bfloat16 inputs)"},
+    {"score_cache_budget", py_score_cache_budget, METH_VARARGS,
+     "score_cache_budget(free_bytes, setting=None): the bytes the CUDA float32 backward may keep its scores in "
+     "with free_bytes of device memory free and FOURIERFORMER_SCORE_CACHE_MB set to setting (None: unset)"},
+    {"score_cache_bytes", py_score_cache_bytes, METH_VARARGS,
+     "score_cache_bytes(B, H, N, M): the bytes of the CUDA float32 backward's score cache for a call"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -412,3 +412,60 @@ def test_tables_op_on_cuda(dtype):
     torch.library.opcheck(torch.ops.fourierformer.fourier_attention_forward.default, args + (tables,))
     bwd = (torch.ones_like(out), q, k, v, radius, out, lse, 4.0, None, None, True, 0.0, 0, 0.0, tables)
     torch.library.opcheck(torch.ops.fourierformer.fourier_attention_backward.default, bwd)
+
+
+def _ops_forward_backward(args, dout, tables=None):
+    """(out, lse, dq, dk, dv, dradius) of the ops on `args` (the forward's first eleven)."""
+    extra = () if tables is None else (tables,)
+    out, lse = torch.ops.fourierformer.fourier_attention_forward(*args, *extra)
+    grads = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:], *extra)
+    return (out, lse, *grads)
+
+
+def _assert_same(first, second, what):
+    """out, lse, dk, dv bit for bit; dq and dradius (float atomics) to 1e-6 of their largest value."""
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dradius"), first, second):
+        if name in ("dq", "dradius"):
+            err = (a - b).abs().max().item()
+            assert err <= 1e-6 * max(1.0, b.abs().max().item()), f"{what}: {name} differs by {err:.3e}"
+        else:
+            assert torch.equal(a, b), f"{what}: {name} differs"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tables_as_a_misaligned_view(dtype):
+    """Tables passed as a view one float into a larger buffer, off the 16 bytes that the kernels'
+    float4 loads of them need (N and M multiples of 4, where the kernels stage them as float4; a
+    misaligned address there faults): the op reads an aligned copy, with the results of the tables
+    themselves."""
+    g = torch.Generator().manual_seed(23)
+    B, H, N, M, D, Dv = 2, 2, 40, 68, 16, 8
+    q, k = (torch.randn(B, H, n, D, generator=g).to(DEV, dtype) for n in (N, M))
+    v = torch.randn(B, H, M, Dv, generator=g).to(DEV, dtype)
+    radius = (0.5 + torch.rand(H, D, generator=g)).to(DEV)
+    args = (q, k, v, radius, 4.0, None, None, True, 0.0, 0, 0.0)
+    tables = torch.ops.fourierformer.fourier_attention_tables(q, k, radius)
+    view = torch.empty(tables.numel() + 1, device=DEV)[1:]
+    view.copy_(tables)
+    assert view.data_ptr() % 16 != 0
+    dout = torch.randn(B, H, N, Dv, generator=g).to(DEV, dtype)
+    _assert_same(_ops_forward_backward(args, dout, tables), _ops_forward_backward(args, dout, view),
+                 "a misaligned view of the tables")
+    torch.cuda.synchronize()
+
+
+def test_score_cache_beyond_the_former_fixed_budget(monkeypatch):
+    """B H N M floats of 302 MiB (over the 256 MiB the score cache once had at most): the budget
+    now comes from the free memory (score_cache.h), and the backward that keeps the scores gives
+    what the one that computes them again gives (FOURIERFORMER_SCORE_CACHE_MB=0)."""
+    g = torch.Generator().manual_seed(29)
+    B, H, N, D = 1, 2, 6144, 16
+    q, k, v = (torch.randn(B, H, N, D, generator=g).to(DEV) * 0.5 for _ in range(3))
+    radius = (0.5 + torch.rand(H, D, generator=g)).to(DEV)
+    args = (q, k, v, radius, 4.0, None, None, True, 0.0, 0, 0.0)
+    dout = torch.randn(B, H, N, D, generator=g).to(DEV)
+    monkeypatch.delenv("FOURIERFORMER_SCORE_CACHE_MB", raising=False)
+    cached = _ops_forward_backward(args, dout)
+    monkeypatch.setenv("FOURIERFORMER_SCORE_CACHE_MB", "0")
+    recomputed = _ops_forward_backward(args, dout)
+    _assert_same(cached, recomputed, "score cache against recomputed scores")

@@ -8,9 +8,9 @@
 //        above backward_dq_kernel in backward.cuh: the radius gradient needs that). It writes
 //        Delta_i / c_i and lse_i + log c_i (with the null key's share). Where its grid is small
 //        (delta_pass_split), in two halves of a 512-thread block.
-//   main pass (block of kFwdKeys keys, sweeping query tiles): the scores again (or, within
-//        kScoreCacheBytes, the pre-pass's, from p.score_cache: kCache), P with the
-//        pre-pass's lse, dS' = P (f dP - Delta / c) kept in the thread's 4 x 4 register tile (the
+//   main pass (block of kFwdKeys keys, sweeping query tiles): the scores again (or, within the
+//        score cache's budget, score_cache.h, the pre-pass's, from p.score_cache: kCache), P with
+//        the pre-pass's lse, dS' = P (f dP - Delta / c) kept in the thread's 4 x 4 register tile (the
 //        power p multiplies dq, dk and dradius once, at the end); dv_j += sum_i P f dO_i in 4 keys
 //        x 4 columns register tiles (DvTile: per query a float4 of P f, a float4 of dO, 16 FMAs);
 //        then the g pass over the features: per feature each thread computes g(x_ijd) once for its
@@ -38,16 +38,8 @@
 // cancels); s' is floored at kSinFloor in magnitude (at a zero of sinc, where P is 0 anyway). Per
 // element: u, s' (3), x, c', the floor (2), the fraction (fma, mul, a reciprocal and a mul), x^2
 // and the series (3), the select and the two sums (2).
-// SASS counts (sm_90, nvcc 13.0.88 -O3 -lineinfo, 2026-11-28; scripts/cuda_sass_report.py; per
-// (query, key, feature) element): the g pass loop (4 features x 16 pairs per iteration, the
-// partial sums and their reduction included) about 1365 instructions, 21.2-21.3 per element (508
-// FFMA, 320 FMUL, 161 FADD, 65 LDS, 64 each of MUFU.RCP and the floor, ...); the scores 8.6 per
-// element in the pre-pass (and in the main pass without the score cache, kScoreCacheBytes).
-// Whole backward (pre-pass + main pass + dq kernel, N = M = 1024, tables not included): 42.7 per
-// element at D = Dv = 16 (13.3 + 29.2 + 0.2) and 35.2 at 128 (9.8 + 25.3 + 0.1) with the score
-// cache; on a small grid at 128, 38.4 (two-half pre-pass 10.9, main pass in two splits 27.4);
-// 65.7 and 49.0 on 2026-11-27, and 110.3 and 87.0 for the dq and dk/dv kernels before this
-// layout. Threads whose pairs hold no visible one (micro_tile_live) skip
+// Instructions per element, registers and spills of each kernel: docs/kernels.md
+// (scripts/cuda_sass_report.py). Threads whose pairs hold no visible one (micro_tile_live) skip
 // dP and g. Every kernel at 128 registers or fewer (launch bounds (256,
 // 2): 16 warps per SM), none spills. dq's sums over key blocks are float atomics, so its last
 // bits depend on their order (as dradius's already did).
@@ -57,6 +49,7 @@
 #pragma once
 
 #include "forward_tiled.cuh"
+#include "score_cache.h"
 
 namespace fourierformer {
 namespace cuda {
@@ -65,16 +58,6 @@ constexpr int kBwdMaxFeatures = limits::kCudaTiledBackwardMaxHeadDim;  // larges
 // largest Dv of the tiled backward: its shared memory (about 100 KiB at Dv = 128) then fits
 // every GPU the build targets (sm_80 allows 163 KiB per block)
 constexpr int kBwdMaxValueColumns = limits::kCudaTiledBackwardMaxHeadDim;
-// The pre-pass keeps its scores (log2 units, masks and rare path included: the main pass's P must
-// be the pre-pass's, bit for bit) for the main pass, which then reads them instead of computing
-// them again, where they take at most this much memory (B H N rows of score_cache_stride(M)
-// floats: float4 rows, M rounded up to a multiple of 4): 8.4 instructions per element less in the
-// main pass for 8 bytes of memory traffic per (query, key) pair; beyond, the main pass recomputes
-// them. The environment variable FOURIERFORMER_SCORE_CACHE_MB sets another budget (0: never;
-// cuda_launcher.cuh).
-constexpr int64_t kScoreCacheBytes = int64_t(256) << 20;
-FF_HD int64_t score_cache_stride(int64_t M) { return (M + 3) & ~int64_t(3); }
-
 // The main pass's feature splits. Its grid has one block per key tile; where that would leave
 // the GPU's resident block slots (`resident` blocks at once) half empty or worse (the IWSLT
 // shape, B 32 H 4 N 64, launches 128 blocks on 132 SMs), each key tile's features are split over
@@ -371,7 +354,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
 // Main pass: dk, dv, the dq sums (into p.dq_acc) and the keys' share of dradius. Grid:
 // B * H * ceil(M / kFwdKeys) blocks of kFwdThreads (after the pre-pass). Value columns up to
 // 4 kO (kO = 1, 2, 4, 8, 16, 32: the dv tiles of DvTile<kO>); kCache: the scores from
-// p.score_cache (kScoreCacheBytes), else computed.
+// p.score_cache (score_cache.h), else computed.
 // ---------------------------------------------------------------------------------------
 template <typename scalar_t, int kO, bool kCache>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(const Params<scalar_t, float> p) {

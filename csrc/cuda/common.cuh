@@ -68,7 +68,7 @@ struct Params {
   float* dq_acc;        // (B*H, N, Dp): the tiled backward's dq sums (float32, zeroed, atomicAdd)
   float* dv_acc;        // (B*H, M, Dv): the tiled backward's dv sums (float32, one key block each)
   float* score_cache;   // (B*H, N, score_cache_stride(M)) or null: the tiled backward pre-pass's
-                        // scores (log2 units) for its main pass (backward_tiled.cuh, kScoreCacheBytes)
+                        // scores (log2 units) for its main pass (backward_tiled.cuh, score_cache.h)
   int Dp;               // D rounded up to a multiple of kRenormEvery (padding features are flat)
   int B, H, N, M, D, Dv;
   acc_t power;

@@ -8,8 +8,11 @@
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "fourier_attention_launch.h"
@@ -17,15 +20,35 @@
 namespace fourierformer {
 namespace cuda {
 
+// The current device's memory free now: the driver's, and what torch's caching allocator holds
+// reserved but unallocated (which it hands out before it asks the driver for more).
+inline int64_t free_device_memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  int64_t cached = 0;
+  try {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+    // (index 0: StatType::AGGREGATE, every pool)
+    cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+  } catch (const c10::Error&) {  // an allocator backend that keeps no such statistics: the driver's alone
+  }
+  return (int64_t)free_bytes + std::max<int64_t>(cached, 0);
+}
+
 // Launches on the current stream of q's device; raises the dynamic shared memory limit
-// of a kernel when it needs more than the default 48 KiB (head dims above ~96).
+// of a kernel when it needs more than the default 48 KiB (head dims above ~96), and then asks
+// for the largest shared memory carveout, so that the blocks the launch bounds allow fit on an
+// SM at once (the D 128 main pass: two blocks of 99 KiB, about 200 KiB of the 228 KiB an sm_90 SM
+// can give; the driver's default split may leave room for one).
 struct CudaLauncher {
   cudaStream_t stream;
   size_t smem_optin;
-  int64_t score_cache_bytes = kScoreCacheBytes;  // the backward's score cache, at most
   int sm_count = 1;                               // for the grid of the backward's main pass
   size_t smem_per_sm = 0;
   int max_grid_splits = kMaxMainSplits;           // the backward's splits of a small grid, at most
+
+  // the backward's score cache budget (score_cache.h), from the memory free at the call
+  int64_t score_cache_budget() const { return score_cache_budget_now(free_device_memory); }
 
   template <typename scalar_t, typename acc_t>
   void operator()(void (*kernel)(Params<scalar_t, acc_t>), int64_t blocks, int threads, size_t smem_bytes,
@@ -36,18 +59,14 @@ struct CudaLauncher {
     if (smem_bytes > 48 * 1024) {
       C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
+      C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                          cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          (int)cudaSharedmemCarveoutMaxShared));
     }
     kernel<<<(unsigned)blocks, (unsigned)threads, smem_bytes, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };
-
-// The backward's score cache budget: kScoreCacheBytes, or FOURIERFORMER_SCORE_CACHE_MB MiB
-// (0: no cache, the main pass computes the scores again).
-inline int64_t score_cache_budget() {
-  const char* env = std::getenv("FOURIERFORMER_SCORE_CACHE_MB");
-  return env && *env ? (int64_t)std::strtoll(env, nullptr, 10) << 20 : kScoreCacheBytes;
-}
 
 // The backward's splits where its grid is small (delta_pass_split, main_pass_splits), at most:
 // kMaxMainSplits, or FOURIERFORMER_GRID_SPLITS within 1 (none) .. kMaxMainSplits.
@@ -60,8 +79,7 @@ inline int grid_splits_budget() {
 inline CudaLauncher current_launcher() {
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   return CudaLauncher{at::cuda::getCurrentCUDAStream().stream(), (size_t)prop->sharedMemPerBlockOptin,
-                      score_cache_budget(), prop->multiProcessorCount, (size_t)prop->sharedMemPerMultiprocessor,
-                      grid_splits_budget()};
+                      prop->multiProcessorCount, (size_t)prop->sharedMemPerMultiprocessor, grid_splits_budget()};
 }
 
 }  // namespace cuda

@@ -10,6 +10,7 @@
 #include <ATen/OpMathType.h>
 
 #include <climits>
+#include <cstdlib>
 #include <optional>
 #include <algorithm>
 #include <tuple>
@@ -212,6 +213,19 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   return {out, lse};
 }
 
+// The backward's score cache budget at this call (score_cache.h): FOURIERFORMER_SCORE_CACHE_MB
+// where set, else the share of `free_memory()`, the launcher's device memory free now (asked only
+// then); raises on a setting that is not a whole number of MiB.
+template <typename FreeMemory>
+int64_t score_cache_budget_now(const FreeMemory& free_memory) {
+  const char* setting = std::getenv("FOURIERFORMER_SCORE_CACHE_MB");
+  const bool set = setting != nullptr && *setting != '\0';
+  const int64_t budget = score_cache_budget(set ? 0 : free_memory(), setting);
+  TORCH_CHECK(budget >= 0, "FOURIERFORMER_SCORE_CACHE_MB must be a whole number of MiB (0: no score cache), got \"",
+              setting, "\"");
+  return budget;
+}
+
 // Blocks of kFwdThreads threads (launch bounds: at most 2 per SM) and `smem` bytes of shared
 // memory that the launcher's GPU runs at once.
 template <typename Launcher>
@@ -254,9 +268,10 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
   if constexpr (!std::is_same_v<acc_t, double>) {
     const int Dp = padded_features(p.D);  // (p.Dp is set with the tables)
     const int64_t row_blocks = grid_blocks(sh, sh.N, kFwdRows);
-    // the pre-pass's scores kept for the main pass (kScoreCacheBytes; the launcher's budget)
-    const int64_t cache_floats = sh.B * sh.H * sh.N * score_cache_stride(sh.M);
-    const bool cache = cache_floats * (int64_t)sizeof(float) <= launch.score_cache_bytes;
+    // the pre-pass's scores kept for the main pass, where they fit the launcher's budget at this
+    // call (score_cache.h)
+    const int64_t cache_bytes = score_cache_bytes(sh.B * sh.H, sh.N, sh.M);
+    const bool cache = sh.N > 0 && sh.M > 0 && cache_bytes <= launch.score_cache_budget();
     // the pre-pass in one or two halves (delta_pass_split: where the grid is small), two only with
     // the cache (the halves' scores round otherwise than the main pass's, whose P must be the
     // pre-pass's bit for bit)
@@ -276,7 +291,7 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
       p.dv_acc = dv_acc.data_ptr<float>();
       at::Tensor score_cache;
       if (cache) {
-        score_cache = at::empty({cache_floats}, options.dtype(at::kFloat));
+        score_cache = at::empty({cache_bytes / (int64_t)sizeof(float)}, options.dtype(at::kFloat));
         p.score_cache = score_cache.data_ptr<float>();
       }
       if (sh.N > 0 && delta_split == 2)

@@ -16,6 +16,11 @@ enum TableKeyField : int { kKeyK = 0, kKeyCos, kKeySin, kKeySinLow, kKeyFields }
 // forward_tiled.cuh); the tables pad D to a multiple of it with flat features.
 constexpr int kRenormEvery = 8;
 
+// The kernels read the tables as float4 (the staging of forward_tiled.cuh and backward_tiled.cuh
+// where N and M are multiples of 4): they must start on this boundary, in bytes (checked_tables
+// copies a view that does not; the offsets inside are multiples of 4 floats there).
+constexpr int64_t kTableAlignBytes = 16;
+
 // (at least one group: the score loop's first group always runs)
 FF_HD int padded_features(int D) { return D < 1 ? kRenormEvery : (D + kRenormEvery - 1) / kRenormEvery * kRenormEvery; }
 

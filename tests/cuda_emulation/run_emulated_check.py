@@ -317,8 +317,54 @@ def check_score_cache(f32):
     run_case("f32 causal kpm dropout, score cache", case, 4, 0.2, **f32)
     for name, a, b in zip(("dq", "dk", "dv", "dradius"), cached, recomputed):
         err = (a - b).abs().max().item()
-        assert err <= 1e-6 * max(1.0, b.abs().max().item()), f"score cache: {name} differs by {err:.3e}"
-    print("  ok  score cache and recomputed scores agree (dq, dk, dv, dradius)")
+        same = err <= 1e-6 * max(1.0, b.abs().max().item()) if name in ("dq", "dradius") else torch.equal(a, b)
+        assert same, f"score cache: {name} differs by {err:.3e}"
+    print("  ok  score cache and recomputed scores agree (dk, dv bit for bit; dq, dradius to rounding)")
+    check_score_cache_budget()
+
+
+def check_score_cache_budget():
+    """The launcher's budget for the score cache at the call (score_cache.h, as on a GPU where
+    FF_EMU_SCORE_CACHE_BYTES is unset): a quarter of the free memory (FF_EMU_FREE_MEMORY_BYTES
+    here), FOURIERFORMER_SCORE_CACHE_MB overriding it. At D 64 on a small grid only the cached
+    backward runs its pre-pass in two halves, whose dk and dv differ from the whole pre-pass's in
+    the last bits, which tells here which way the launcher went: with the cache's bytes exactly a
+    quarter of the free memory the cache is used, one byte less free it is not (each bit for bit as
+    with the budget set to all or nothing), and the setting decides whatever the free memory."""
+    case = make_case(1, 1, 37, 40, 64, 8, torch.float32, scale=0.4, seed=64)
+    args = op_args(case, 4, 0.0, 0)
+    out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(13))
+    cache_bytes = 37 * 40 * 4  # (B H N rows of M rounded up to 4 floats)
+
+    def dk_dv(**env):
+        with contextlib.ExitStack() as stack:
+            for name, value in env.items():
+                stack.enter_context(environment(name, value))
+            _, dk, dv, _ = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:])
+        return dk, dv
+
+    cached = dk_dv(FF_EMU_SCORE_CACHE_BYTES=str(cache_bytes))
+    recomputed = dk_dv(FF_EMU_SCORE_CACHE_BYTES="0")
+    assert not all(torch.equal(a, b) for a, b in zip(cached, recomputed)), \
+        "the check cannot tell the two backwards apart (the pre-pass did not split?)"
+    for label, want, env in (
+            ("free memory 4x the cache", cached, dict(FF_EMU_FREE_MEMORY_BYTES=str(4 * cache_bytes))),
+            ("one byte less free", recomputed, dict(FF_EMU_FREE_MEMORY_BYTES=str(4 * cache_bytes - 1))),
+            ("the default free memory", cached, {}),
+            ("FOURIERFORMER_SCORE_CACHE_MB=0", recomputed, dict(FOURIERFORMER_SCORE_CACHE_MB="0")),
+            ("FOURIERFORMER_SCORE_CACHE_MB=1, nothing free", cached,
+             dict(FOURIERFORMER_SCORE_CACHE_MB="1", FF_EMU_FREE_MEMORY_BYTES="0"))):
+        got = dk_dv(**env)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), \
+            f"score cache budget, {label}: expected the {'cached' if want is cached else 'recomputing'} backward"
+    try:
+        dk_dv(FOURIERFORMER_SCORE_CACHE_MB="256MB")
+    except RuntimeError as e:
+        assert "FOURIERFORMER_SCORE_CACHE_MB must be a whole number of MiB" in str(e), e
+    else:
+        raise AssertionError("FOURIERFORMER_SCORE_CACHE_MB=256MB was taken")
+    print("  ok  score cache budget: a quarter of the free memory, FOURIERFORMER_SCORE_CACHE_MB overriding it")
 
 
 def check_grid_splits(f32):
@@ -412,6 +458,39 @@ def check_shared_tables():
     q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
     assert torch.ops.fourierformer.fourier_attention_tables(q, q, torch.ones(2, 4, dtype=torch.float64)).numel() == 0
     print("  ok  tables built once: forward and backward as with their own (f32, f16, bf16); others refused")
+    check_misaligned_tables()
+
+
+def check_misaligned_tables():
+    """Tables passed as a view that does not start on 16 bytes (a slice one float into a larger
+    buffer): the kernels read them as float4 where N and M are multiples of 4 (as here), which
+    faults on such an address (a GPU's misaligned address; here a segmentation fault), so the op
+    reads an aligned copy: out, lse, dk and dv as with the tables themselves bit for bit (dq and
+    dradius to their atomics' order), and within the oracle's bound."""
+    sys.path.insert(0, TESTS)
+    from oracle import oracle_mismatches
+
+    case = make_case(1, 2, 20, 36, 16, 8, torch.float32, causal=True, scale=0.7, seed=5)
+    q, k, v, radius = case["q"], case["k"], case["v"], case["radius"].float()
+    args = (q, k, v, radius, 4.0, None, None, True, 0.0, 0, 0.0)
+    tables = torch.ops.fourierformer.fourier_attention_tables(q, k, radius)
+    view = torch.empty(tables.numel() + 1)[1:]
+    view.copy_(tables)
+    assert view.data_ptr() % 16 != 0 and view.is_contiguous()
+    dout = torch.randn(q.shape[:3] + (v.shape[-1],), generator=torch.Generator().manual_seed(4))
+    results = []
+    for given in (tables, view):
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(*args, given)
+        grads = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:], given)
+        results.append((out, lse, *grads))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dradius"), *results):
+        err = (a - b).abs().max().item()
+        same = err <= 1e-6 * max(1.0, a.abs().max().item()) if name in ("dq", "dradius") else torch.equal(a, b)
+        assert same, f"misaligned tables: {name} differs by {err:.3e}"
+    out, _, *grads = results[1]
+    bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, power=4, causal=True)
+    assert not bad, f"misaligned tables: {'; '.join(bad)}"
+    print("  ok  tables as a misaligned view: read from an aligned copy, the same results, within the oracle's bound")
 
 
 def check_empty_shapes():

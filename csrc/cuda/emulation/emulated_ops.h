@@ -21,14 +21,15 @@ namespace fourierformer {
 namespace {
 // smem_optin: the per-block shared memory the emulated GPU allows (FF_EMU_SMEM_OPTIN bytes,
 // e.g. 101376 for the 99 KiB of sm_86 / sm_89; unset: no limit), as CudaLauncher's.
-// score_cache_bytes: the backward's score cache budget (FF_EMU_SCORE_CACHE_BYTES; unset:
-// kScoreCacheBytes, as on a GPU), so that both main passes can be checked.
+// score_cache_budget(): the backward's score cache budget, FF_EMU_SCORE_CACHE_BYTES bytes where
+// set (so that both main passes can be checked), else as on a GPU (score_cache.h:
+// FOURIERFORMER_SCORE_CACHE_MB, else a share of the memory free) with FF_EMU_FREE_MEMORY_BYTES
+// free (unset: 139 GiB, an idle H200's).
 // sm_count, smem_per_sm: the emulated GPU's SMs (FF_EMU_SM_COUNT; unset: 132, an H100's or
 // H200's, whose main pass then splits the features of every small test case with the score
 // cache and D >= 32; 1: never) and their shared memory (228 KiB, sm_90's).
 struct EmuLauncher {
   size_t smem_optin = emulated_smem_optin();
-  int64_t score_cache_bytes = emulated_score_cache_bytes();
   int sm_count = emulated_sm_count();
   size_t smem_per_sm = 228 * 1024;
   int max_grid_splits = cuda::kMaxMainSplits;
@@ -38,9 +39,13 @@ struct EmuLauncher {
     return env && *env ? (int)std::strtol(env, nullptr, 10) : 132;
   }
 
-  static int64_t emulated_score_cache_bytes() {
+  int64_t score_cache_budget() const {
     const char* env = std::getenv("FF_EMU_SCORE_CACHE_BYTES");
-    return env && *env ? (int64_t)std::strtoll(env, nullptr, 10) : cuda::kScoreCacheBytes;
+    if (env && *env) return (int64_t)std::strtoll(env, nullptr, 10);
+    return cuda::score_cache_budget_now([] {
+      const char* free_env = std::getenv("FF_EMU_FREE_MEMORY_BYTES");
+      return free_env && *free_env ? (int64_t)std::strtoll(free_env, nullptr, 10) : int64_t(139) << 30;
+    });
   }
 
   static size_t emulated_smem_optin() {
