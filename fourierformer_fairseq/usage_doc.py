@@ -73,7 +73,9 @@ def collect() -> List[Kind]:
     for arch in sorted(ARCH_MODEL_REGISTRY):
         model = ARCH_MODEL_REGISTRY[arch]
         options_class = getattr(model, "options_class", None)
-        if options_class is None or arch in MODEL_REGISTRY:  # a model's own name: not an architecture of it
+        # a model's own name is not an architecture of it; a model without an attention kind (the
+        # softmax twins') has no kind's options to list
+        if options_class is None or arch in MODEL_REGISTRY or getattr(options_class, "config_class", None) is None:
             continue
         by_options.setdefault(options_class, []).append(arch)
     kinds = []

@@ -45,6 +45,7 @@ LM_ARCHS = [
     "softmax_lm_wiki103_small",
     "softmax_lm_wiki103_medium",
     "fourierformer_lm",  # the dataclass model's own name is an arch too (dataclass defaults)
+    "softmax_lm",
     "performer_lm_wiki103_small",
     "performer_lm_wiki103_medium",
     "performer_lm",

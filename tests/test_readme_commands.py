@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from fourierformer_fairseq.training_recipes import WIKITEXT103_VOCAB
+
 import fourierformer_fairseq
 from fairseq_helpers import create_dummy_data, create_markov_lm_data
 
@@ -50,6 +52,8 @@ TRAIN_OVERRIDES = {
     "lm-train": [
         "--max-update", "2", "--cpu", "--num-workers", "0", "--batch-size", "2", "--update-freq", "1",
         "--required-batch-size-multiple", "1",
+        # the published protocol's adaptive cutoffs within the tiny data's vocabulary (20 words, 4 symbols)
+        "--adaptive-input-cutoff", "4,8,16", "--adaptive-softmax-cutoff", "4,8,16",
         "--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
         "--decoder-attention-heads", "2",
     ],
@@ -291,8 +295,9 @@ def test_readme_training_command_is_the_recipes(blocks, block, tmp_path):
     spy.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
     spy.chmod(0o755)
     (tmp_path / data).mkdir(parents=True)
-    for name in dicts:
-        (tmp_path / data / name).write_text("a 1\n")
+    for name in dicts:  # the LM's: WikiText-103's size, so that the recipe keeps the published cutoffs
+        words = WIKITEXT103_VOCAB - 4 if block == "lm-train" else 1
+        (tmp_path / data / name).write_text("".join(f"w{i} 1\n" for i in range(words)))
     env = _env()
     env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
     proc = subprocess.run(["bash", str(ROOT / recipe[0]), *recipe[1:]], cwd=tmp_path, env=env,
