@@ -278,3 +278,46 @@ def test_reproduce_dry_run_prints_every_run_and_trains_nothing(tmp_path):
         assert f" {run} (published protocol)" in r.stdout and f"--name {run} " in r.stdout
     assert r.stdout.count("total:") == 2 and "docs/records/step_times.json" in r.stdout
     assert not (tmp_path / "r").exists()
+
+
+# --------------------------------------------------------------------------- every row of the LM tables
+def _row_runs():
+    seen = {}
+    for table in ("table1", "table6", "table7", "table8"):
+        for row in tr.table_runs(table)["runs"]:
+            seen.setdefault(row[0], row)
+    return sorted(seen.values())
+
+
+@pytest.mark.parametrize("row", _row_runs(), ids=lambda r: r[0])
+def test_every_row_of_the_lm_tables_builds_its_setting_and_trains_a_step(row):
+    """Each run of tables 1, 6, 7 and 8 under the published protocol (1 layer): the model has the row's
+    phi, power and radius, and a step gives its attention and radius gradients."""
+    from fourierformer_fairseq.fairseq_runs import options_given
+    from fourierformer_fairseq.modules.fourier_multihead_attention import FourierMultiheadAttention
+
+    name, model_kind, size, extra, label, paper_row = row
+    arch = tr.lm_recipe("published", size)["arch"]
+    if model_kind == "softmax":
+        arch = "softmax_lm_wiki103_" + size
+    model, cfg = pc.our_model(arch, VOCAB, size=size, extra=("--decoder-layers", "1", *extra))
+    given = options_given(list(extra))
+    fourier = [m for m in model.modules() if isinstance(m, FourierMultiheadAttention)]
+    assert len(fourier) == (0 if model_kind == "softmax" else 1)
+    for m in fourier:
+        assert m.power == int(given.get("power", 4)) and m.phi == given.get("phi", "power")
+        assert m.kernel == given.get("kernel", "sinc")
+        shape = {"scalar": (), "head": (m.num_heads, 1), "feature": (m.num_heads, m.head_dim),
+                 "vector": (m.head_dim,)}[given.get("radius_shape", "scalar")]
+        assert tuple(m.radius.shape) == shape
+        want = float(given["radius_init"]) if "radius_init" in given else (2.0 if "published" in given else None)
+        if want is not None:
+            assert torch.all(m.radius == want)
+        assert (m.normaliser_eps == 1e-6) == ("published" in given)
+    model.train()
+    torch.manual_seed(0)
+    out, _ = model(torch.randint(4, VOCAB, (2, 12)))
+    out.float().sum().backward()
+    for n, p in model.named_parameters():
+        if "self_attn" in n:
+            assert p.grad is not None and torch.isfinite(p.grad).all(), n
