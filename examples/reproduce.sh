@@ -156,7 +156,7 @@ for T in "${TABLES[@]}"; do
                 name="${fields[0]}"
                 seed="${SEEDS%% *}"
                 ck="$RUNS/wikitext103/${name}_seed$seed/checkpoints/checkpoint_best.pt"
-                "$PYTHON" "$REPO_ROOT/scripts/head_redundancy.py" --checkpoint "$ck" --data "$WIKI_DATA" \
+                "$PYTHON" "$REPO_ROOT/scripts/head_redundancy.py" --checkpoint "$ck" --data "$WIKI_DATA" --label "$name" \
                     --out "$RUNS/head_redundancy_$name.json" --png "$RUNS/attention_maps_$name.png" "${SM[@]}"
                 HR+=("$RUNS/head_redundancy_$name.json")
             done < <(recipe --table-runs table6)

@@ -289,7 +289,13 @@ def table6(files, paper) -> str | None:
     for f in files:
         d = json.load(open(f))
         name = d.get("label") or d.get("model") or os.path.basename(f)
-        p = paper.get("table6_head_redundancy", {}).get(name, {})
+        # a label that names a run of PAPER_TABLES["table6"] (reproduce.sh passes the run's name): its row
+        row = next((r for r in PAPER_TABLES["table6"]["runs"] if r[0] == name), None)
+        if row:
+            name, key = row[4], row[5]
+        else:
+            key = name
+        p = paper.get("table6_head_redundancy", {}).get(key, {}) if key else {}
         rows.append([name, f"{d['mean']:.4g}", f"{d['var']:.4g}", str(d.get("layers", DASH)), str(d.get("batches", DASH)),
                      fmt(p.get("mean"), p.get("mean_std")), fmt(p.get("var"), p.get("var_std"))])
     if not rows:

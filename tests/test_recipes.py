@@ -495,7 +495,9 @@ def test_reproduce_small_tables_offline(iwslt_runs, wiki_runs, tmp_path):
     table5 = (runs / "table5.md").read_text()
     assert "Table 5" in table5 and "34.42" in table5 and "34.68" in table5
     table6 = (runs / "table6.md").read_text()
-    assert "Table 6" in table6 and "7.45" in table6 and "6.20" in table6
+    # the paper's Fourier row is the published attention (trained here, in small mode), the defaults beside it
+    assert "Table 6" in table6 and "| FourierFormer small (published attention) |" in table6
+    assert "7.45 ± 2.50" in table6 and "6.20 ± 2.30" in table6
     # every number measured reaches its table (the scores themselves are checked in the tests above)
     import torch
 
@@ -506,7 +508,8 @@ def test_reproduce_small_tables_offline(iwslt_runs, wiki_runs, tmp_path):
         hr = json.load(open(runs / f"head_redundancy_{model}_small.json"))
         assert hr["site"] == "decoder" and hr["layers"] == 2 and hr["heads"] == 2  # the small mode's model
         assert hr["mean"] > 1e-3 and hr["var"] >= 0 and all(layer["pairs"] >= 1 for layer in hr["per_layer"])
-        assert f"| {model} small | {hr['mean']:.4g} | {hr['var']:.4g} |" in table6
+        row = {"softmax": "softmax small", "fourier": "FourierFormer small (defaults)"}[model]
+        assert f"| {row} | {hr['mean']:.4g} | {hr['var']:.4g} |" in table6
         assert (runs / f"attention_maps_{model}_small.png").stat().st_size > 1000
 
         ck = runs / "wikitext103" / f"{model}_small_seed3" / "checkpoints" / "checkpoint_best.pt"
