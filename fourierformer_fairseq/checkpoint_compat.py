@@ -12,6 +12,14 @@ restricted loader, and the checkpoints fairseq-train writes hold a few other obj
 * numpy arrays and scalars (``numpy.ndarray``, ``numpy.dtype`` and its numeric dtype classes,
   ``numpy._core.multiarray._reconstruct`` / ``scalar``, also under their numpy-1.x name
   ``numpy.core.multiarray``): the saved validation meters, e.g. ``_bleu_counts`` with ``--eval-bleu``.
+* what fairseq sends from rank 0 to the other ranks when a run of several processes resumes: rank 0
+  alone reads the checkpoint, and fairseq's ``broadcast_object`` pickles it with ``torch.save``
+  and unpickles it with ``torch.load``. Its ``cfg`` is by then an omegaconf ``DictConfig``
+  (``load_checkpoint_to_cpu`` makes it one): ``DictConfig``, ``ListConfig``, ``AnyNode``,
+  ``Metadata``, ``ContainerMetadata``, ``typing.Any``, ``collections.defaultdict`` and the
+  ``dict``, ``list`` and ``int`` they name, and fairseq's ``_TensorPlaceholder``, which stands for
+  each tensor sent apart. Without them every rank but the first stops at the resume ("Unsupported
+  global: GLOBAL omegaconf.dictconfig.DictConfig").
 
 ``allow_fairseq_checkpoints()`` adds exactly these to the allowlist with
 ``torch.serialization.add_safe_globals``. That is all it does: ``torch.load`` is not wrapped or
@@ -21,6 +29,8 @@ Importing ``fourierformer_fairseq`` (what ``--user-dir`` does) calls it once.
 from __future__ import annotations
 
 import argparse
+import collections
+import typing
 from typing import List
 
 import torch
@@ -52,9 +62,23 @@ def _numpy_globals() -> List[object]:
     return found
 
 
+def _broadcast_globals() -> List[object]:
+    """The globals of a loaded checkpoint as fairseq broadcasts it to the other ranks."""
+    try:
+        from fairseq.distributed.utils import _TensorPlaceholder
+        from omegaconf import DictConfig, ListConfig
+        from omegaconf.base import ContainerMetadata, Metadata
+        from omegaconf.nodes import AnyNode
+    except ImportError:  # no fairseq: nothing broadcasts
+        return []
+    return [DictConfig, ListConfig, AnyNode, Metadata, ContainerMetadata, typing.Any, collections.defaultdict,
+            dict, list, int, _TensorPlaceholder]
+
+
 def fairseq_checkpoint_globals() -> List[object]:
-    """The non-tensor globals in fairseq checkpoints, in the form ``add_safe_globals`` takes."""
-    return [argparse.Namespace] + _numpy_globals()
+    """The non-tensor globals in fairseq checkpoints (and in what rank 0 broadcasts of one), in the form
+    ``add_safe_globals`` takes."""
+    return [argparse.Namespace] + _numpy_globals() + _broadcast_globals()
 
 
 def allow_fairseq_checkpoints() -> None:

@@ -70,3 +70,32 @@ def test_ops_import_without_fairseq():
         print(fourierformer_fairseq.FAIRSEQ_AVAILABLE, "fairseq" in sys.modules, tuple(out.shape))
     """)
     assert proc.stdout.strip().splitlines()[-1] == "False False (1, 1, 3, 4)"
+
+
+def test_what_rank_0_broadcasts_of_a_checkpoint_loads_on_the_other_ranks():
+    """Resuming with several ranks: rank 0 reads the checkpoint (its cfg made an omegaconf DictConfig) and
+    fairseq's broadcast_object sends it to the others through torch.save / torch.load, the tensors apart
+    as placeholders. The other ranks' torch.load (weights_only) reads it once the plugin is imported."""
+    proc = run_python("""
+        import io, pickle, torch
+        from omegaconf import OmegaConf
+        from fairseq.distributed import utils as distributed_utils
+        state = {"cfg": OmegaConf.create({"common": {"seed": 3, "user_dir": None}, "optimization": {"lr": [0.005]}}),
+                 "model": {"w": torch.ones(2)}, "extra_state": {"train_iterator": {"epoch": 3}}}
+        tensors = []
+        buffer = io.BytesIO()
+        torch.save(distributed_utils._split_tensors_from_obj(state, tensors), buffer)
+        def load():
+            try:
+                return torch.load(io.BytesIO(buffer.getvalue()), map_location="cpu")
+            except pickle.UnpicklingError as e:
+                return "refused: " + str(e).splitlines()[0]
+        before = load()
+        import fourierformer_fairseq  # what --user-dir does
+        after = distributed_utils._put_tensors_in_obj(load(), tensors)
+        print("BEFORE", before if isinstance(before, str) else "loaded")
+        print("AFTER", after["cfg"].common.seed, list(after["cfg"].optimization.lr), after["model"]["w"].tolist())
+    """)
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0].isupper())
+    assert lines["BEFORE"].startswith("refused")
+    assert lines["AFTER"] == "3 [0.005] [1.0, 1.0]"

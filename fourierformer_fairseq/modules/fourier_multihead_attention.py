@@ -65,6 +65,18 @@ def rms_normalise(x: Tensor) -> Tensor:
     return out.to(x.dtype)
 
 
+def _sum_over_ranks(t: Tensor) -> Tensor:
+    """t summed over fairseq's data-parallel ranks (one all-reduce; t itself outside distributed training)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return t
+    from fairseq.distributed import utils as distributed_utils
+
+    group = distributed_utils.get_data_parallel_group()
+    if distributed_utils.get_world_size(group) == 1:
+        return t
+    return distributed_utils.all_reduce(t, group)
+
+
 class FourierMultiheadAttention(ProjectedMultiheadAttention):
     """Multi-head Fourier integral attention (FourierFormer, Nguyen et al. 2022).
 
@@ -83,8 +95,9 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         proj_init_std: initialise the q, k, v and output projection weights N(0, std) (the
             published code's 0.02) instead of fairseq's init; biases, if any, start at 0.
         log_interval: every this many training updates, log the radius and the mean attention
-            entropy through fairseq's metrics (0: never; see ``set_num_updates``), and with
-            normaliser_eps the mean share of a row's weight that goes to the null key.
+            entropy through fairseq's metrics, reduced over the data-parallel ranks (0: never; see
+            ``_log_metrics``), and with normaliser_eps the mean share of a row's weight that goes
+            to the null key.
         backend: passed to ``fourier_attention`` ("auto", "cpu", "cuda", "reference").
     """
 
@@ -160,33 +173,57 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
     # ------------------------------------------------------------------ observability
 
     def set_num_updates(self, num_updates: int) -> None:
-        """Called by fairseq's trainer (through the model) before every update."""
+        """Called through the model by fairseq's task before every training pass (``update_num``: the
+        updates done so far) and when a checkpoint is loaded."""
         self._log_this_update = self.log_interval > 0 and num_updates % self.log_interval == 0
 
     def _log_metrics(self, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> None:
-        """The radius of this layer and the mean entropy of its attention rows (first sequence of the batch).
+        """The radius of this layer and the mean entropy of its attention rows, over every rank.
 
-        Logged as ``radius_<layer>`` and ``entropy_<site>`` (nats, averaged over the site's layers and the
-        rows that see a key); fairseq averages them over its --log-interval and writes them to the
-        progress bar and to --tensorboard-logdir.
+        Each training pass of a logged update measures the rows of its batch's first sequence that
+        see a key; the sums (:meth:`_diagnostic_sums`) are added up over fairseq's data-parallel
+        ranks (one all-reduce, as fairseq reduces its own statistics; every rank takes part, also
+        one that runs fairseq's dummy batch, whose rows then count) and logged as
+        ``radius_<layer>`` (the mean over the ranks), ``entropy_<site>`` (nats; the mean over
+        the rows, weighted by them, so that fairseq averages it over the site's layers, the passes
+        of --update-freq and its --log-interval as it averages the loss) and, with a null key,
+        ``nullkey_<layer>`` (its mean share of a row's weight). With N ranks each taking one pass
+        of an update, the logged values are those of one process taking the same N batches as
+        --update-freq N passes (to the rounding of the weighted sums).
         """
         from fairseq.logging import metrics
 
-        self._log_this_update = False  # once per update, also with --update-freq > 1
+        self._log_this_update = False  # re-armed by set_num_updates, which fairseq calls before every pass
         with torch.no_grad():
-            metrics.log_scalar(f"radius_{self.log_name}", self.radius.detach().float().mean().item(), round=4)
-            kpm = None if key_padding_mask is None else key_padding_mask[:1]
-            S = self._scores(q[:1].float(), k[:1].float(), k[:1].float(), kpm, None, causal)
-            P = torch.softmax(S, dim=-1)
-            seen = torch.isfinite(S).any(-1)
-            H = -(P * torch.where(P > 0, P.log(), torch.zeros_like(P))).sum(-1)
-            if seen.any():
-                site = self.log_name.rstrip("0123456789")
-                metrics.log_scalar(f"entropy_{site}", H[seen].mean().item(), round=3)
-                if self.normaliser_eps > 0:  # the null key's share eps / (sum_j w_ij + eps), per layer
-                    lse = torch.logsumexp(S.double(), dim=-1)[seen]
-                    share = torch.sigmoid(math.log(self.normaliser_eps) - lse)
-                    metrics.log_scalar(f"nullkey_{self.log_name}", share.mean().item(), round=4)
+            radius, ranks, entropy, rows, null_share = _sum_over_ranks(
+                self._diagnostic_sums(q, k, key_padding_mask, causal)).tolist()
+        metrics.log_scalar(f"radius_{self.log_name}", radius / ranks, round=4)
+        if rows > 0:
+            site = self.log_name.rstrip("0123456789")
+            metrics.log_scalar(f"entropy_{site}", entropy / rows, weight=rows, round=3)
+            if self.normaliser_eps > 0:
+                metrics.log_scalar(f"nullkey_{self.log_name}", null_share / rows, weight=rows, round=4)
+
+    def _diagnostic_sums(self, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> Tensor:
+        """This pass's sums, float64 on q's device: (mean radius, 1 (this rank), the rows' entropies in
+        nats, the rows, the rows' null-key shares eps / (sum_j w_ij + eps)), over the rows of the
+        batch's first sequence that see a key."""
+        kpm = None if key_padding_mask is None else key_padding_mask[:1]
+        S = self._scores(q[:1].float(), k[:1].float(), k[:1].float(), kpm, None, causal)
+        P = torch.softmax(S, dim=-1)
+        seen = torch.isfinite(S).any(-1)
+        H = -(P * torch.where(P > 0, P.log(), torch.zeros_like(P))).sum(-1)
+        share = torch.zeros((), dtype=torch.float64, device=q.device)
+        if self.normaliser_eps > 0:
+            lse = torch.logsumexp(S.double(), dim=-1)[seen]
+            share = torch.sigmoid(math.log(self.normaliser_eps) - lse).sum()
+        return torch.stack([
+            self.radius.detach().double().mean(),
+            torch.ones((), dtype=torch.float64, device=q.device),
+            H[seen].double().sum(),
+            seen.sum().double(),
+            share,
+        ])
 
     # ------------------------------------------------------------------ attention
 
