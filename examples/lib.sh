@@ -94,3 +94,116 @@ download() {
     fi
     mv "$dest.part" "$dest"
 }
+
+# ----------------------------------------------------------------------------- several GPUs and machines
+# A recipe's --gpus N is N GPUs in all (fairseq's --distributed-world-size: one process each), on one
+# machine or several; the recipe keeps its protocol's units an update (tokens or sequences) by
+# sharing them out with gpu_split, and takes fairseq's options for the way it was started from
+# distributed_options. What each launcher needs, and what was measured: docs/distributed.md.
+#
+# gpu_split TOTAL N MAX_PER_PASS UNIT
+#   How the protocol's TOTAL UNITs an update (at one GPU: --max-tokens or --batch-size times
+#   --update-freq) are shared by N GPUs: sets SPLIT_PER_PASS (the per-GPU --max-tokens or
+#   --batch-size: the largest divisor of TOTAL / N that is at most MAX_PER_PASS, so the fewest passes)
+#   and SPLIT_UPDATE_FREQ (--update-freq), with SPLIT_PER_PASS * SPLIT_UPDATE_FREQ * N == TOTAL.
+#   Dies with the reason and the N that divide TOTAL when N does not (no split keeps the protocol's
+#   TOTAL an update). UNIT ("tokens", "sequences") is for the messages.
+gpu_split() {
+    local total="$1" n="$2" max="$3" unit="$4" share per
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "--gpus takes a positive number of GPUs, got '$n'"
+    if (( total % n )); then
+        local d divisors=()
+        for (( d = 1; d <= total; d++ )); do (( total % d )) || divisors+=("$d"); done
+        die "the protocol's $total $unit an update cannot be shared evenly by $n GPUs (each would take" \
+            "$total/$n): use --gpus with one of ${divisors[*]}, or set the batch yourself after --" \
+            "(an update then takes the per-GPU batch times --update-freq times $n $unit)"
+    fi
+    share=$(( total / n ))
+    for (( per = max < share ? max : share; per >= 1; per-- )); do
+        if (( share % per == 0 )); then
+            SPLIT_PER_PASS=$per SPLIT_UPDATE_FREQ=$(( share / per ))
+            return 0
+        fi
+    done
+}
+
+# distributed_options N [ARGS...]
+#   Sets DIST_OPTIONS (an array: the fairseq-train options for N processes; none for N = 1),
+#   DIST_LAUNCH (how this copy of the recipe was started, for the messages) and DIST_COPY (this copy
+#   among those a launcher started: copy 0 writes meta.json and train.log, a copy C > 0 its own
+#   train.copyC.log only), from the environment and from ARGS (the fairseq-train arguments given
+#   after the recipe's --), as fairseq itself tells them apart:
+#     torchrun: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (the recipe run by
+#       `torchrun ... --no-python RECIPE`); fairseq reads them; WORLD_SIZE must be N; DIST_COPY=RANK.
+#     srun: SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) set and --distributed-port P in ARGS;
+#       --distributed-world-size N; fairseq reads SLURM's environment: with one task a machine it
+#       starts one process per GPU of each and counts the world itself (machines times GPUs, which
+#       must be N), with one task a GPU each task is one process; DIST_COPY=SLURM_PROCID.
+#     by hand on each machine: --distributed-init-method URL and --distributed-rank R in ARGS (R the
+#       first rank of the machine); --distributed-world-size N; fairseq starts one process per GPU;
+#       DIST_COPY=R.
+#     otherwise one machine: --distributed-world-size N; fairseq starts one process per GPU of the
+#       machine on a free port.
+#   Dies with the reason where the environment contradicts N (torchrun's WORLD_SIZE, srun's machines
+#   without --distributed-port).
+distributed_options() {
+    local n="$1"; shift
+    local args=("$@") port="" init="" rank="" i
+    for ((i = 0; i < ${#args[@]}; i++)); do
+        case "${args[$i]}" in
+            --distributed-port) port="${args[$((i + 1))]:-}" ;;
+            --distributed-port=*) port="${args[$i]#*=}" ;;
+            --distributed-init-method) init="${args[$((i + 1))]:-}" ;;
+            --distributed-init-method=*) init="${args[$i]#*=}" ;;
+            --distributed-rank) rank="${args[$((i + 1))]:-}" ;;
+            --distributed-rank=*) rank="${args[$i]#*=}" ;;
+        esac
+    done
+    DIST_OPTIONS=() DIST_COPY=0
+    if [[ -n "${RANK:-}" && -n "${WORLD_SIZE:-}" && -n "${MASTER_ADDR:-}" && -n "${MASTER_PORT:-}" ]]; then
+        DIST_LAUNCH="torchrun (rank $RANK of $WORLD_SIZE)"
+        [[ "$WORLD_SIZE" == "$n" ]] || die "torchrun started $WORLD_SIZE processes (WORLD_SIZE) but --gpus is $n:" \
+            "the batch is shared by --gpus GPUs, so they must be equal"
+        DIST_COPY=$RANK
+    elif [[ -n "${SLURM_STEP_NODELIST:-${SLURM_JOB_NODELIST:-}}" && -n "$port" && "$port" != -* ]]; then
+        DIST_LAUNCH="SLURM (task ${SLURM_PROCID:-0} of ${SLURM_NTASKS:-1}, port $port)"
+        DIST_OPTIONS=(--distributed-world-size "$n")
+        DIST_COPY=${SLURM_PROCID:-0}
+    elif (( ${SLURM_NNODES:-1} > 1 )) && [[ -n "${SLURM_PROCID:-}" ]]; then
+        die "under srun on ${SLURM_NNODES} machines fairseq needs a port to meet on: pass -- --distributed-port PORT" \
+            "(the same in every task; without it each machine would train alone)"
+    elif [[ -n "$init" ]]; then
+        DIST_LAUNCH="by hand (first rank ${rank:-0} of $n, $init)"
+        DIST_OPTIONS=(--distributed-world-size "$n")
+        DIST_COPY=${rank:-0}
+    elif (( n > 1 )); then
+        DIST_LAUNCH="one machine, $n GPUs"
+        DIST_OPTIONS=(--distributed-world-size "$n")
+    else
+        DIST_LAUNCH="one process"
+    fi
+}
+
+# check_distributed N: before training, that this machine can run its part of N processes (the GPUs
+#   torch sees here: at least N on one machine; under srun with one task a machine, N = machines
+#   times GPUs); dies with the reason. Without a GPU, N > 1 dies: fairseq's launchers need CUDA
+#   (two CPU processes train by the per-rank commands of docs/distributed.md).
+check_distributed() {
+    local n="$1" gpus
+    (( n > 1 )) || return 0
+    gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null | tail -1)
+    (( ${gpus:-0} > 0 )) || die "--gpus $n needs GPUs and torch sees none here; for several CPU processes" \
+        "(gloo) see docs/distributed.md"
+    case "$DIST_LAUNCH" in
+        one\ machine*)
+            (( gpus >= n )) || die "--gpus $n on one machine, but torch sees $gpus GPUs here" ;;
+        SLURM*)
+            if [[ "${SLURM_NTASKS_PER_NODE:-}" == 1 || "${SLURM_NTASKS:-1}" == "${SLURM_NNODES:-1}" ]]; then
+                (( ${SLURM_NNODES:-1} * gpus == n )) || die "srun with one task a machine: fairseq trains on" \
+                    "${SLURM_NNODES:-1} machines x $gpus GPUs, not --gpus $n"
+            fi ;;
+    esac
+}
+
+# run_log RUN: this copy's log file (see distributed_options)
+run_log() { if [[ "${DIST_COPY:-0}" == 0 ]]; then echo "$1/train.log"; else echo "$1/train.copy${DIST_COPY}.log"; fi; }

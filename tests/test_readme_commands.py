@@ -314,3 +314,72 @@ def test_readme_training_command_is_the_recipes(blocks, block, tmp_path):
     differ = {k: (ours.get(k), theirs.get(k)) for k in set(ours) | set(theirs)
               if k not in RUN_BOOKKEEPING and ours.get(k) != theirs.get(k)}
     assert not differ, f"README block {block} and {recipe[0]} train differently (README, recipe): {differ}"
+
+
+# ----------------------------------------------------------------------------- several GPUs and machines
+
+# what may differ between the README's one-GPU training line and a distributed one: the bookkeeping
+# above, the per-GPU batch (validation's follows it, as fairseq's default) and fairseq's distributed options
+DISTRIBUTED_SETTINGS = RUN_BOOKKEEPING | {"max_tokens", "max_tokens_valid", "distributed_world_size", "distributed_port"}
+
+
+def _launched(command: str):
+    """A README launch line -> (its recipe's argv, the launcher's environment as each copy of the recipe
+    sees it (the first copy's), the processes in all). srun's and torchrun's own options are read as
+    they read them (torchrun's by its own parser)."""
+    words = shlex.split(command, comments=True)
+    env = {}
+    if words[0] == "srun":
+        options, i = {}, 1
+        while words[i].startswith("--"):
+            options[words[i]] = words[i + 1]
+            i += 2
+        nodes, tasks, gpus = (int(options[k]) for k in ("--nodes", "--ntasks-per-node", "--gpus-per-node"))
+        env = {"SLURM_JOB_NODELIST": f"node[1-{nodes}]", "SLURM_STEP_NODELIST": f"node[1-{nodes}]",
+               "SLURM_NNODES": str(nodes), "SLURM_NTASKS_PER_NODE": str(tasks), "SLURM_NTASKS": str(nodes * tasks),
+               "SLURM_PROCID": "0", "SLURM_NODEID": "0", "SLURM_LOCALID": "0"}
+        return words[i:], env, nodes * (gpus if tasks == 1 else tasks)
+    if words[0] == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        args = get_args_parser().parse_args(words[1:])
+        assert args.no_python, "torchrun runs the recipe, a shell script: --no-python"
+        world = int(args.nnodes) * int(args.nproc_per_node)
+        env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "host",
+               "MASTER_PORT": "29500"}
+        return [args.training_script, *args.training_script_args], env, world
+    gpus = words[words.index("--gpus") + 1]
+    return words, env, int(gpus)
+
+
+@pytest.mark.parametrize("block", ["distributed-one-machine", "distributed-slurm", "distributed-torchrun"])
+def test_readme_distributed_commands_train_as_the_one_gpu_line(blocks, block, tmp_path):
+    """Each launch line's recipe, run as its launcher would run it (the environment a copy of the recipe
+    sees) with --print-command, gives fairseq-train the README's one-GPU training line with the update's
+    4096 tokens shared by every process and fairseq's distributed options; the launcher's processes are
+    --gpus (torchrun's nnodes x nproc-per-node, srun's nodes x GPUs a node with one task a node)."""
+    (command,) = shell_commands(blocks[block][1])
+    recipe, env, world = _launched(command)
+    assert recipe[0] == "examples/iwslt14/train.sh" and int(recipe[recipe.index("--gpus") + 1]) == world
+    split = recipe.index("--") if "--" in recipe else len(recipe)
+    argv = [*recipe[1:split], "--print-command", *recipe[split:]]
+    proc = subprocess.run(["bash", str(ROOT / recipe[0]), *argv], cwd=tmp_path, env={**_env(), **env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (printed,) = proc.stdout.strip().splitlines()
+    tool, theirs = fairseq_argv(printed)
+    assert tool == "fairseq-train"
+    _, theirs = _parse(tool, theirs)
+    (one_gpu,) = [fairseq_argv(c)[1] for c in shell_commands(blocks["iwslt-train"][1]) if fairseq_argv(c)]
+    _, ours = _parse("fairseq-train", one_gpu)
+    assert ours.max_tokens == 4096 and theirs.max_tokens * world == 4096 and theirs.update_freq == [1]
+    if block == "distributed-torchrun":
+        assert "--distributed-world-size" not in printed  # fairseq takes torchrun's WORLD_SIZE
+    else:
+        assert theirs.distributed_world_size == world
+    if block == "distributed-slurm":
+        assert theirs.distributed_port == 12345
+    ours, theirs = vars(ours), vars(theirs)
+    differ = {k: (ours.get(k), theirs.get(k)) for k in set(ours) | set(theirs)
+              if k not in DISTRIBUTED_SETTINGS and ours.get(k) != theirs.get(k)}
+    assert not differ, f"README block {block} trains differently from iwslt-train (README, recipe): {differ}"

@@ -16,6 +16,8 @@ KEEP_LAST=10
 EVAL_BLEU=1
 SMALL=0
 MAX_TOKENS=$R_MAX_TOKENS
+GPUS=1
+PRINT=0
 LR=$R_LR
 WARMUP=""
 EXTRA=()
@@ -30,6 +32,13 @@ weight decay $R_WEIGHT_DECAY, label smoothing $R_LABEL_SMOOTHING, $R_MAX_TOKENS 
 embeddings, BLEU (beam 5) on valid for the best checkpoint. One run per seed:
 RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/.
 
+On N GPUs (--gpus N, all machines together) the update keeps its $R_MAX_TOKENS tokens: each GPU's batch
+is --max-tokens $R_MAX_TOKENS/N (N must divide $R_MAX_TOKENS; a smaller cap packs its sentences less tightly,
+docs/distributed.md). One machine: fairseq starts one process per GPU. Several: run this script in
+each srun task with -- --distributed-port PORT, or by torchrun ... --no-python examples/iwslt14/train.sh,
+or on each machine with -- --distributed-init-method tcp://HOST:PORT --distributed-rank R (R: the
+machine's first rank); the first copy writes train.log and meta.json, copy C train.copyC.log.
+
 Options:
   --model fourier|softmax|ARCH  fourier = $R_ARCH (p=2; --fourier-paper-exact after -- for the paper's formulation),
                            softmax = its softmax twin; or any registered arch (default: $MODEL)
@@ -40,11 +49,14 @@ Options:
   --max-epoch N            (default: $MAX_EPOCH; checkpoints of the last $KEEP_LAST epochs are kept for averaging)
   --max-update N           stop after N updates instead (0: no limit; default: $MAX_UPDATE)
   --keep-last N            epoch checkpoints kept (default: $KEEP_LAST)
-  --max-tokens N           tokens a batch (default: $MAX_TOKENS)
+  --max-tokens N           tokens an update (default: $MAX_TOKENS; with --gpus, shared by the GPUs)
+  --gpus N                 GPUs in all, one process each (default: $GPUS); fairseq's distributed
+                           options (--distributed-port, ...) go after --
   --lr X                   peak learning rate (default: $LR)
   --warmup N               warm-up updates (default: $R_WARMUP_UPDATES)
   --no-eval-bleu           pick the best checkpoint by valid loss (no beam search each epoch)
   --small                  small mode: a 1-layer, 32-dim model, 3 epochs (minutes on a CPU)
+  --print-command          print each seed's fairseq-train command and stop (nothing is checked or run)
   -h, --help               this help
 Anything after -- goes to fairseq-train, e.g. -- --fourier-phi abs --fourier-radius-init 2.0
 
@@ -52,6 +64,7 @@ Examples:
   examples/iwslt14/train.sh --model fourier --seeds "1 2 3"
   examples/iwslt14/train.sh --model softmax --seeds "1 2 3"
   examples/iwslt14/train.sh --model fourier --name phi_abs -- --fourier-phi abs
+  examples/iwslt14/train.sh --model fourier --gpus 4
 EOF
 }
 
@@ -68,6 +81,8 @@ while [[ $# -gt 0 ]]; do
         --max-tokens) MAX_TOKENS="${2:?}"; shift 2 ;;
         --lr) LR="${2:?}"; shift 2 ;;
         --warmup) WARMUP="${2:?}"; shift 2 ;;
+        --gpus) GPUS="${2:?}"; shift 2 ;;
+        --print-command) PRINT=1; shift ;;
         --no-eval-bleu) EVAL_BLEU=0; shift ;;
         --small) SMALL=1; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -87,10 +102,6 @@ if [[ -z "$NAME" ]]; then
     NAME="${NAME//-/_}"
 fi
 
-need fairseq-train "pip install fairseq-fixed==0.12.3.1"
-[[ -f "$DATA/dict.de.txt" && -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA: run examples/iwslt14/prepare.sh first"
-[[ -d "$USER_DIR" ]] || die "plugin folder $USER_DIR not found (set FOURIERFORMER_USER_DIR)"
-
 SIZE=()
 if [[ $SMALL == 1 ]]; then
     SIZE=(--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32
@@ -101,8 +112,12 @@ fi
 WARMUP="${WARMUP:-$R_WARMUP_UPDATES}"
 STOP=()
 [[ $MAX_UPDATE != 0 ]] && STOP+=(--max-update "$MAX_UPDATE")
-mapfile -t RECIPE < <(recipe iwslt14 --set lr "$LR" --set warmup-updates "$WARMUP" --set max-tokens "$MAX_TOKENS" \
-                      --set max-epoch "$MAX_EPOCH")
+# the update's tokens shared by the GPUs (examples/lib.sh: gpu_split), fairseq's options for them
+gpu_split "$MAX_TOKENS" "$GPUS" "$MAX_TOKENS" tokens
+distributed_options "$GPUS" "${EXTRA[@]}"
+SETS=(--set lr "$LR" --set warmup-updates "$WARMUP" --set max-tokens "$SPLIT_PER_PASS" --set max-epoch "$MAX_EPOCH")
+(( SPLIT_UPDATE_FREQ > 1 )) && SETS+=(--set update-freq "$SPLIT_UPDATE_FREQ")
+mapfile -t RECIPE < <(recipe iwslt14 "${SETS[@]}")
 
 BLEU=()
 if [[ $EVAL_BLEU == 1 ]]; then
@@ -110,24 +125,45 @@ if [[ $EVAL_BLEU == 1 ]]; then
           --eval-bleu-detok moses --eval-bleu-remove-bpe
           --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 fi
+
+command_of() {  # command_of SEED RUN: the fairseq-train command of a seed, one argument an element of CMD
+    CMD=(fairseq-train "$DATA" --user-dir "$USER_DIR" \
+        --arch "$ARCH" "${SIZE[@]}" "${RECIPE[@]}" "${STOP[@]}" "${BLEU[@]}" "${DEVICE[@]}" "${DIST_OPTIONS[@]}" \
+        --seed "$1" --save-dir "$2/checkpoints" --keep-last-epochs "$KEEP_LAST" \
+        --log-format simple --log-interval 50 "${EXTRA[@]}")
+}
 DEVICE=()
+if [[ $PRINT == 1 ]]; then
+    for SEED in $SEEDS; do
+        command_of "$SEED" "$RUNS/${NAME}_seed${SEED}"
+        printf '%q ' "${CMD[@]}"; echo
+    done
+    exit 0
+fi
+
+need fairseq-train "pip install fairseq-fixed==0.12.3.1"
+[[ -f "$DATA/dict.de.txt" && -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA: run examples/iwslt14/prepare.sh first"
+[[ -d "$USER_DIR" ]] || die "plugin folder $USER_DIR not found (set FOURIERFORMER_USER_DIR)"
+check_distributed "$GPUS"
 has_cuda || DEVICE=(--cpu)
+(( GPUS > 1 )) && say "$GPUS GPUs ($DIST_LAUNCH): $SPLIT_PER_PASS tokens a GPU, $MAX_TOKENS an update"
 
 for SEED in $SEEDS; do
     RUN="$RUNS/${NAME}_seed${SEED}"
+    LOG=$(run_log "$RUN")
     mkdir -p "$RUN/checkpoints"
-    write_meta "$RUN/meta.json" task=iwslt14 model="$MODEL" arch="$ARCH" seed="$SEED" name="$NAME" \
-        data="$DATA" small="$SMALL" -- "${EXTRA[@]}"
-    say "training $ARCH seed $SEED -> $RUN (log: $RUN/train.log)"
+    if [[ $DIST_COPY == 0 ]]; then
+        write_meta "$RUN/meta.json" task=iwslt14 model="$MODEL" arch="$ARCH" seed="$SEED" name="$NAME" \
+            data="$DATA" small="$SMALL" gpus="$GPUS" -- "${EXTRA[@]}"
+    fi
+    say "training $ARCH seed $SEED -> $RUN (log: $LOG)"
     start=$(date +%s)
+    command_of "$SEED" "$RUN"
     set +e
-    fairseq-train "$DATA" --user-dir "$USER_DIR" \
-        --arch "$ARCH" "${SIZE[@]}" "${RECIPE[@]}" "${STOP[@]}" "${BLEU[@]}" "${DEVICE[@]}" \
-        --seed "$SEED" --save-dir "$RUN/checkpoints" --keep-last-epochs "$KEEP_LAST" \
-        --log-format simple --log-interval 50 "${EXTRA[@]}" 2>&1 | tee "$RUN/train.log" \
+    "${CMD[@]}" 2>&1 | tee "$LOG" \
         | grep --line-buffered -E "valid on|done training|Error|error:|Traceback" >&2
     rc=${PIPESTATUS[0]}
     set -e
-    [[ $rc == 0 ]] || die "fairseq-train failed for seed $SEED (exit $rc); see $RUN/train.log"
+    [[ $rc == 0 ]] || die "fairseq-train failed for seed $SEED (exit $rc); see $LOG"
     say "seed $SEED done in $(( $(date +%s) - start ))s: $RUN"
 done
