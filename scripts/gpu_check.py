@@ -2,7 +2,7 @@
 """The GPU check: everything a user does on a GPU, in one run of under ten minutes, with one table.
 
     bash scripts/gpu_check.sh [--out DIR] [--offline DIR | --wheels DIR --data-bin DIR] [--raw DIR]
-                              [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,train,sanitize]
+                              [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,train,distributed,sanitize]
     bash scripts/gpu_check.sh --dry-run [--offline DIR]   # without a GPU: every step but the GPU's
     python scripts/gpu_check.py --prepare-offline DIR     # with a network: the wheels and data for --offline DIR
 
@@ -33,6 +33,11 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
              (fairseq's --bf16 means a TPU, so bfloat16 is checked by the tests and Table 9); then the
              --fp16 runs are evaluated: fairseq-generate --fp16 (beam 5, BLEU) and fairseq-eval-lm --fp16
   GPU-hours  from the --fp16 runs' ms per update: what each of the paper's tables costs on this card
+  distributed  two ranks of stock fairseq-train on the GPU(s) for each attention kind (a translation
+             model each, 12 updates): NCCL where there are two GPUs, else gloo with both on the one,
+             under fairseq's GPU default --ddp-backend pytorch_ddp; every parameter and buffer, the
+             Performer's features and the diagnostics identical on both ranks
+             (tests/test_distributed.py, its cuda tests); SKIP without a GPU
   sanitize   compute-sanitizer's memcheck, racecheck and synccheck over scripts/cuda_kernel_cases.py
              (every kernel instance of the CUDA path once, small shapes), each tool while at least
              SANITIZE_MIN_SECONDS of the budget is left; last, since the budget decides how much of it
@@ -75,9 +80,10 @@ from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
-STEPS = ("install", "tests", "cpu", "attention", "table9", "train", "sanitize")
+STEPS = ("install", "tests", "cpu", "attention", "table9", "train", "distributed", "sanitize")
 CUDA_TESTS = ("tests/test_cuda_kernels.py", "tests/test_cuda_fuzz.py", "tests/test_cuda_module.py")
 CPU_OP_TESTS = ("tests/test_fourier_attention_op.py", "tests/test_op_fuzz.py")
+DISTRIBUTED_TESTS = ("tests/test_distributed.py",)  # its tests marked cuda: three cases, side by side
 CPU_VARIANT = "avx512"  # the variant no CI host runs (tests/cpu_variants.py: FOURIERFORMER_CPU_ISA)
 
 # Time limits of the steps in seconds (each is also cut to what is left of --budget). On an H200 the
@@ -86,7 +92,7 @@ CPU_VARIANT = "avx512"  # the variant no CI host runs (tests/cpu_variants.py: FO
 # A dry run runs the same test selections on a CPU, far slower: its limits are this many times longer
 DRY_RUN_SCALE = 4
 STEP_SECONDS = {"install": 200, "tests": 200, "cpu": 200, "attention": 90, "table9": 120, "training": 100,
-                "evaluate": 60, "sanitize": 150}
+                "evaluate": 60, "distributed": 60, "sanitize": 150}
 
 # The trained tasks: the recipe (training_recipes.py) and the data-bin folder of each
 TASKS = {"mt": ("iwslt14", "multi30k.de-en"), "lm": ("wikitext103", "wikitext-2")}
@@ -300,6 +306,18 @@ def step_tests(check: Check, args, workers: int) -> None:
     if not args.gpu and status != "FAIL":
         what += " (no GPU: the CUDA tests skip)"
     check.record("tests (CUDA)", status, time.perf_counter() - t0, what)
+
+
+def step_distributed(check: Check, args, workers: int) -> None:
+    t0 = time.perf_counter()
+    step = "distributed (two ranks)"
+    if not args.gpu:
+        check.record(step, "SKIP", 0, "no GPU (two CPU ranks of every kind: the full tier's tests/test_distributed.py)")
+        return
+    rc, text = check.run("distributed", tests_command(DISTRIBUTED_TESTS, min(workers, 3), "cuda"),
+                         STEP_SECONDS["distributed"])
+    status, what = judge_tests("distributed", rc, text, need_passed=True)
+    check.record(step, status, time.perf_counter() - t0, what)
 
 
 def cpu_flags() -> list[str]:
@@ -927,6 +945,8 @@ def main(argv=None) -> int:
                     card = "this card" if args.gpu else "this CPU (dry run: tiny models, not a budget)"
                     check.record("GPU-hours", "INFO", 0, f"the paper's tables on {card}, --{precision} ms/update: "
                                  + "; ".join(lines))
+        if "distributed" in steps:
+            step_distributed(check, args, workers)
         if "sanitize" in steps:
             step_sanitize(check, args)
 

@@ -113,20 +113,28 @@ class Run:
     returns each rank's record (tests/distributed_plugin)."""
 
     def __init__(self, data, task: str, arch: str, options, out: Path, ranks: int,
-                 save_dir: Path | None = None, epochs: int = EPOCHS):
+                 save_dir: Path | None = None, epochs: int = EPOCHS, device: str = "cpu"):
         out.mkdir(parents=True, exist_ok=True)
         save = ["--save-dir", str(save_dir)] if save_dir else ["--no-save", "--save-dir", str(out / "unused")]
         argv = [*fairseq_train_exe(), *task_options(task, data), "--user-dir", str(PLUGIN), "--arch", arch,
-                "--optimizer", "adam", "--lr", "0.005", "--max-epoch", str(epochs), "--seed", "1", "--cpu",
+                "--optimizer", "adam", "--lr", "0.005", "--max-epoch", str(epochs), "--seed", "1",
+                *(["--cpu"] if device == "cpu" else []),
                 "--num-workers", "0", "--no-progress-bar", "--log-format", "simple", "--log-interval", "1",
                 *NO_DROPOUT, *save, *options]
         if ranks == 1:
             self.commands = [argv + ["--update-freq", "2"]]
         else:
             port = free_port()
-            self.commands = [argv + ["--distributed-world-size", str(ranks), "--distributed-rank", str(r),
-                                     "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp",
-                                     "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn"]
+            if device == "cpu":
+                backend = ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+                devices = [[] for _ in range(ranks)]
+            else:  # fairseq's GPU default, c10d without --find-unused-parameters; NCCL needs a GPU a rank
+                nccl = torch.cuda.device_count() >= ranks
+                backend = ["--distributed-backend", "nccl" if nccl else "gloo", "--ddp-backend", "pytorch_ddp"]
+                devices = [["--device-id", str(r if nccl else 0)] for r in range(ranks)]
+            self.commands = [argv + ["--distributed-world-size", str(ranks), "--distributed-rank", str(r), *backend,
+                                     *devices[r], "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+                                     "--distributed-no-spawn"]
                              for r in range(ranks)]
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                    FF_DIST_RECORD=str(out))
@@ -280,3 +288,28 @@ def test_resume_with_the_other_world_size_at_an_epoch_end(first, then, data, tmp
     assert batches(second) == batches(resumed_reference)
     for record in second:
         assert not differing(record["state"], resumed_reference["state"])
+
+
+GPU_CASES = ("mt-fourier", "mt-performer", "mt-gfnet")  # a kind each, within a minute (the GPU check's row)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_two_ranks_on_the_gpu_hold_one_model(case, data, tmp_path):
+    """On a GPU, under fairseq's GPU default (--ddp-backend pytorch_ddp: c10d, no --find-unused-parameters):
+    NCCL where there are two GPUs (one a rank), else gloo with both ranks on the one. Every parameter and
+    buffer is identical on both ranks, the Performer's features after each redraw, the diagnostics. (Not
+    against one process: the CUDA kernels' atomics and cuBLAS add in no fixed order.)"""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    task, arch, options = CASES[case]
+    rank0, rank1 = train(data, task, arch, options, tmp_path / "two", ranks=2, device="cuda")
+    assert len(rank0["updates"]) == len(rank1["updates"]) == EPOCHS * 3
+    assert [u["dummy"] == [True] for u in rank1["updates"]] == [i % 3 == 2 for i in range(EPOCHS * 3)]
+    assert not differing(rank0["state"], rank1["state"]), "the ranks' models differ"
+    for step, (u0, u1) in enumerate(zip(rank0["updates"], rank1["updates"]), start=1):
+        for name, (draw, projection) in u0["features"].items():
+            assert u1["features"][name][0] == draw and torch.equal(u1["features"][name][1], projection), (step, name)
+        assert diagnostics(u0) == diagnostics(u1), f"update {step}: the ranks logged different diagnostics"
+    losses = [mean(u["meters"]["loss"]) for u in rank0["updates"]]
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.2, losses

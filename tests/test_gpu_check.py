@@ -385,3 +385,44 @@ def test_the_kernel_cases_run_through_the_cpu_kernels(capsys):
     halves = sum(dtype not in (cases.torch.float32, cases.torch.float64) for _, _, dtype, _ in cases.CASES)
     assert f"{len(cases.CASES) - halves} of {len(cases.CASES)} cases ran with finite outputs on cpu" in out
     assert out.count("ok  ") == len(cases.CASES) - halves
+
+
+# ------------------------------------------------------------------------------------- distributed
+
+class FakeTestsCheck:
+    """Check's run / record with one canned pytest output."""
+
+    def __init__(self, rc, text):
+        self.rc, self.text = rc, text
+        self.commands, self.limits, self.recorded = [], [], []
+
+    def run(self, name, cmd, seconds, env=None):
+        self.commands.append(cmd)
+        self.limits.append(seconds)
+        return self.rc, self.text
+
+    def record(self, step, status, seconds, what):
+        self.recorded.append((step, status, what))
+
+
+def test_distributed_row_runs_the_two_rank_gpu_tests_within_a_minute_and_reads_pytest(gc):
+    check = FakeTestsCheck(0, "...\n3 passed, 18 deselected in 41.20s\n")
+    gc.step_distributed(check, argparse.Namespace(gpu=True), 16)
+    (cmd,), (limit,) = check.commands, check.limits
+    assert cmd[cmd.index("-m", 3) + 1] == "cuda" and "tests/test_distributed.py" in cmd
+    assert limit == gc.STEP_SECONDS["distributed"] == 60 and "distributed" in gc.STEPS
+    assert check.recorded == [("distributed (two ranks)", "PASS", "3 passed, 18 deselected in 41.20s")]
+
+    check = FakeTestsCheck(1, "F..\n1 failed, 2 passed, 18 deselected in 44.00s\n")
+    gc.step_distributed(check, argparse.Namespace(gpu=True), 16)
+    assert check.recorded[0][1] == "FAIL" and "1 failed" in check.recorded[0][2]
+
+    check = FakeTestsCheck(0, "sss\n3 skipped, 18 deselected in 5.00s\n")  # a GPU torch does not see: nothing ran
+    gc.step_distributed(check, argparse.Namespace(gpu=True), 16)
+    assert check.recorded[0][1] == "FAIL" and "nothing ran" in check.recorded[0][2]
+
+
+def test_distributed_row_skips_without_a_gpu(gc):
+    check = FakeTestsCheck(0, "")
+    gc.step_distributed(check, argparse.Namespace(gpu=False), 16)
+    assert not check.commands and [(s, st) for s, st, _ in check.recorded] == [("distributed (two ranks)", "SKIP")]
