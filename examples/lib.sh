@@ -134,7 +134,9 @@ gpu_split() {
 #   train.copyC.log only), from the environment and from ARGS (the fairseq-train arguments given
 #   after the recipe's --), as fairseq itself tells them apart:
 #     torchrun: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (the recipe run by
-#       `torchrun ... --no-python RECIPE`); fairseq reads them; WORLD_SIZE must be N; DIST_COPY=RANK.
+#       `torchrun ... --no-python RECIPE`); --distributed-world-size N (without it fairseq would
+#       train alone where a machine has one GPU: its default is the GPUs it sees); fairseq reads
+#       torchrun's variables; WORLD_SIZE must be N; DIST_COPY=RANK.
 #     srun: SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) set and --distributed-port P in ARGS;
 #       --distributed-world-size N; fairseq reads SLURM's environment: with one task a machine it
 #       starts one process per GPU of each and counts the world itself (machines times GPUs, which
@@ -164,6 +166,7 @@ distributed_options() {
         DIST_LAUNCH="torchrun (rank $RANK of $WORLD_SIZE)"
         [[ "$WORLD_SIZE" == "$n" ]] || die "torchrun started $WORLD_SIZE processes (WORLD_SIZE) but --gpus is $n:" \
             "the batch is shared by --gpus GPUs, so they must be equal"
+        DIST_OPTIONS=(--distributed-world-size "$n")
         DIST_COPY=$RANK
     elif [[ -n "${SLURM_STEP_NODELIST:-${SLURM_JOB_NODELIST:-}}" && -n "$port" && "$port" != -* ]]; then
         DIST_LAUNCH="SLURM (task ${SLURM_PROCID:-0} of ${SLURM_NTASKS:-1}, port $port)"

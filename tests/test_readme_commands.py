@@ -373,10 +373,7 @@ def test_readme_distributed_commands_train_as_the_one_gpu_line(blocks, block, tm
     (one_gpu,) = [fairseq_argv(c)[1] for c in shell_commands(blocks["iwslt-train"][1]) if fairseq_argv(c)]
     _, ours = _parse("fairseq-train", one_gpu)
     assert ours.max_tokens == 4096 and theirs.max_tokens * world == 4096 and theirs.update_freq == [1]
-    if block == "distributed-torchrun":
-        assert "--distributed-world-size" not in printed  # fairseq takes torchrun's WORLD_SIZE
-    else:
-        assert theirs.distributed_world_size == world
+    assert theirs.distributed_world_size == world
     if block == "distributed-slurm":
         assert theirs.distributed_port == 12345
     ours, theirs = vars(ours), vars(theirs)
