@@ -18,6 +18,7 @@ WARMUP=""
 CONTEXT=""
 SMALL=0
 PRINT=0
+GPUS=1
 KEEP=5
 SAVE_EVERY=5000
 EXTRA=()
@@ -48,6 +49,14 @@ WikiText-103's (dict.txt), the published cutoffs are scaled to it in proportion 
 --max-update and no --warmup, the warm-up is scaled in proportion too. One run per seed:
 RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/.
 
+On N GPUs (--gpus N, all machines together) the update keeps the protocol's sequences: each GPU
+takes an equal share, in passes of at most --max-seqs sequences (N must divide the sequences an
+update; else refused, with the N that do). One machine: fairseq starts one process per GPU.
+Several: run this script in each srun task with -- --distributed-port PORT, or by torchrun ...
+--no-python examples/wikitext103/train.sh, or on each machine with -- --distributed-init-method
+tcp://HOST:PORT --distributed-rank R (docs/distributed.md); the first copy writes train.log and
+meta.json, copy C train.copyC.log.
+
 Options:
   --protocol published|fairseq   (default: $R_PROTOCOL_NAME)
   --model fourier|softmax|ARCH   (default: $MODEL)
@@ -60,6 +69,8 @@ Options:
   --max-update N           (default: the protocol's)
   --batch N                sequences an update (default: the protocol's)
   --max-seqs N             sequences a forward pass (default: the protocol's)
+  --gpus N                 GPUs in all, one process each (default: $GPUS); fairseq's distributed
+                           options (--distributed-port, ...) go after --
   --lr X / --warmup N      (defaults: the protocol's)
   --save-every N           checkpoint every N updates, the last $KEEP kept (default: $SAVE_EVERY)
   --small                  small mode: a 2-layer, 32-dim model, context 32, 40 updates
@@ -93,6 +104,7 @@ while [[ $# -gt 0 ]]; do
         --save-every) SAVE_EVERY="${2:?}"; shift 2 ;;
         --small) SMALL=1; shift ;;
         --print-command) PRINT=1; shift ;;
+        --gpus) GPUS="${2:?}"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         --) shift; EXTRA=("$@"); break ;;
         *) usage >&2; die "unknown option '$1' (fairseq-train arguments go after --)" ;;
@@ -128,9 +140,11 @@ if [[ -z "$NAME" ]]; then
     NAME="${NAME//-/_}"
 fi
 (( BATCH % MAX_SEQS == 0 )) || die "--batch ($BATCH) must be a multiple of --max-seqs ($MAX_SEQS)"
-UPDATE_FREQ=$(( BATCH / MAX_SEQS ))
+# the update's sequences shared by the GPUs (examples/lib.sh: gpu_split), fairseq's options for them
+gpu_split "$BATCH" "$GPUS" "$MAX_SEQS" sequences
+distributed_options "$GPUS" "${EXTRA[@]}"
 SETS=(--set tokens-per-sample "$CONTEXT" --set lr "$LR" --set warmup-updates "$WARMUP"
-      --set batch-size "$MAX_SEQS" --set update-freq "$UPDATE_FREQ" --set max-update "$MAX_UPDATE")
+      --set batch-size "$SPLIT_PER_PASS" --set update-freq "$SPLIT_UPDATE_FREQ" --set max-update "$MAX_UPDATE")
 if [[ -n "${R_ADAPTIVE_INPUT_CUTOFF:-}" && -f "$DATA/dict.txt" ]]; then
     # fairseq's dictionary: dict.txt's words and its four special symbols
     VOCAB=$(( $(wc -l < "$DATA/dict.txt") + 4 ))
@@ -147,7 +161,8 @@ has_cuda || DEVICE=(--cpu)
 command_of() {  # command_of SEED RUN: the fairseq-train command of a seed, one argument an element of CMD
     CMD=(fairseq-train "$DATA" --user-dir "$USER_DIR" --arch "$ARCH" "${DIMS[@]}" "${RECIPE[@]}"
          --save-interval-updates "$SAVE_EVERY" --keep-interval-updates "$KEEP" --no-epoch-checkpoints
-         --seed "$1" --save-dir "$2/checkpoints" "${DEVICE[@]}" --log-format simple --log-interval 100 "${EXTRA[@]}")
+         --seed "$1" --save-dir "$2/checkpoints" "${DEVICE[@]}" "${DIST_OPTIONS[@]}" --log-format simple \
+         --log-interval 100 "${EXTRA[@]}")
 }
 if [[ $PRINT == 1 ]]; then
     for SEED in $SEEDS; do
@@ -160,22 +175,26 @@ fi
 need fairseq-train "pip install fairseq-fixed==0.12.3.1"
 [[ -f "$DATA/dict.txt" ]] || die "no binarised data in $DATA: run examples/wikitext103/prepare.sh first"
 [[ -d "$USER_DIR" ]] || die "plugin folder $USER_DIR not found (set FOURIERFORMER_USER_DIR)"
-DEVICE=()
-has_cuda || DEVICE=(--cpu)
+check_distributed "$GPUS"
+(( GPUS == 1 )) || say "$GPUS GPUs ($DIST_LAUNCH): $SPLIT_PER_PASS sequences a GPU a pass, x $SPLIT_UPDATE_FREQ passes x $GPUS GPUs = $BATCH an update"
 
 for SEED in $SEEDS; do
     RUN="$RUNS/${NAME}_seed${SEED}"
+    LOG=$(run_log "$RUN")
     mkdir -p "$RUN/checkpoints"
-    write_meta "$RUN/meta.json" task=wikitext103 model="$MODEL" size="$SIZE" arch="$ARCH" seed="$SEED" \
-        protocol="$R_PROTOCOL_NAME" name="$NAME" context="$CONTEXT" data="$DATA" small="$SMALL" -- "${EXTRA[@]}"
-    say "training $ARCH ($R_PROTOCOL_NAME protocol, context $CONTEXT, $BATCH seqs/update, $MAX_UPDATE updates) seed $SEED -> $RUN (log: $RUN/train.log)"
+    if [[ $DIST_COPY == 0 ]]; then
+        write_meta "$RUN/meta.json" task=wikitext103 model="$MODEL" size="$SIZE" arch="$ARCH" seed="$SEED" \
+            protocol="$R_PROTOCOL_NAME" name="$NAME" context="$CONTEXT" data="$DATA" small="$SMALL" gpus="$GPUS" \
+            -- "${EXTRA[@]}"
+    fi
+    say "training $ARCH ($R_PROTOCOL_NAME protocol, context $CONTEXT, $BATCH seqs/update, $MAX_UPDATE updates) seed $SEED -> $RUN (log: $LOG)"
     start=$(date +%s)
     command_of "$SEED" "$RUN"
     set +e
-    "${CMD[@]}" 2>&1 | tee "$RUN/train.log" \
+    "${CMD[@]}" 2>&1 | tee "$LOG" \
         | grep --line-buffered -E "valid on|done training|Error|error:|Traceback" >&2
     rc=${PIPESTATUS[0]}
     set -e
-    [[ $rc == 0 ]] || die "fairseq-train failed for seed $SEED (exit $rc); see $RUN/train.log"
+    [[ $rc == 0 ]] || die "fairseq-train failed for seed $SEED (exit $rc); see $LOG"
     say "seed $SEED done in $(( $(date +%s) - start ))s: $RUN"
 done
