@@ -322,3 +322,18 @@ def test_every_row_of_the_lm_tables_builds_its_setting_and_trains_a_step(row):
     for n, p in model.named_parameters():
         if "self_attn" in n:
             assert p.grad is not None and torch.isfinite(p.grad).all(), n
+
+
+@pytest.mark.parametrize("size,gpus,per_gpu,freq", [("small", 2, 16, 3), ("small", 8, 12, 1), ("medium", 4, 7, 2)])
+def test_train_script_shares_the_protocols_sequences_over_gpus(size, gpus, per_gpu, freq):
+    """--gpus N keeps the protocol's sequences an update: per-GPU batch x update-freq x N."""
+    base = ["bash", os.path.join(REPO, "examples", "wikitext103", "train.sh"), "--print-command", "--size", size]
+    r = subprocess.run(base + ["--gpus", str(gpus)], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    words = r.stdout.split()
+    got = int(words[words.index("--batch-size") + 1]), int(words[words.index("--update-freq") + 1])
+    assert got == (per_gpu, freq)
+    assert per_gpu * freq * gpus == {"small": 96, "medium": 56}[size]
+    assert words[words.index("--distributed-world-size") + 1] == str(gpus)
+    r = subprocess.run(base + ["--gpus", "5"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode != 0 and "cannot be shared evenly by 5 GPUs" in r.stderr
