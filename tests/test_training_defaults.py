@@ -185,6 +185,24 @@ def test_training_metrics_are_logged_at_the_interval_and_match_the_weights():
         assert not dict(agg.get_smoothed_values())  # never in evaluation
 
 
+@pytest.mark.parametrize("power", [1, 3])
+def test_training_metrics_of_an_odd_power_log_the_radius_alone(power):
+    """Odd powers (Table 7's x and x^3) have signed weights: no entropy, and logging must not stop the training."""
+    from fairseq.logging import metrics
+
+    torch.manual_seed(0)
+    m = FourierMultiheadAttention(E, H, self_attention=True, power=power, log_interval=1, radius_init=2.0,
+                                  qk_norm="none").train()
+    m.log_name = "dec0"
+    x = torch.randn(5, 2, E, generator=torch.Generator().manual_seed(3))
+    m.set_num_updates(1)
+    with metrics.aggregate(new_root=True) as agg:
+        out, _ = m(x, x, x, need_weights=False)
+        logged = dict(agg.get_smoothed_values())
+    out.sum().backward()
+    assert logged == {"radius_dec0": pytest.approx(2.0)} and m.radius.grad is not None
+
+
 def parse(arch, *extra):
     from fairseq import options
     import fourierformer_fairseq  # noqa: F401  (registers the archs)

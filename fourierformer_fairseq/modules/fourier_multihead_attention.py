@@ -207,7 +207,11 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
     def _diagnostic_sums(self, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> Tensor:
         """This pass's sums, float64 on q's device: (mean radius, 1 (this rank), the rows' entropies in
         nats, the rows, the rows' null-key shares eps / (sum_j w_ij + eps)), over the rows of the
-        batch's first sequence that see a key."""
+        batch's first sequence that see a key. With an odd power the weights change sign: rows have
+        no entropy then, and only the radius is summed (no rows)."""
+        if self.phi == "power" and self.power % 2 == 1:
+            zero = torch.zeros((), dtype=torch.float64, device=q.device)
+            return torch.stack([self.radius.detach().double().mean(), zero + 1, zero, zero, zero])
         kpm = None if key_padding_mask is None else key_padding_mask[:1]
         S = self._scores(q[:1].float(), k[:1].float(), k[:1].float(), kpm, None, causal)
         P = torch.softmax(S, dim=-1)
