@@ -208,5 +208,15 @@ check_distributed() {
     esac
 }
 
+# print_commands: for a recipe's --print-command, each of SEEDS' fairseq-train commands on a line
+#   (command_of SEED RUN, the recipe's, fills CMD; RUNS and NAME name the run folder)
+print_commands() {
+    local seed
+    for seed in $SEEDS; do
+        command_of "$seed" "$RUNS/${NAME}_seed${seed}"
+        printf '%q ' "${CMD[@]}"; echo
+    done
+}
+
 # run_log RUN: this copy's log file (see distributed_options)
 run_log() { if [[ "${DIST_COPY:-0}" == 0 ]]; then echo "$1/train.log"; else echo "$1/train.copy${DIST_COPY}.log"; fi; }

@@ -165,10 +165,7 @@ command_of() {  # command_of SEED RUN: the fairseq-train command of a seed, one 
          --log-interval 100 "${EXTRA[@]}")
 }
 if [[ $PRINT == 1 ]]; then
-    for SEED in $SEEDS; do
-        command_of "$SEED" "$RUNS/${NAME}_seed${SEED}"
-        printf '%q ' "${CMD[@]}"; echo
-    done
+    print_commands
     exit 0
 fi
 
