@@ -67,7 +67,7 @@ fi
 
 if [[ " $STEPS " == *" lm "* ]]; then
     for model in softmax fourier; do
-        "${N[@]}" "$REPO_ROOT/examples/wikitext103/train.sh" --model "$model" --size small --seeds "$SEED" \
+        "${N[@]}" "$REPO_ROOT/examples/wikitext103/train.sh" --protocol fairseq --model "$model" --size small --seeds "$SEED" \
             --data "$WORK/data-bin/wikitext-2" --runs "$WORK/runs/wikitext2" --context 128 \
             --batch 8 --max-seqs 8 --max-update "$LM_UPDATES" --lr 1e-3 --warmup 50 --save-every 500 \
             -- "${LM_DIMS[@]}" --stop-time-hours "$STOP_HOURS"
