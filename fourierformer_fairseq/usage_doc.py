@@ -251,6 +251,27 @@ def render(kinds: List[Kind]) -> str:
             if f.name in names:
                 option(ks, f)
 
+    from fairseq.models.transformer_lm import TransformerLanguageModelConfig
+
+    from fourierformer_fairseq.models.lm_options import LanguageModelConfig
+
+    stock = {f.name for f in dataclasses.fields(TransformerLanguageModelConfig)}
+    add(f"## Every language model: `{LanguageModelConfig.__name__}`")
+    add("")
+    add(f"{_paragraph(LanguageModelConfig.__doc__)} (`{LanguageModelConfig.__module__}`.) Every language-model "
+        "architecture of the plugin takes them, the softmax twins included (`softmax_lm`); the WikiText-103 "
+        "recipe's published protocol sets them (docs/published-model.md).")
+    add("")
+    for f in dataclasses.fields(LanguageModelConfig):
+        if f.name in stock or f.name.startswith("_"):
+            continue
+        add(f"### `{_flag(f.name)}`")
+        add("")
+        add(f.metadata.get("help", "").strip())
+        add("")
+        add(f"- default: {_show(_plain(f.default))}")
+        add("")
+
     presets = [(k, p, changes) for k in kinds for p, changes in k.presets.items()]
     if presets:
         add("## Presets")
