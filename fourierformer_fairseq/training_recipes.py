@@ -112,7 +112,7 @@ def scaled_cutoffs(cutoffs: str, vocab: int) -> str:
 def cutoff_changes(data_dir: str, protocol: str = None) -> dict:
     """The protocol's adaptive cutoffs scaled to a binarised data folder's dictionary (dict.txt's words and
     fairseq's four special symbols), as options to set; {} where the protocol has none or the data is
-    WikiText-103's vocabulary. (examples/wikitext103/train.sh does the same in the shell.)"""
+    WikiText-103's vocabulary (examples/wikitext103/train.sh reads it through --cutoffs-for)."""
     import os
 
     values = dict(lm_protocol(protocol)["options"])
@@ -185,11 +185,6 @@ PAPER_TABLES = {
         ("softmax", "softmax", None, (), "softmax", "softmax"),
         ("fourier", "fourier", None, (), "FourierFormer (defaults)", "fourier"),
     )},
-    "table6": {"task": "wikitext103", "runs": (  # head redundancy of table 1's small models
-        ("softmax_small", "softmax", "small", (), "softmax small", "softmax small"),
-        ("published_small", "fourier", "small", _PUBLISHED, "FourierFormer small (published attention)", "fourier small"),
-        ("fourier_small", "fourier", "small", (), "FourierFormer small (defaults)", None),
-    )},
     "table7": {"task": "wikitext103", "runs": (
         ("published_small_power2", "fourier", "small", _PUBLISHED + ("--fourier-power", "2"), "phi x^2", "x^2"),
         ("published_small", "fourier", "small", _PUBLISHED, "phi x^4", "x^4"),
@@ -223,6 +218,8 @@ PAPER_TABLES = {
          "defaults, a radius per head and feature", None),
     )},
 }
+PAPER_TABLES["table6"] = {"task": "wikitext103",  # head redundancy of table 1's small models
+                          "runs": tuple(r for r in PAPER_TABLES["table1"]["runs"] if r[2] == "small")}
 PAPER_SEEDS = 3
 
 # Measured step times the dry run's GPU-hours are computed from (a dated record, with its machine,
@@ -288,14 +285,6 @@ def updates_per_run(name: str, protocol: str = None, size: str = None) -> int:
     if name == "iwslt14":
         return int(recipe_value(name, "--max-epoch")) * IWSLT14_UPDATES_PER_EPOCH_ESTIMATE
     return int(recipe_value(name, "--max-update", protocol, size))
-
-
-def passes_per_update(name: str, protocol: str = None, size: str = None) -> int:
-    """Forward/backward passes of an update (fairseq's --update-freq)."""
-    for opt, value in recipe(name, protocol, size)["options"]:
-        if opt == "--update-freq":
-            return int(value)
-    return 1
 
 
 def tokens_per_update(name: str, protocol: str = None, size: str = None) -> int:
@@ -387,12 +376,18 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=PAPER_SEEDS, help="seeds a run (--dry-run)")
     p.add_argument("--scaled-cutoffs", type=int, metavar="VOCAB",
                    help="print the published cutoffs scaled to a vocabulary of VOCAB words")
+    p.add_argument("--cutoffs-for", metavar="DATA",
+                   help="print the protocol's adaptive cutoffs scaled to DATA's dict.txt (nothing where they "
+                        "need no scaling or the protocol has none)")
     p.add_argument("--scaled-warmup", type=int, metavar="UPDATES",
                    help="print the protocol's warm-up scaled to a run of UPDATES updates")
     args = p.parse_args(argv)
     try:
         if args.scaled_cutoffs:
             print(scaled_cutoffs(PUBLISHED_CUTOFFS, args.scaled_cutoffs))
+            return 0
+        if args.cutoffs_for:
+            print(cutoff_changes(args.cutoffs_for, args.protocol).get("--adaptive-input-cutoff", ""))
             return 0
         if args.scaled_warmup:
             print(scaled_warmup(args.protocol, args.size or "small", args.scaled_warmup))

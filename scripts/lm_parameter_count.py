@@ -82,8 +82,7 @@ def count_trained(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def differences(model, vocab: int, published_vocab: int, d: int, layers: int, n_clusters: int, fourier: bool,
-                softmax_biases: int) -> dict:
+def differences(model, vocab: int, published_vocab: int, d: int, n_clusters: int, softmax_biases: int) -> dict:
     """Each way ours differs from the published count (ours - published = the sum of the values)."""
     bands = len(model.decoder.embed_tokens.embeddings) if hasattr(model.decoder.embed_tokens, "embeddings") else 0
     out = {
@@ -114,7 +113,7 @@ def report(vocab: int, out=sys.stdout) -> list:
             fourier = kind != "softmax"
             published = published_count(published_vocab, d, inner, layers, n_clusters, fourier)
             biases = sum(p.numel() for m in softmax_attentions(model) for p in m.parameters() if p.dim() == 1)
-            diff = differences(model, vocab, published_vocab, d, layers, n_clusters, fourier, biases)
+            diff = differences(model, vocab, published_vocab, d, n_clusters, biases)
             ours = count_trained(model)
             rows.append({"size": size, "model": kind, "ours": ours, "published": sum(published.values()),
                          "published_terms": published, "differences": diff})

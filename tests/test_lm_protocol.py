@@ -213,7 +213,7 @@ def test_parameter_counts_explained_term_by_term(published_models):
         model, cfg = published_models[kind]
         d, layers, inner = cfg.model.decoder_embed_dim, cfg.model.decoder_layers, cfg.model.decoder_ffn_embed_dim
         published = sum(pc.published_count(VOCAB, d, inner, layers, 3, fourier).values())
-        diff = pc.differences(model, VOCAB, VOCAB, d, layers, 3, fourier, softmax_biases=0)
+        diff = pc.differences(model, VOCAB, VOCAB, d, 3, softmax_biases=0)
         assert pc.count_trained(model) == published + sum(diff.values()), kind
     # the arithmetic of the published count at the paper's small size, written out
     small = pc.published_count(pc.PUBLISHED_VOCAB, 128, 2048, 16, 3, False)

@@ -145,14 +145,10 @@ gpu_split "$BATCH" "$GPUS" "$MAX_SEQS" sequences
 distributed_options "$GPUS" "${EXTRA[@]}"
 SETS=(--set tokens-per-sample "$CONTEXT" --set lr "$LR" --set warmup-updates "$WARMUP"
       --set batch-size "$SPLIT_PER_PASS" --set update-freq "$SPLIT_UPDATE_FREQ" --set max-update "$MAX_UPDATE")
-if [[ -n "${R_ADAPTIVE_INPUT_CUTOFF:-}" && -f "$DATA/dict.txt" ]]; then
-    # fairseq's dictionary: dict.txt's words and its four special symbols
-    VOCAB=$(( $(wc -l < "$DATA/dict.txt") + 4 ))
-    CUTOFFS=$(recipe --scaled-cutoffs "$VOCAB")
-    if [[ "$CUTOFFS" != "$R_ADAPTIVE_INPUT_CUTOFF" ]]; then
-        say "a vocabulary of $VOCAB words (not WikiText-103's): adaptive cutoffs $R_ADAPTIVE_INPUT_CUTOFF scaled in proportion to $CUTOFFS"
-        SETS+=(--set adaptive-input-cutoff "$CUTOFFS" --set adaptive-softmax-cutoff "$CUTOFFS")
-    fi
+CUTOFFS=$(recipe ${PROTOCOL:+--protocol "$PROTOCOL"} --cutoffs-for "$DATA")
+if [[ -n "$CUTOFFS" ]]; then
+    say "a vocabulary other than WikiText-103's ($DATA/dict.txt): adaptive cutoffs $R_ADAPTIVE_INPUT_CUTOFF scaled in proportion to $CUTOFFS"
+    SETS+=(--set adaptive-input-cutoff "$CUTOFFS" --set adaptive-softmax-cutoff "$CUTOFFS")
 fi
 mapfile -t RECIPE < <(recipe wikitext103 ${PROTOCOL:+--protocol "$PROTOCOL"} --size "$SIZE" "${SETS[@]}")
 DEVICE=()

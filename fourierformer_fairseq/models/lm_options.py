@@ -57,12 +57,18 @@ class LanguageModelConfig(TransformerLanguageModelConfig):
                                          "(the published softmax baseline); biases of 0 that do not train"})
 
 
+def _choice(args, name: str, default: str, choices) -> str:
+    """args' value of a ChoiceEnum field (an enum member or its string), checked against choices."""
+    value = safe_getattr(args, name, default)
+    value = str(getattr(value, "value", value))
+    if value not in choices:
+        raise ValueError(f"--{name.replace('_', '-')} {value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
 def prepare_args(args) -> None:
     """Before the decoder is built: the LayerNorm placement (base_lm_architecture has forced pre-LN)."""
-    layernorm = str(getattr(safe_getattr(args, "lm_layernorm", "pre"), "value", safe_getattr(args, "lm_layernorm", "pre")))
-    if layernorm not in LM_LAYERNORMS:
-        raise ValueError(f"--lm-layernorm {layernorm!r}: expected one of {', '.join(LM_LAYERNORMS)}")
-    if layernorm == "post":
+    if _choice(args, "lm_layernorm", "pre", LM_LAYERNORMS) == "post":
         args.decoder_normalize_before = False
 
 
@@ -70,10 +76,7 @@ def finish_model(model, args) -> None:
     """After the model is built: the softmax attentions' biases, then the init."""
     if safe_getattr(args, "no_softmax_proj_bias", False):
         drop_softmax_biases(model)
-    init = str(getattr(safe_getattr(args, "lm_init", "fairseq"), "value", safe_getattr(args, "lm_init", "fairseq")))
-    if init not in LM_INITS:
-        raise ValueError(f"--lm-init {init!r}: expected one of {', '.join(LM_INITS)}")
-    if init == "published":
+    if _choice(args, "lm_init", "fairseq", LM_INITS) == "published":
         published_init(model)
 
 

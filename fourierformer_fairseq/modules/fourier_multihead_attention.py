@@ -39,7 +39,8 @@ from fourierformer_fairseq.modules.option_checks import (
 )
 from fourierformer_fairseq.ops import fourier_attention
 from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
-from fourierformer_fairseq.ops.inputs import PHIS, RADIUS_SHAPES, prepare_inputs, radius_parameter_shape
+from fourierformer_fairseq.ops.inputs import (PHIS, RADIUS_SHAPES, non_negative_weights, prepare_inputs,
+                                              radius_parameter_shape)
 from fourierformer_fairseq.ops.reference import log_weights
 
 QK_NORMS = ("rms", "none")
@@ -209,7 +210,7 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         nats, the rows, the rows' null-key shares eps / (sum_j w_ij + eps)), over the rows of the
         batch's first sequence that see a key. With an odd power the weights change sign: rows have
         no entropy then, and only the radius is summed (no rows)."""
-        if self.phi == "power" and self.power % 2 == 1:
+        if not non_negative_weights(self.phi, self.power):
             zero = torch.zeros((), dtype=torch.float64, device=q.device)
             return torch.stack([self.radius.detach().double().mean(), zero + 1, zero, zero, zero])
         kpm = None if key_padding_mask is None else key_padding_mask[:1]

@@ -35,9 +35,12 @@ class AttentionInputs:
     @property
     def log_domain(self) -> bool:
         """True when the weights are non-negative, so softmax of log-weights is exact."""
-        if self.phi == "power":
-            return self.power % 2 == 0
-        return True
+        return non_negative_weights(self.phi, self.power)
+
+
+def non_negative_weights(phi: str, power: int) -> bool:
+    """Whether the weights prod_d phi(sinc(R (q_d - k_d))) are never negative: every phi but an odd power."""
+    return phi != "power" or power % 2 == 0
 
 
 def expand_radius(radius: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
