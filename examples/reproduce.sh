@@ -132,7 +132,7 @@ lm_table() {
 }
 tables() {  # tables OUT [make_tables args]
     local out="$1"; shift
-    "$PYTHON" "$REPO_ROOT/scripts/make_tables.py" --out "$out" "$@"
+    "$PYTHON" "$REPO_ROOT/analysis/tables/make_tables.py" --out "$out" "$@"
     cat "$out"
 }
 
@@ -156,7 +156,7 @@ for T in "${TABLES[@]}"; do
                 name="${fields[0]}"
                 seed="${SEEDS%% *}"
                 ck="$RUNS/wikitext103/${name}_seed$seed/checkpoints/checkpoint_best.pt"
-                "$PYTHON" "$REPO_ROOT/scripts/head_redundancy.py" --checkpoint "$ck" --data "$WIKI_DATA" --label "$name" \
+                "$PYTHON" "$REPO_ROOT/analysis/tables/head_redundancy.py" --checkpoint "$ck" --data "$WIKI_DATA" --label "$name" \
                     --out "$RUNS/head_redundancy_$name.json" --png "$RUNS/attention_maps_$name.png" "${SM[@]}"
                 HR+=("$RUNS/head_redundancy_$name.json")
             done < <(recipe --table-runs table6)
@@ -170,9 +170,9 @@ for T in "${TABLES[@]}"; do
             lm_table table8
             tables "$RUNS/table8.md" --runs "$RUNS/wikitext103" ;;
         table9)
-            "$PYTHON" "$REPO_ROOT/scripts/benchmark_model.py" --out "$RUNS/benchmark.json" "${SM[@]}"
+            "$PYTHON" "$REPO_ROOT/benchmarks/benchmark_model.py" --out "$RUNS/benchmark.json" "${SM[@]}"
             tables "$RUNS/table9.md" --runs "$RUNS/none" --benchmark "$RUNS/benchmark.json" ;;
         e4)
-            "$PYTHON" "$REPO_ROOT/scripts/fourier_estimators.py" --out "$RUNS/estimators" "${SM[@]}" ;;
+            "$PYTHON" "$REPO_ROOT/analysis/tables/fourier_estimators.py" --out "$RUNS/estimators" "${SM[@]}" ;;
     esac
 done

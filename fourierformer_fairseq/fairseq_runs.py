@@ -1,12 +1,12 @@
 """Running the stock fairseq tools and reading what they write, for the recipes (``examples/``),
-the quickstart and the scripts that read runs (``scripts/``).
+the quickstart and the tools that read runs (``analysis/``, ``benchmarks/``).
 
 - ``fairseq_command``: the console script of a fairseq tool (fairseq-train, ...) to run.
 - ``run_logged``: runs a command, its output into a log file line by line (the tee), with an
   optional time limit.
 - ``fairseq_log_records``: the records of a fairseq-train ``--log-format json`` log.
 - ``options_given``: the ``--fourier-*`` options among a run's fairseq-train arguments
-  (``examples/lib.sh``'s ``write_meta`` records them; ``scripts/make_tables.py`` groups runs by them).
+  (``examples/lib.sh``'s ``write_meta`` records them; ``analysis/tables/make_tables.py`` groups runs by them).
 - ``generate_hypotheses`` and ``detokenised_bleu``: the BLEU protocol of the translation recipes,
   sacreBLEU (lowercase) on the Moses-detokenised hypotheses of ``fairseq-generate``
   (``examples/iwslt14/evaluate.sh``, ``examples/full_size/summarize.py``).

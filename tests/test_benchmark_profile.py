@@ -1,4 +1,4 @@
-"""scripts/benchmark_attention.py --profile: the fused op's ATen ops, launches and time outside its
+"""benchmarks/benchmark_attention.py --profile: the fused op's ATen ops, launches and time outside its
 kernels per forward+backward call (torch.profiler).
 
 On CPU (fast, at a small shape): its ATen op count against the profiler's own aggregation of a
@@ -21,9 +21,10 @@ from torch.autograd import DeviceType
 
 import fourierformer_fairseq.ops as ops
 from fourierformer_fairseq.ops import backend_unavailable_reason
+from repo import script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "scripts", "benchmark_attention.py")
+SCRIPT = script("benchmark_attention")
 SHAPE = dict(name="small", B=1, H=2, N=16, D=8, causal=False)
 CALLS = 3
 

@@ -20,13 +20,10 @@ Bounds, per tensor of (out, dq, dk, dv, dradius):
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle import (EPS32, NAMES, PLAIN_FACTOR, SCALE_FACTOR, UNDERFLOW, float64_mismatches, oracle_mismatches,  # noqa: E402
                     lse_mismatches, oracle_gradient_scales, oracle_gradients, plain_gradients)
 from test_op_fuzz import draw_case, op_forward_args  # noqa: E402

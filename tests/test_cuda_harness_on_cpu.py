@@ -9,13 +9,10 @@ FOURIERFORMER_GRID_SPLITS) do nothing on CPU, so their two runs must agree exact
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_cuda_fuzz as harness  # noqa: E402
 from test_op_fuzz import draw_case  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The SASS reading of scripts/cuda_sass_report.py on tiny kernels compiled here for sm_90.
+"""The SASS reading of benchmarks/cuda_sass_report.py on tiny kernels compiled here for sm_90.
 
 Needs nvcc and nvdisasm (and cuobjdump for the register cross-check); without them the tests
 are skipped with the reason (python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump).
@@ -11,8 +11,10 @@ import sys
 
 import pytest
 
+from repo import script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("cuda_sass_report", os.path.join(ROOT, "scripts", "cuda_sass_report.py"))
+_spec = importlib.util.spec_from_file_location("cuda_sass_report", script("cuda_sass_report"))
 sr = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = sr  # (dataclasses look their module up)
 _spec.loader.exec_module(sr)

@@ -15,7 +15,6 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle import additive_mask as oracle_additive_mask  # noqa: E402
 from oracle import (  # noqa: E402
     PLAIN_FACTOR,
@@ -1054,7 +1053,7 @@ def test_without_the_extension_everything_runs_on_the_reference():
 
 def test_info_reports_backends(capsys):
     """`python -m fourierformer_fairseq.info`, run in this process (its error check starts its
-    own); scripts/install.sh runs the command itself on every install."""
+    own); tools/install.sh runs the command itself on every install."""
     from fourierformer_fairseq import info
 
     assert info.main() == 0

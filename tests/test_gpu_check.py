@@ -1,5 +1,5 @@
-"""scripts/gpu_check.py's parsing, verdicts, commands, offline bundle check and GPU-hour arithmetic, on
-inputs written here (the GPU steps themselves run only on a GPU: `bash scripts/gpu_check.sh`)."""
+"""tools/gpu_check.py's parsing, verdicts, commands, offline bundle check and GPU-hour arithmetic, on
+inputs written here (the GPU steps themselves run only on a GPU: `bash tools/gpu_check.sh`)."""
 from __future__ import annotations
 
 import argparse
@@ -12,12 +12,17 @@ import pytest
 
 from fourierformer_fairseq import training_recipes
 from fourierformer_fairseq.fairseq_runs import TIMED_OUT, run_logged
-from test_scripts import load  # noqa: E402  (scripts/ loaded as modules)
+from repo import load
 
 
 @pytest.fixture(scope="module")
 def gc():
     return load("gpu_check")
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return load("offline_bundle")
 
 
 def fairseq_log(losses, ups, valid, overflows=0, amp_overflows=0):
@@ -153,35 +158,35 @@ def fake_wheel(folder, name, version, requires=()):
     return path
 
 
-def complete_folder(gc, folder):
+def complete_folder(bundle, folder):
     """Every root of the offline bundle that is not on the machine, as a wheel without requirements."""
     from packaging.requirements import Requirement
 
-    for root in gc.OFFLINE_ROOTS:
+    for root in bundle.OFFLINE_ROOTS:
         req = Requirement(root)
-        if gc.canonical(req.name) not in gc.ON_THE_MACHINE:
+        if bundle.canonical(req.name) not in bundle.ON_THE_MACHINE:
             version = next((str(s.version) for s in req.specifier), "1.0")
             fake_wheel(folder, req.name, version)
 
 
-def test_verify_wheels_finds_what_is_missing_and_nothing_more(gc, tmp_path):
+def test_verify_wheels_finds_what_is_missing_and_nothing_more(bundle, tmp_path):
     folder = str(tmp_path)
-    complete_folder(gc, folder)
-    assert gc.verify_wheels(folder) == []
+    complete_folder(bundle, folder)
+    assert bundle.verify_wheels(folder) == []
     # a requirement met by nothing in the folder; one on the machine (torch), one for another Python
     fake_wheel(folder, "needs-things", "1.0", ["mock", "torch>=1.13", 'importlib-resources; python_version < "3.9"',
                                               'black; extra == "dev"'])
-    assert gc.verify_wheels(folder) == ["mock is missing"]
+    assert bundle.verify_wheels(folder) == ["mock is missing"]
     fake_wheel(folder, "mock", "5.2.0")
-    assert gc.verify_wheels(folder) == []
+    assert bundle.verify_wheels(folder) == []
     fake_wheel(folder, "wants-new-mock", "1.0", ["mock>=6"])
-    assert gc.verify_wheels(folder) == ["mock>=6 is not satisfied by mock 5.2.0"]
+    assert bundle.verify_wheels(folder) == ["mock>=6 is not satisfied by mock 5.2.0"]
 
 
-def test_verify_wheels_refuses_torch_in_the_folder(gc, tmp_path):
-    complete_folder(gc, str(tmp_path))
+def test_verify_wheels_refuses_torch_in_the_folder(bundle, tmp_path):
+    complete_folder(bundle, str(tmp_path))
     fake_wheel(str(tmp_path), "torch", "2.11.0")
-    assert any("torch is in" in p for p in gc.verify_wheels(str(tmp_path)))
+    assert any("torch is in" in p for p in bundle.verify_wheels(str(tmp_path)))
 
 
 def test_gpu_hours_are_the_recipes_tokens_times_the_measured_ms_per_token(gc):
@@ -229,24 +234,24 @@ def test_the_budget_cuts_each_limit(gc, tmp_path):
     assert rc == TIMED_OUT
 
 
-def test_packed_wheels_unpack_to_the_same_files(gc, tmp_path):
+def test_packed_wheels_unpack_to_the_same_files(bundle, tmp_path):
     folder = tmp_path / "wheels"
     folder.mkdir()
-    complete_folder(gc, str(folder))
+    complete_folder(bundle, str(folder))
     fake_wheel(str(folder), "mock", "5.2.0")
     archive = str(tmp_path / "bundle" / "wheels.tar.xz")
     os.makedirs(os.path.dirname(archive))
-    gc.pack_wheels(str(folder), archive)
-    back = gc.unpack_wheels(archive, str(tmp_path / "back"))
+    bundle.pack_wheels(str(folder), archive)
+    back = bundle.unpack_wheels(archive, str(tmp_path / "back"))
     names = sorted(os.listdir(folder))
     assert sorted(os.listdir(back)) == names and len(names) > 5
     for name in names:
         with zipfile.ZipFile(folder / name) as a, zipfile.ZipFile(os.path.join(back, name)) as b:
             assert [(i.filename, a.read(i)) for i in a.infolist()] == [(i.filename, b.read(i)) for i in b.infolist()]
-    assert gc.verify_wheels(back) == []
+    assert bundle.verify_wheels(back) == []
 
 
-def test_unpack_refuses_what_is_not_a_wheel(gc, tmp_path):
+def test_unpack_refuses_what_is_not_a_wheel(bundle, tmp_path):
     import tarfile
 
     archive = str(tmp_path / "wheels.tar.xz")
@@ -254,10 +259,10 @@ def test_unpack_refuses_what_is_not_a_wheel(gc, tmp_path):
     with tarfile.open(archive, "w:xz") as tar:
         tar.add(str(tmp_path / "evil.sh"), arcname="../evil.sh")
     with pytest.raises(ValueError, match="not a wheel"):
-        gc.unpack_wheels(archive, str(tmp_path / "out"))
+        bundle.unpack_wheels(archive, str(tmp_path / "out"))
 
 
-def test_packed_data_bin_keeps_the_binaries_and_dictionaries_only(gc, tmp_path):
+def test_packed_data_bin_keeps_the_binaries_and_dictionaries_only(bundle, tmp_path):
     src = tmp_path / "data-bin"
     files = {"wikitext-2/dict.txt": b"the 5\n", "wikitext-2/train.bin": bytes(range(256)) * 4,
              "multi30k.de-en/dict.de.txt": b"und 3\n", "multi30k.de-en/text/train.de": b"text copy\n",
@@ -266,8 +271,8 @@ def test_packed_data_bin_keeps_the_binaries_and_dictionaries_only(gc, tmp_path):
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(data)
     archive = str(tmp_path / "data-bin.tar.xz")
-    gc.pack_data(str(src), archive)
-    back = gc.unpack_data(archive, str(tmp_path / "out"))
+    bundle.pack_data(str(src), archive)
+    back = bundle.unpack_data(archive, str(tmp_path / "out"))
     got = {os.path.relpath(os.path.join(d, f), back) for d, _, fs in os.walk(back) for f in fs}
     assert got == {"wikitext-2/dict.txt", "wikitext-2/train.bin", "multi30k.de-en/dict.de.txt"}
     for rel in got:
@@ -340,7 +345,7 @@ def test_sanitize_runs_each_tool_over_the_kernel_cases_and_reads_its_verdict(gc,
     gc.step_sanitize(check, argparse.Namespace(gpu=True))
     assert [c[c.index("--tool") + 1] for c in check.commands] == list(gc.SANITIZER_TOOLS)
     for cmd, env in zip(check.commands, check.envs):
-        assert cmd[0] == "/opt/cuda/bin/compute-sanitizer" and cmd[-1] == "scripts/cuda_kernel_cases.py"
+        assert cmd[0] == "/opt/cuda/bin/compute-sanitizer" and cmd[-1] == "benchmarks/cuda_kernel_cases.py"
         assert cmd[cmd.index("--error-exitcode") + 1] == str(gc.SANITIZER_ERROR_EXIT)
         assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
     (m_step, m_status, m_what), (r_step, r_status, r_what), (s_step, s_status, s_what) = check.recorded
@@ -377,7 +382,7 @@ def test_sanitize_fails_a_tool_that_exits_otherwise(gc):
 
 
 def test_the_kernel_cases_run_through_the_cpu_kernels(capsys):
-    """scripts/cuda_kernel_cases.py (what the sanitize step runs on a GPU), here through the CPU
+    """benchmarks/cuda_kernel_cases.py (what the sanitize step runs on a GPU), here through the CPU
     kernels: every float32 and float64 case runs with finite outputs, the half ones are named."""
     cases = load("cuda_kernel_cases")
     assert cases.main(["--device", "cpu"]) == 0

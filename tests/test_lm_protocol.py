@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,11 +26,10 @@ from fairseq.optim import lr_scheduler
 import fourierformer_fairseq
 from fourierformer_fairseq import training_recipes as tr
 from fourierformer_fairseq.models.lm_options import PUBLISHED_INIT_STD, softmax_attentions
+from repo import load
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO, "scripts")
-sys.path.insert(0, SCRIPTS)
-import lm_parameter_count as pc  # noqa: E402
+pc = load("lm_parameter_count")
 
 
 def published_lr(u: int, lr: float, warmup: int, max_step: int) -> float:

@@ -36,7 +36,6 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle import additive_mask as oracle_additive_mask  # noqa: E402
 from oracle import float64_mismatches, lse_mismatches, oracle_gradients, oracle_mismatches  # noqa: E402
 from oracle import _log_abs_sinc_oracle, _radius_table, _scores  # noqa: E402

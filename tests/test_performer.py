@@ -793,12 +793,13 @@ def test_performer_lm_trains_with_redraws_and_evaluates(lm_data, tmp_path):
 
 @pytest.mark.slow
 def test_approximation_script_prints_its_table(capsys, monkeypatch):
-    """scripts/performer_approximation.py at the LM shape, one draw: a row per estimator and m;
+    """analysis/dynamics/performer_approximation.py at the LM shape, one draw: a row per estimator and m;
     fourier_rf never has a non-positive normaliser; FAVOR+'s error falls from m = 16 to 1024."""
     import runpy
 
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                          "performer_approximation.py")
+    from repo import script as tool
+
+    script = tool("performer_approximation")
     monkeypatch.setattr(sys, "argv", [script, "--draws", "1", "--shapes", "lm"])
     runpy.run_path(script, run_name="__main__")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()

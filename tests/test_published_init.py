@@ -1,10 +1,10 @@
-"""scripts/published_init.py: the measurements of docs/published-model.md on inputs whose answers
+"""analysis/dynamics/published_init.py: the measurements of docs/published-model.md on inputs whose answers
 are known in closed form."""
 
 import pytest
 import torch
 
-from test_scripts import load  # noqa: E402  (scripts/ loaded as modules)
+from repo import load
 
 
 @pytest.fixture(scope="module")

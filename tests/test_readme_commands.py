@@ -243,7 +243,7 @@ def _run_block(blocks, name: str, root: Path) -> str:
 def test_readme_commands_end_to_end_on_tiny_data(blocks, tmp_path):
     root = tmp_path
     os.symlink(USER_DIR, root / "fourierformer_fairseq")
-    for sub in ("scripts", "examples"):
+    for sub in ("benchmarks", "tools", "analysis", "examples"):
         os.symlink(ROOT / sub, root / sub)
 
     for name in ("iwslt-prepare", "lm-prepare"):  # they download: check that they exist and answer --help

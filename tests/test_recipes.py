@@ -27,6 +27,7 @@ TEST_SETS = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.t
 import sacremoses  # noqa: E402,F401
 import subword_nmt  # noqa: E402,F401
 from fairseq_helpers import token_bleu  # noqa: E402
+from repo import load, script  # noqa: E402
 
 
 def load_prepare_text():
@@ -200,8 +201,7 @@ def test_every_fourier_option_reaches_meta_and_the_run_name(tmp_path):
 
     from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionConfig
 
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    import make_tables
+    make_tables = load("make_tables")
 
     names = [f.name[len("fourier_"):] for f in dataclasses.fields(FourierAttentionConfig)]
     extra = ["--lr", "3"]
@@ -372,7 +372,7 @@ def test_iwslt_small_end_to_end(iwslt_runs, tmp_path):
         assert res["sacrebleu_references"].startswith("raw references")
         epochs = sorted(int(p.name[len("checkpoint"):-3]) for p in ck.glob("checkpoint[0-9]*.pt"))
         assert_average_of(ck / "checkpoint_avg2.pt", [ck / f"checkpoint{e}.pt" for e in epochs[-2:]])
-    r = run([sys.executable, os.path.join(REPO, "scripts", "make_tables.py"), "--runs", str(runs)])
+    r = run([sys.executable, script("make_tables"), "--runs", str(runs)])
     assert r.returncode == 0, r.stderr
     assert "Table 5" in r.stdout and "34.42" in r.stdout
     for m in models:  # the table shows what was measured
@@ -469,7 +469,7 @@ def test_wikitext_small_end_to_end(wiki_runs):
         assert res["context"] == 32 and "test_ppl" not in res
         assert res["valid_ppl"] == pytest.approx(2 ** res["valid_loss_base2"], rel=2e-3)
         assert res["valid_ppl"] < unigram / 4, (m, res["valid_ppl"], unigram)
-    r = run([sys.executable, os.path.join(REPO, "scripts", "make_tables.py"), "--runs", str(runs)])
+    r = run([sys.executable, script("make_tables"), "--runs", str(runs)])
     assert r.returncode == 0, r.stderr
     assert "Table 1" in r.stdout and "softmax small" in r.stdout
     for m in models:  # the table shows what was measured
@@ -525,7 +525,7 @@ def test_reproduce_small_tables_offline(iwslt_runs, wiki_runs, tmp_path):
         twin = tmp_path / f"{model}_twin_heads.pt"
         torch.save(state, twin)
         out = tmp_path / f"{model}_twin_heads.json"
-        r = run([sys.executable, os.path.join(REPO, "scripts", "head_redundancy.py"), "--small", "--cpu",
+        r = run([sys.executable, script("head_redundancy"), "--small", "--cpu",
                  "--checkpoint", str(twin), "--data", str(wiki_runs["data"]), "--out", str(out), "--label", model])
         assert r.returncode == 0, r.stderr[-3000:]
         twin_hr = json.load(open(out))
@@ -709,7 +709,7 @@ def test_train_scripts_read_their_defaults_from_the_recipe_table():
     """The help of each train.sh shows the table's values (a default written in the script would not follow it)."""
     from fourierformer_fairseq.training_recipes import recipe_value
 
-    for script, name in (("iwslt14/train.sh", "iwslt14"), ("wikitext103/train.sh", "wikitext103")):
-        r = run(["bash", os.path.join(REPO, "examples", script), "--help"])
+    for train_sh, name in (("iwslt14/train.sh", "iwslt14"), ("wikitext103/train.sh", "wikitext103")):
+        r = run(["bash", os.path.join(REPO, "examples", train_sh), "--help"])
         assert r.returncode == 0, r.stderr
         assert f"lr {recipe_value(name, '--lr')}" in r.stdout and "$R_" not in r.stdout

@@ -1,11 +1,10 @@
-"""scripts/: make_tables, average_checkpoints, adam_steps, fourier_estimators, attention_entropy, head_redundancy,
+"""The tools of benchmarks/, tools/ and analysis/: make_tables, average_checkpoints, adam_steps, fourier_estimators, attention_entropy, head_redundancy,
 benchmark_model, benchmark_attention.
 
 Fast unit tests on synthetic inputs; the runs that build or train fairseq models are slow.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -16,14 +15,7 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO, "scripts")
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from repo import load, script  # noqa: E402,F401  (test_gpu_check and test_published_init import load from here)
 
 
 def run(cmd, **kw):
@@ -133,7 +125,7 @@ def test_make_tables_parses_fairseq_generate(tmp_path):
 
 
 def test_make_tables_empty(tmp_path):
-    r = run([sys.executable, os.path.join(SCRIPTS, "make_tables.py"), "--runs", str(tmp_path)])
+    r = run([sys.executable, script("make_tables"), "--runs", str(tmp_path)])
     assert r.returncode == 0 and "No runs" in r.stdout
 
 
@@ -194,7 +186,7 @@ def test_nw_regression_is_fourier_attention():
 @pytest.mark.slow
 def test_fourier_estimators_small(tmp_path):
     # a fixed radius: no grid search, seconds
-    r = run([sys.executable, os.path.join(SCRIPTS, "fourier_estimators.py"), "--small", "--radius", "4", "--out", str(tmp_path)])
+    r = run([sys.executable, script("fourier_estimators"), "--small", "--radius", "4", "--out", str(tmp_path)])
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.load(open(tmp_path / "results.json"))
     for name in ("density_1d", "density_2d", "regression"):
@@ -254,7 +246,7 @@ def test_adam_steps_aligns_the_optimizer_state_with_the_parameters(tmp_path):
     spiked = mod.adam_steps(torch.load(_adam_checkpoint(tmp_path, spike=1e6)[0], weights_only=False))
     assert spiked["radius"] < 0.05 * got["radius"]
     assert spiked["fc.weight"] > 0.5 * got["fc.weight"]  # the other weights keep their steps
-    out = run([sys.executable, os.path.join(SCRIPTS, "adam_steps.py"), str(path)])
+    out = run([sys.executable, script("adam_steps"), str(path)])
     assert out.returncode == 0, out.stderr
     assert f"radii {expected['radius']:.3f}" in out.stdout
 
@@ -314,7 +306,7 @@ def test_attention_entropy_measures_the_modules_own_q_k_and_radius(radius_shape)
 @pytest.mark.slow
 def test_benchmark_model_small(tmp_path):
     out = tmp_path / "bench.json"
-    r = run([sys.executable, os.path.join(SCRIPTS, "benchmark_model.py"), "--small", "--device", "cpu", "--out", str(out)])
+    r = run([sys.executable, script("benchmark_model"), "--small", "--device", "cpu", "--out", str(out)])
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.load(open(out))
     names = [m["name"] for m in res["models"]]
@@ -402,7 +394,7 @@ def test_benchmark_attention_scaling_report():
 
 def test_benchmark_attention_scaling_quick():
     """--scaling runs end to end at small N: the table's rows and cells, the ratios, the crossovers."""
-    r = run([sys.executable, os.path.join(SCRIPTS, "benchmark_attention.py"), "--device", "cpu", "--scaling", "--quick",
+    r = run([sys.executable, script("benchmark_attention"), "--device", "cpu", "--scaling", "--quick",
              "--sizes", "32,64", "--scaling-shape", "1,2,16", "--reps", "2", "--no-memory"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
@@ -445,14 +437,14 @@ def test_benchmark_attention_scaling_quick():
 
 def test_benchmark_attention_linear_ops_selectable(monkeypatch):
     """The default table takes the linear-time ops through --impls; unknown names are refused."""
-    script = os.path.join(SCRIPTS, "benchmark_attention.py")
-    r = run([sys.executable, script, "--device", "cpu", "--quick", "--reps", "2", "--shapes", "sweep N=256",
+    path = script("benchmark_attention")
+    r = run([sys.executable, path, "--device", "cpu", "--quick", "--reps", "2", "--shapes", "sweep N=256",
              "--impls", "fused,sdpa,performer,fourier_rf", "--no-memory"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| sweep N=256")]
     assert [line.split("|")[2].strip() for line in rows] == ["fused", "sdpa", "performer", "fourier_rf"]
     assert all(float(line.split("|")[3]) > 0 and line.split("|")[4].strip().endswith("x") for line in rows)
     ba = load("benchmark_attention")  # the refusal comes before any timing: in this process
-    monkeypatch.setattr(sys, "argv", [script, "--device", "cpu", "--impls", "fused,favor"])
+    monkeypatch.setattr(sys, "argv", [path, "--device", "cpu", "--impls", "fused,favor"])
     with pytest.raises(SystemExit, match=r"unknown \['favor'\]"):
         ba.main()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from oracle import oracle_attention, plain_attention
+from repo import load
 
 from fourierformer_fairseq.modules.fourier_multihead_attention import (
     FourierMultiheadAttention,
@@ -236,15 +237,9 @@ def test_arch_defaults_and_the_paper_exact_switch(arch, power, paper_r):
 def test_attention_scale_script_separates_the_paper_settings_from_the_defaults():
     """The script measures the package's defaults: its auto_radius and rms_normalise (the q/k
     normalisation the module runs)."""
-    import importlib.util
-    import os
-
     from fourierformer_fairseq.modules import fourier_multihead_attention as fma
 
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "attention_scale.py")
-    spec = importlib.util.spec_from_file_location("attention_scale", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load("attention_scale")
     assert mod.auto_radius is fma.auto_radius and mod.rms_normalise is fma.rms_normalise
     paper = mod.measure(64, 2, 1.0, 1.0, qk_norm=False, N=32, M=64)
     default = mod.measure(64, 2, fma.auto_radius(2, 64), 1.0, qk_norm=True, N=32, M=64)
@@ -254,14 +249,9 @@ def test_attention_scale_script_separates_the_paper_settings_from_the_defaults()
 
 
 def test_training_curves_reads_fairseq_json_logs(tmp_path):
-    import importlib.util
     import json
-    import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "training_curves.py")
-    spec = importlib.util.spec_from_file_location("training_curves", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load("training_curves")
     log = tmp_path / "train.log"
     lines = []
     for u in (10, 20):

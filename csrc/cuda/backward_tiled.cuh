@@ -39,7 +39,7 @@
 // element: u, s' (3), x, c', the floor (2), the fraction (fma, mul, a reciprocal and a mul), x^2
 // and the series (3), the select and the two sums (2).
 // Instructions per element, registers and spills of each kernel: docs/kernels.md
-// (scripts/cuda_sass_report.py). Threads whose pairs hold no visible one (micro_tile_live) skip
+// (benchmarks/cuda_sass_report.py). Threads whose pairs hold no visible one (micro_tile_live) skip
 // dP and g. Every kernel at 128 registers or fewer (launch bounds (256,
 // 2): 16 warps per SM), none spills. dq's sums over key blocks are float atomics, so its last
 // bits depend on their order (as dradius's already did).

@@ -51,7 +51,7 @@
 //      for Dv above 128). The block's bh and i0 are read back from shared memory in each key
 //      tile, and dropout is applied in a block-uniform branch after the exponentials.
 //
-// Static SASS reading (scripts/cuda_sass_report.py's model, nvcc 13.0, sm_90, N = M = 1024, plain
+// Static SASS reading (benchmarks/cuda_sass_report.py's model, nvcc 13.0, sm_90, N = M = 1024, plain
 // case, dropout hash counted as not run; 2026-11-28): whole forward kernel 12.3 instructions per
 // (query, key, feature) at D = Dv = 16 (15.7 the day before, 21.1 before the rewrite) and 10.6
 // at D = Dv = 128 (11.6, 14.8); the feature-chunk loop with its staging 8.3 and, in the

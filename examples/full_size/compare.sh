@@ -20,7 +20,7 @@ MAX_UPDATE="${MAX_UPDATE:-100000}"              # the budget is the wall clock; 
 EVERY_MT="${EVERY_MT:-100}"                     # validation every this many updates (checkpoints every 2x)
 EVERY_LM="${EVERY_LM:-200}"                     # validation and checkpoints
 EVAL_SECONDS="${EVAL_SECONDS:-120}"             # limit of each evaluation command
-SENTENCES="${SENTENCES:-20}"                    # sentences of scripts/attention_entropy.py
+SENTENCES="${SENTENCES:-20}"                    # sentences of analysis/dynamics/attention_entropy.py
 DEVICE_ARGS="${DEVICE_ARGS:-}"                  # e.g. --cpu, for a dry run with SIZE_MT / SIZE_LM
 SIZE_MT="${SIZE_MT:-}"                          # extra fairseq-train options, given last (empty: full size)
 SIZE_LM="${SIZE_LM:-}"
@@ -127,7 +127,7 @@ evaluate() {  # evaluate TASK CONFIG UPDATE
             --path "$ckpt" --gen-subset test --beam 5 --batch-size 128 --remove-bpe --max-len-a 1.2 --max-len-b 10 \
             --required-batch-size-multiple 1 > "$dir/gen_$update.txt" 2> "$dir/gen_$update.err" || true
     fi
-    OMP_NUM_THREADS=1 timeout "$EVAL_SECONDS" "$PYTHON" "$REPO_ROOT/scripts/attention_entropy.py" --data "$data" \
+    OMP_NUM_THREADS=1 timeout "$EVAL_SECONDS" "$PYTHON" "$REPO_ROOT/analysis/dynamics/attention_entropy.py" --data "$data" \
         --checkpoints "$ckpt" --out "$dir/entropy_$update.json" --sentences "$SENTENCES" --user-dir "$USER_DIR" \
         > "$dir/entropy_$update.log" 2>&1 || true
 }

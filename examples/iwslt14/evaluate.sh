@@ -75,7 +75,7 @@ for RUN in "${RUNS_ARGS[@]}"; do
             *) die "--avg-by must be epochs or updates" ;;
         esac
         say "$RUN: averaging the last $AVG $AVG_BY checkpoints"
-        "$PYTHON" "$REPO_ROOT/scripts/average_checkpoints.py" --inputs "$CK" "$FLAG" "$AVG" --output "$MODEL" >&2
+        "$PYTHON" "$REPO_ROOT/tools/average_checkpoints.py" --inputs "$CK" "$FLAG" "$AVG" --output "$MODEL" >&2
     else
         MODEL="$CK/checkpoint_best.pt"
     fi

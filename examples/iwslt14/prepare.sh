@@ -90,7 +90,7 @@ if [[ $SMALL == 1 ]]; then
 fi
 
 "$PYTHON" -c "import sacremoses, subword_nmt" 2>/dev/null \
-    || die "needs sacremoses and subword-nmt: pip install -r requirements.txt (or bash scripts/install.sh)"
+    || die "needs sacremoses and subword-nmt: pip install -r requirements.txt (or bash tools/install.sh)"
 command -v fairseq-preprocess >/dev/null || die "fairseq-preprocess not found: pip install fairseq (fairseq-fixed)"
 
 TEXT="$OUT/text"

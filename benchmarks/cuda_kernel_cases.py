@@ -3,8 +3,8 @@
 that watches the kernels run (the GPU check runs it under compute-sanitizer's memcheck, racecheck
 and synccheck).
 
-    python scripts/cuda_kernel_cases.py                  # on the GPU
-    python scripts/cuda_kernel_cases.py --device cpu     # the same calls through the CPU kernels
+    python benchmarks/cuda_kernel_cases.py                  # on the GPU
+    python benchmarks/cuda_kernel_cases.py --device cpu     # the same calls through the CPU kernels
 
 The cases are small (a few blocks each, so that an instrumented run takes seconds) and together
 launch, per the launcher (csrc/cuda/fourier_attention_launch.h): the table kernel; the tiled forward

@@ -2,9 +2,9 @@
 # Installs fourierformer-fairseq and everything it needs into the current Python
 # environment (a virtualenv is recommended), then compiles its kernels.
 #
-#   bash scripts/install.sh                      # torch as below, fairseq, this package
-#   TORCH_SPEC="torch==2.14.1" bash scripts/install.sh   # a torch of your choice
-#   WHEELS=DIR bash scripts/install.sh           # offline: every package from the wheels in DIR
+#   bash tools/install.sh                      # torch as below, fairseq, this package
+#   TORCH_SPEC="torch==2.14.1" bash tools/install.sh   # a torch of your choice
+#   WHEELS=DIR bash tools/install.sh           # offline: every package from the wheels in DIR
 #
 # torch, unless TORCH_SPEC says otherwise: an installed CUDA build that sees a GPU is kept; on a
 # machine with an NVIDIA GPU (nvidia-smi lists one) the CUDA build torch==2.14.1 is installed;

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """The GPU check: everything a user does on a GPU, in one run of under ten minutes, with one table.
 
-    bash scripts/gpu_check.sh [--out DIR] [--offline DIR | --wheels DIR --data-bin DIR] [--raw DIR]
+    bash tools/gpu_check.sh [--out DIR] [--offline DIR | --wheels DIR --data-bin DIR] [--raw DIR]
                               [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,train,distributed,sanitize]
-    bash scripts/gpu_check.sh --dry-run [--offline DIR]   # without a GPU: every step but the GPU's
-    python scripts/gpu_check.py --prepare-offline DIR     # with a network: the wheels and data for --offline DIR
+    bash tools/gpu_check.sh --dry-run [--offline DIR]   # without a GPU: every step but the GPU's
+    python tools/gpu_check.py --prepare-offline DIR     # with a network: the wheels and data for --offline DIR
 
 Steps (each logs to OUT/<name>.log; each row of the table is written to OUT/summary.md and printed
 as soon as its step ends; the table's head names the card, torch and CUDA):
 
-  install    scripts/install.sh, or with --offline / --wheels: fairseq-fixed and what the check needs
+  install    tools/install.sh, or with --offline / --wheels: fairseq-fixed and what the check needs
              from the wheels folder (no network), then this package (`pip install -e .`, which builds
              the extension); then `python -m fourierformer_fairseq.info` must say the cuda backend is
              available. CXX is preset to /usr/bin/g++ when the environment's compiler is another g++
@@ -22,10 +22,10 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
   cpu        the CPU op tests and fuzz (tests/test_fourier_attention_op.py, tests/test_op_fuzz.py,
              fast tier) under the avx512 kernel variant (FOURIERFORMER_CPU_ISA=avx512), which no CI
              host has; SKIP on a CPU without AVX-512
-  attention  scripts/benchmark_attention.py --device cuda --quick --profile: fused against sdpa, the
+  attention  benchmarks/benchmark_attention.py --device cuda --quick --profile: fused against sdpa, the
              backward's small-grid splits against none (fused_unsplit), and the op's time outside
              its kernels
-  table9     scripts/benchmark_model.py: training ms per sequence and peak memory, Fourier against its
+  table9     benchmarks/benchmark_model.py: training ms per sequence and peak memory, Fourier against its
              softmax twin, the LM and the IWSLT model, fp32, fp16 and bf16
   train      stock fairseq-train, the recipes of fourierformer_fairseq/training_recipes.py at full size
              for --updates updates: the IWSLT'14 architecture on Multi30k and the WikiText-103 small LM
@@ -38,7 +38,7 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
              under fairseq's GPU default --ddp-backend pytorch_ddp; every parameter and buffer, the
              Performer's features and the diagnostics identical on both ranks
              (tests/test_distributed.py, its cuda tests); SKIP without a GPU
-  sanitize   compute-sanitizer's memcheck, racecheck and synccheck over scripts/cuda_kernel_cases.py
+  sanitize   compute-sanitizer's memcheck, racecheck and synccheck over benchmarks/cuda_kernel_cases.py
              (every kernel instance of the CUDA path once, small shapes), each tool while at least
              SANITIZE_MIN_SECONDS of the budget is left; last, since the budget decides how much of it
              runs (a tool out of time gives no verdict: SKIP); SKIP without a GPU or compute-sanitizer,
@@ -69,11 +69,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import threading
 import time
-import zipfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: the offline bundle's module
+from offline_bundle import (OFFLINE_ROOTS, folder_mib, pack_data, pack_wheels, prepare_wheels,  # noqa: E402
+                            unpack_data, unpack_wheels, verify_wheels)
 from fourierformer_fairseq.fairseq_runs import TIMED_OUT, fairseq_command, fairseq_log_records, run_logged
 from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes, recipe, recipe_args, recipe_value,
                                                     table_cost_lines)
@@ -110,7 +111,7 @@ TINY = {  # --dry-run model sizes and batches
            "--decoder-attention-heads": "2", "--tokens-per-sample": "32", "--batch-size": "16", "--lr": "1e-2"},
 }
 
-# The sanitize step: compute-sanitizer's tools, in this order, over scripts/cuda_kernel_cases.py (every
+# The sanitize step: compute-sanitizer's tools, in this order, over benchmarks/cuda_kernel_cases.py (every
 # kernel instance of the CUDA path once); a tool starts only with at least SANITIZE_MIN_SECONDS of the
 # budget left, and one that runs out of time gives no verdict (SKIP): the budget decides how much of
 # this last step runs. Errors exit with SANITIZER_ERROR_EXIT.
@@ -128,20 +129,6 @@ VALID_SLACK = 1.05  # and its best validation loss end no more than 5 % above th
 OVERFLOW_SLACK = 1
 OVERFLOW_LINES = ("gradient overflow detected", "AMP: overflow detected", "OverflowError")
 
-# The offline bundle (--prepare-offline): what the check installs, for a CPython 3.12 manylinux x86-64
-# machine that already has torch, sacrebleu, sentencepiece and pytest (and what they require)
-OFFLINE_ROOTS = ("fairseq-fixed==0.12.3.1", "sacremoses==0.2.0", "subword-nmt==0.3.8", "pytest-xdist", "ninja",
-                 "cython", "setuptools>=64", "wheel", "numpy", "sacrebleu>=2.0", "sentencepiece", "pytest")
-ON_THE_MACHINE = {  # never in the wheels folder: torch (a CUDA build is there) and what the image has
-    "torch", "triton", "filelock", "typing-extensions", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",
-    "fsspec", "setuptools", "sacrebleu", "portalocker", "regex", "tabulate", "numpy", "colorama", "lxml",
-    "sentencepiece", "pytest", "iniconfig", "packaging", "pluggy", "pygments",
-}
-OFFLINE_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-                    "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
-TARGET_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
-              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-              "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
 RAW_FILES = ("multi30k/train.de", "multi30k/train.en", "multi30k/val.de", "multi30k/val.en",
              "multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en",
              "wikitext-2/wiki.train.tokens", "wikitext-2/wiki.valid.tokens")
@@ -249,7 +236,7 @@ def step_install(check: Check, args) -> None:
         log(f"install: building with {env['CXX']} instead of {os.environ.get('CXX') or shutil.which('g++')}")
     env["MAX_JOBS"] = str(os.cpu_count() or 1)
     if args.wheels:
-        # offline: what the check needs (scripts/install.sh installs requirements.txt, plots included)
+        # offline: what the check needs (tools/install.sh installs requirements.txt, plots included)
         wheels = os.path.abspath(args.wheels)
         pip = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--find-links", wheels]
         cap = subprocess.run([sys.executable, "-c", "import torch; print('%d.%d' % torch.cuda.get_device_capability(0))"],
@@ -263,7 +250,7 @@ def step_install(check: Check, args) -> None:
         ])
         cmd = ["bash", "-c", script]
     else:
-        cmd = ["bash", "scripts/install.sh"]
+        cmd = ["bash", "tools/install.sh"]
     rc, text = check.run("install", cmd, STEP_SECONDS["install"], env=env)
     importlib.invalidate_caches()
     if rc != 0:
@@ -348,7 +335,7 @@ def step_attention(check: Check, args) -> None:
     # --profile: the op's ATen ops, launches and time outside its kernels at each shape
     # (fused_unsplit: the CUDA backward without its small-grid splits, timed in the same rounds)
     impls = "fused,fused_unsplit,sdpa" if args.gpu else "fused,sdpa"
-    cmd = [sys.executable, "scripts/benchmark_attention.py", "--quick", "--impls", impls, "--json", path,
+    cmd = [sys.executable, "benchmarks/benchmark_attention.py", "--quick", "--impls", impls, "--json", path,
            "--profile"]
     cmd += ["--device", "cuda"] if args.gpu else ["--device", "cpu", "--shapes", "WikiText-103 small,sweep N=256", "--no-memory"]
     rc, text = check.run("attention", cmd, STEP_SECONDS["attention"])
@@ -380,7 +367,7 @@ def step_attention(check: Check, args) -> None:
 def step_table9(check: Check, args) -> None:
     t0 = time.perf_counter()
     path = os.path.join(check.out, "table9.json")
-    cmd = [sys.executable, "scripts/benchmark_model.py", "--shapes", "lm,mt", "--out", path]
+    cmd = [sys.executable, "benchmarks/benchmark_model.py", "--shapes", "lm,mt", "--out", path]
     cmd += (["--device", "cuda", "--precision", "fp32,fp16,bf16"] if args.gpu
             else ["--device", "cpu", "--small", "--precision", "fp32,bf16"])
     rc, text = check.run("table9", cmd, STEP_SECONDS["table9"])
@@ -425,7 +412,7 @@ def judge_sanitizer(tool: str, rc: int, text: str) -> tuple[str, str]:
 
 def step_sanitize(check: Check, args) -> None:
     """compute-sanitizer's memcheck, racecheck and synccheck over every kernel instance
-    (scripts/cuda_kernel_cases.py); on a CPU the host emulator's thread and address sanitizer runs
+    (benchmarks/cuda_kernel_cases.py); on a CPU the host emulator's thread and address sanitizer runs
     (tests/test_cuda_emulated.py) check the same kernels."""
     if not args.gpu:
         check.record("sanitize", "SKIP", 0, "no GPU (on a CPU: run_emulated_check.py --sanitize thread / address)")
@@ -442,7 +429,7 @@ def step_sanitize(check: Check, args) -> None:
             check.record(f"sanitize ({tool})", "SKIP", 0, f"{check.left():.0f} s of the budget left")
             continue
         cmd = [tool_path, "--tool", tool, "--error-exitcode", str(SANITIZER_ERROR_EXIT), "--print-limit", "20",
-               sys.executable, "scripts/cuda_kernel_cases.py"]
+               sys.executable, "benchmarks/cuda_kernel_cases.py"]
         rc, text = check.run(f"sanitize_{tool}", cmd, STEP_SECONDS["sanitize"], env=env)
         status, what = judge_sanitizer(tool, rc, text)
         check.record(f"sanitize ({tool})", status, time.perf_counter() - t0, what)
@@ -648,7 +635,7 @@ def gpu_hours(results: dict, precision: str, args=None) -> list[str]:
     return lines
 
 
-# ------------------------------------------------------------------------------------- data and wheels
+# ------------------------------------------------------------------------------------- data (the wheels: offline_bundle.py)
 
 def prepare_data(args, log_to: str) -> tuple[bool, str]:
     """The data-bin the trainings read, from the raw archives (Python's lzma: xz may be absent)."""
@@ -678,146 +665,6 @@ def prepare_data(args, log_to: str) -> tuple[bool, str]:
             return False, f"{name}: exit {rc}: {tail(open(path, errors='replace').read())}"
     shutil.rmtree(raw, ignore_errors=True)
     return True, f"prepared {args.data_bin} from {args.raw}"
-
-
-def wheel_requirements(path: str) -> tuple[str, str, list[str]]:
-    """(name, version, Requires-Dist lines) of a wheel, from its METADATA."""
-    with zipfile.ZipFile(path) as z:
-        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        text = z.read(meta).decode("utf-8", "replace")
-    head = text.split("\n\n", 1)[0]
-    field = lambda k: [l.split(":", 1)[1].strip() for l in head.splitlines() if l.startswith(k + ":")]  # noqa: E731
-    return field("Name")[0], field("Version")[0], field("Requires-Dist")
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def needed(requirement: str):
-    """The Requirement when it applies on the target machine (its marker, no extras), else None."""
-    from packaging.requirements import Requirement
-
-    req = Requirement(requirement)
-    if req.marker is not None and not req.marker.evaluate(TARGET_ENV):
-        return None
-    return req
-
-
-def verify_wheels(folder: str) -> list[str]:
-    """Problems of a wheels folder: a requirement of a wheel in it that no wheel there satisfies
-    and that is not on the machine already (ON_THE_MACHINE), a wheel torch, or a root missing."""
-    from packaging.requirements import Requirement
-
-    have = {}
-    for path in glob.glob(os.path.join(folder, "*.whl")):
-        name, version, requires = wheel_requirements(path)
-        have[canonical(name)] = (version, requires)
-    problems = [f"torch is in {folder} (the machine's CUDA build must be kept)"] if "torch" in have else []
-    wanted = [Requirement(r) for r in OFFLINE_ROOTS]
-    for version, requires in have.values():
-        wanted += [r for r in map(needed, requires) if r is not None]
-    for req in wanted:
-        name = canonical(req.name)
-        if name in ON_THE_MACHINE:
-            continue
-        if name not in have:
-            problems.append(f"{req} is missing")
-        elif req.specifier and not req.specifier.contains(have[name][0], prereleases=True):
-            problems.append(f"{req} is not satisfied by {name} {have[name][0]}")
-    return sorted(set(problems))
-
-
-def folder_mib(folder: str) -> float:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs) / 2 ** 20
-
-
-def prepare_wheels(folder: str) -> list[str]:
-    """Downloads (pip download, binary wheels for CPython 3.12 manylinux x86-64, one package at a
-    time without its dependencies) the closure of OFFLINE_ROOTS minus ON_THE_MACHINE into folder,
-    building a wheel here (pip wheel) for a package that PyPI has as source only; returns problems."""
-    from packaging.requirements import Requirement
-
-    os.makedirs(folder, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    queue = [Requirement(r) for r in OFFLINE_ROOTS]
-    done: set[str] = set()
-    while queue:
-        req = queue.pop(0)
-        name = canonical(req.name)
-        if name in ON_THE_MACHINE or name in done:
-            continue
-        done.add(name)
-        spec = str(req.specifier) if req.specifier else ""
-        present = [p for p in glob.glob(os.path.join(folder, "*.whl"))
-                   if canonical(wheel_requirements(p)[0]) == name
-                   and req.specifier.contains(wheel_requirements(p)[1], prereleases=True)]
-        if present:  # downloaded by an earlier run
-            queue += [r for r in map(needed, wheel_requirements(present[0])[2]) if r is not None]
-            continue
-        log(f"wheels: {name}{spec}")
-        before = set(glob.glob(os.path.join(folder, "*.whl")))
-        got = subprocess.run(pip + ["download", "--no-deps", "--only-binary=:all:", *OFFLINE_PLATFORM, "-d", folder,
-                                    f"{name}{spec}"], capture_output=True, text=True)
-        if got.returncode != 0:  # source only on PyPI: a pure-Python wheel built here
-            got = subprocess.run(pip + ["wheel", "--no-deps", "-w", folder, f"{name}{spec}"], capture_output=True, text=True)
-        new = sorted(set(glob.glob(os.path.join(folder, "*.whl"))) - before) or sorted(
-            p for p in glob.glob(os.path.join(folder, "*.whl")) if canonical(os.path.basename(p).split("-")[0]) == name)
-        if got.returncode != 0 or not new:
-            return [f"{name}{spec}: {got.stderr.strip().splitlines()[-1] if got.stderr.strip() else 'no wheel'}"]
-        _, _, requires = wheel_requirements(new[-1])
-        queue += [r for r in map(needed, requires) if r is not None]
-    return verify_wheels(folder)
-
-
-def pack_wheels(folder: str, archive: str) -> None:
-    """folder's wheels in one tar.xz, each stored uncompressed inside (xz then compresses their
-    contents, about a third smaller than the wheels' own deflate: scipy's 33.7 MiB wheel packs
-    to 22.3 MiB); unpack_wheels gives back wheels pip installs (the same files, the same RECORD)."""
-    part = archive + ".part"
-    with tarfile.open(part, "w:xz", preset=6) as tar:
-        for path in sorted(glob.glob(os.path.join(folder, "*.whl"))):
-            stored = os.path.join(os.path.dirname(archive), ".stored.whl")
-            with zipfile.ZipFile(path) as zin, zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as zout:
-                for info in zin.infolist():
-                    zout.writestr(info, zin.read(info.filename), compress_type=zipfile.ZIP_STORED)
-            tar.add(stored, arcname=os.path.basename(path))
-            os.remove(stored)
-    os.replace(part, archive)
-
-
-def unpack_wheels(archive: str, folder: str) -> str:
-    os.makedirs(folder, exist_ok=True)
-    with tarfile.open(archive, "r:xz") as tar:
-        for member in tar.getmembers():
-            if not member.isfile() or "/" in member.name or not member.name.endswith(".whl"):
-                raise ValueError(f"{archive}: {member.name} is not a wheel")
-            tar.extract(member, folder)
-    return folder
-
-
-def pack_data(data_bin: str, archive: str) -> None:
-    """The binarised data and dictionaries the check reads, in one tar.xz (the prepare scripts'
-    text/ and raw/ copies left out)."""
-    part = archive + ".part"
-    with tarfile.open(part, "w:xz", preset=6) as tar:
-        for root, dirs, files in os.walk(data_bin):
-            dirs[:] = sorted(d for d in dirs if d not in ("text", "raw"))
-            for f in sorted(files):
-                path = os.path.join(root, f)
-                tar.add(path, arcname=os.path.join("data-bin", os.path.relpath(path, data_bin)), recursive=False)
-    os.replace(part, archive)
-
-
-def unpack_data(archive: str, folder: str) -> str:
-    """Unpacks pack_data's archive into folder; returns folder/data-bin."""
-    with tarfile.open(archive, "r:xz") as tar:
-        for member in tar.getmembers():
-            parts = member.name.split("/")
-            if not member.isfile() or parts[0] != "data-bin" or ".." in parts:
-                raise ValueError(f"{archive}: {member.name} is not a data-bin file")
-            tar.extract(member, folder)
-    return os.path.join(folder, "data-bin")
 
 
 def prepare_offline(args) -> int:

@@ -21,7 +21,7 @@ copy, which costs both models the same):
 
 It runs on the GPU when torch sees one (--device cuda), else on the CPU.
 
-    python scripts/benchmark_model.py [--batch-size B] [--context N] [--vocab V] [--shapes lm[,mt]]
+    python benchmarks/benchmark_model.py [--batch-size B] [--context N] [--vocab V] [--shapes lm[,mt]]
                                       [--precision fp32[,fp16,bf16]] [--out runs/benchmark.json]
 
 The vocabulary sets the size of the output layer (WikiText-103's is 267,744 with fairseq's

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compile check of the CUDA backend (csrc/cuda/*.cu) on a machine without a GPU.
 #
-#   scripts/check_cuda_build.sh
+#   tools/check_cuda_build.sh
 #
 # 1. creates (or reuses) a plain virtual environment, default <repo>/.venv-cuda (ignored by
 #    git via .venv*/), and installs a CUDA build of torch into it (torch==2.14.1, cu130);

@@ -1,0 +1,30 @@
+"""Where the project's tools live, for tests that run or import them.
+
+The tools sit in rooms by purpose beside the package: ``benchmarks/``, ``tools/``,
+``analysis/tables/`` and ``analysis/dynamics/``. Tests name a tool by its file name; ``script``
+finds it in whichever room holds it, so a tool can move between rooms without touching its tests.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOMS = ("benchmarks", "tools", os.path.join("analysis", "tables"), os.path.join("analysis", "dynamics"))
+
+
+def script(name: str) -> str:
+    """The path of the tool ``name`` (``make_tables`` or ``make_tables.py``, ``install.sh``)."""
+    fname = name if os.path.splitext(name)[1] else f"{name}.py"
+    found = [os.path.join(REPO, room, fname) for room in ROOMS if os.path.isfile(os.path.join(REPO, room, fname))]
+    if len(found) != 1:
+        raise FileNotFoundError(f"{fname}: {'in ' + ', '.join(found) if found else 'in none'} of {', '.join(ROOMS)}")
+    return found[0]
+
+
+def load(name: str):
+    """Import the tool ``name`` as a module (its ``main`` is not run)."""
+    spec = importlib.util.spec_from_file_location(name, script(name))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
