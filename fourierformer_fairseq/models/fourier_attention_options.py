@@ -74,16 +74,10 @@ class FourierAttentionConfig(FourierKernelConfig):
     fourier_published: bool = field(
         default=False, metadata={"help": "the published code's attention (docs/published-model.md): "
                                          "--fourier-paper-exact, --fourier-normaliser-eps 1e-6, projections "
-                                         "N(0, 0.02) without biases; each can be overridden. Measured to train: "
-                                         "the language models (d 64 and 128) and translation at d 256 with lr 1e-3 "
-                                         "and warm-up 400 (Multi30k). An encoder-decoder trained with a short "
-                                         "warm-up at a high lr (lr 2e-3, warm-up 50; d 64, 128 and 256, heads "
-                                         "of 16-64) starts with its attention at 1-6 %% of the residual, and "
-                                         "its encoder collapses in the first epoch (the same vector at every "
-                                         "position; the source is ignored): 2+2 layers at d 64 stall at valid "
-                                         "loss 4.29 after 280 updates (the defaults 1.34) and need about 3x "
-                                         "the updates; there use the defaults or add "
-                                         "--fourier-proj-init-std 0.06 (1.42 after 280; docs/published-model.md, "
+                                         "N(0, 0.02) without biases; each can be overridden. It trains the "
+                                         "language models; a small encoder-decoder with a short warm-up at a "
+                                         "high lr collapses its encoder early: use the defaults there, or a "
+                                         "larger --fourier-proj-init-std (docs/published-model.md, "
                                          "'At small width')"})
     fourier_attention: str = field(
         default="all", metadata={"help": "comma-separated attentions that are Fourier, from encoder,decoder,cross "
