@@ -150,6 +150,55 @@ def test_fourier_attention_sites_and_radius_shape():
     assert (attn.power, attn.phi, attn.radius.shape) == (2, "abs", (2, 8)) and torch.all(attn.radius == 0.5)
 
 
+@pytest.mark.parametrize("arch", ["fourierformer_iwslt_de_en", "performer_iwslt_de_en", "gfnet_iwslt_de_en",
+                                  "fourierformer_lm_wiki103_small", "performer_lm_wiki103_small",
+                                  "gfnet_lm_wiki103_small"])
+def test_attention_options_are_read_once_per_model(arch, monkeypatch):
+    """build_model reads (and validates) a kind's options once; the encoder, the decoder and every
+    layer hold that one object."""
+    from fourierformer_fairseq.models.attention_options import AttentionOptions
+
+    reads = []
+    real = AttentionOptions.from_args.__func__
+
+    def counted(cls, args, available=None):
+        reads.append(cls)
+        return real(cls, args, available) if available is not None else real(cls, args)
+
+    monkeypatch.setattr(AttentionOptions, "from_args", classmethod(counted))
+    lm = "_lm_" in arch
+    model, _ = build_model(arch, dims=LM_DIMS if lm else TRANSLATION_DIMS,
+                           task="language_modeling" if lm else "translation")
+    assert len(reads) == 1, reads
+    holders = [m for m in model.modules() if "attention_options" in vars(m)]
+    assert len(holders) == (1 if lm else 2) + len(model.decoder.layers) + (0 if lm else len(model.encoder.layers))
+    assert len({id(m.attention_options) for m in holders}) == 1
+
+
+def test_no_attention_kinds_options_import_another_kinds():
+    """Each kind's options module (its config's module) imports no other kind's; what two kinds share
+    (the Fourier kernel's power and radius: models/kernel_options.py) has a module of its own."""
+    import ast
+    import importlib
+
+    from fourierformer_fairseq.models.attention_options import AttentionOptions
+
+    def kinds(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from kinds(sub)
+
+    modules = {sub.config_class.__module__ for sub in kinds(AttentionOptions) if hasattr(sub, "config_class")}
+    assert {"fourierformer_fairseq.models.fourier_attention_options", "fourierformer_fairseq.models.performer_options",
+            "fourierformer_fairseq.models.gfnet_options"} <= modules
+    short = {m.rsplit(".", 1)[1] for m in modules}
+    for module in modules:
+        tree = ast.parse(open(importlib.import_module(module).__file__).read())
+        imported = {(node.module or "").rsplit(".", 1)[-1] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {a.name.rsplit(".", 1)[-1] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        assert not imported & (short - {module.rsplit(".", 1)[1]}), (module, imported & short)
+
+
 def test_decoder_layers_mark_their_self_attention_causal(monkeypatch):
     """The decoder layer tells its self-attention that its mask is the future mask: the op then
     runs causal=True with no mask; encoder and encoder-decoder attention are not marked."""

@@ -1,7 +1,8 @@
 """fairseq's Transformer, shared by every attention kind: the attention of each site is the kind's or softmax.
 
-The kind's options object (see ``attention_options``) decides, per site ("encoder", "decoder",
-"cross"), which attention module is built. Only the attention modules differ from the stock model:
+The kind's options object (see ``attention_options``), read from the args once per model by
+``build_model`` and handed to the encoder, the decoder and each of their layers, decides, per site
+("encoder", "decoder", "cross"), which attention module is built. Only the attention modules differ from the stock model:
 the layers below (``AttentionKindEncoderLayer``, ``AttentionKindDecoderLayer``) override
 ``build_self_attention`` / ``build_encoder_attention`` and nothing else, so parameter names match
 the softmax twin's and, under one seed, every shared weight initialises identically.
@@ -11,6 +12,7 @@ them, naming their options class in ``options_class``.
 """
 from __future__ import annotations
 
+import contextvars
 from typing import Dict, List, Optional, Type
 
 from torch import Tensor
@@ -196,6 +198,12 @@ def _full_context(module, args, kwargs):
     return args, {**kwargs, "causal": False}
 
 
+# The options of the translation model being built: fairseq's build_model calls build_encoder and
+# build_decoder with the args alone, so AttentionKindTransformerModel.build_model puts the options it
+# read here for them (None outside a build_model).
+_MODEL_OPTIONS: contextvars.ContextVar = contextvars.ContextVar("attention_options", default=None)
+
+
 class AttentionKindTransformerModel(TransformerModel):
     """fairseq's Transformer (legacy argparse model) with the attention of ``options_class``."""
 
@@ -212,22 +220,32 @@ class AttentionKindTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        cls.options_class.from_args(args, SITES)  # fail early, with the flag names, on bad options
-        model = super().build_model(args, task)
+        # read and validated once (errors name the flags), before anything is built; the encoder and
+        # the decoder that fairseq's build_model asks build_encoder / build_decoder for share them
+        token = _MODEL_OPTIONS.set(cls.options_class.from_args(args, SITES))
+        try:
+            model = super().build_model(args, task)
+        finally:
+            _MODEL_OPTIONS.reset(token)
         cls.options_class.prepare_model(model, args)
         return model
 
     @classmethod
+    def _attention_options(cls, args) -> AttentionOptions:
+        """The options of the model being built (build_model's); read from args when called on its own."""
+        options = _MODEL_OPTIONS.get()
+        return options if isinstance(options, cls.options_class) else cls.options_class.from_args(args, SITES)
+
+    @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return AttentionKindEncoder(cfg, src_dict, embed_tokens, cls.options_class.from_args(args, SITES))
+        return AttentionKindEncoder(cfg, src_dict, embed_tokens, cls._attention_options(args))
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
         return AttentionKindDecoder(
-            cfg, tgt_dict, embed_tokens, cls.options_class.from_args(args, SITES),
-            no_encoder_attn=cfg.no_cross_attention,
+            cfg, tgt_dict, embed_tokens, cls._attention_options(args), no_encoder_attn=cfg.no_cross_attention,
         )
 
 

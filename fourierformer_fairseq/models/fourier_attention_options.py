@@ -18,32 +18,14 @@ the paper's formulation instead (no normalisation, the paper's radius init: 1.0 
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from fairseq.utils import safe_getattr
 
 from fourierformer_fairseq.modules.fourier_multihead_attention import KERNELS, FourierMultiheadAttention
-from fourierformer_fairseq.ops.inputs import PHIS, RADIUS_SHAPES
+from fourierformer_fairseq.ops.inputs import PHIS
 
 from .attention_options import SITES, AttentionOptions, kwarg_field, parse_sites, site_tag
-
-
-@dataclass
-class FourierKernelConfig(FairseqDataclass):
-    """The Fourier kernel's options, shared by Fourier attention and the Performer's fourier_rf kernel.
-
-    ``None``: the architecture's default (set by its arch function), else the attention class's.
-    """
-
-    fourier_power: Optional[int] = kwarg_field(
-        "power", None, "p of phi(x) = x^p in the Fourier kernel prod_d phi(sinc(R (q_d - k_d))) (even for the "
-                       "Performer's fourier_rf); default: 2 translation, 4 language models")
-    fourier_radius_init: Optional[float] = kwarg_field(
-        "radius_init", None, "initial value of the learnable radius R; default: Fourier attention "
-                             "sqrt(3 / (p sqrt(head_dim))) (as peaked as softmax at init), or the paper's with "
-                             "--fourier-paper-exact; Performer fourier_rf the paper's (1.0 translation, 2.0 language models)")
-    fourier_radius_shape: ChoiceEnum(RADIUS_SHAPES) = kwarg_field(
-        "radius_shape", "scalar", "one learnable radius per layer (scalar), per head, per head and feature, or per feature "
-                         "shared by the heads (vector: the paper's learnable vector R)")
+from .kernel_options import FourierKernelConfig
 
 
 @dataclass
@@ -149,7 +131,6 @@ def name_fourier_layers(model) -> None:
 __all__ = [
     "FourierAttentionConfig",
     "FourierAttentionOptions",
-    "FourierKernelConfig",
     "name_fourier_layers",
     "SITES",
     "parse_sites",

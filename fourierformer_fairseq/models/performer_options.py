@@ -19,7 +19,7 @@ from fourierformer_fairseq.modules.performer_multihead_attention import Performe
 from fourierformer_fairseq.ops.favor import FEATURE_TYPES, KERNELS, feature_seed
 
 from .attention_options import SITES, AttentionOptions, kwarg_field
-from .fourier_attention_options import FourierKernelConfig
+from .kernel_options import FourierKernelConfig
 
 
 @dataclass
