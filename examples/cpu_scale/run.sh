@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU-scale real-data runs of docs/results.md: the same recipes as the full-scale ones,
+# The CPU-scale real-data runs of docs/records/training/first-cpu-runs.md: the same recipes as the full-scale ones,
 # with reduced models and budgets. Multi30k De-En (translation) and WikiText-2 (LM),
 # FourierFormer and softmax twins, one seed each, equal update budgets, run one after another.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The equal-update comparison of docs/training-dynamics.md section 8 at full size, on one GPU:
+# The equal-update comparison of docs/records/training/published-normaliser-init-radius.md at full size, on one GPU:
 # softmax, the defaults, the Gaussian ablation, paper-exact and the published preset, for the
 # IWSLT'14 architecture (6 + 6 layers, d 512, head dim 128) on Multi30k and the 16-layer
 # WikiText-103 small LM on WikiText-2, all ten trainings side by side for one wall-clock budget.
