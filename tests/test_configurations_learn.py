@@ -100,7 +100,7 @@ def train_small(data_dir, save_dir, arch, extra=()):
 
 @pytest.mark.slow
 def test_small_translation_model_defaults_and_the_published_preset(word_by_word_data, tmp_path):
-    # measured with the same data and recipe (seed 1): docs/published-model.md, "At small width"
+    # measured with the same data and recipe (seed 1): docs/records/training/encoder-collapse-small-width.md
     d = train_small(word_by_word_data, str(tmp_path / "defaults"), "fourierformer_iwslt_de_en")
     assert d["nll"] < 1.5 and d["nll_swapped"] - d["nll"] > 1.5 and d["enc_cos"] < 0.5, d
 
