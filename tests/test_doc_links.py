@@ -1,4 +1,4 @@
-"""Every relative link of the README, examples/README.md and docs/*.md resolves: the file exists and,
+"""Every relative link of the README, examples/README.md and every page under docs/ (the records included) resolves: the file exists and,
 for a link into a markdown file, the anchor is one of its headings (GitHub's slugs: lower case,
 punctuation but '-' and '_' dropped, spaces to '-', a repeated heading numbered -1, -2, ...)."""
 from __future__ import annotations
@@ -45,7 +45,7 @@ def broken_links(path: str) -> list:
 
 
 DOCS = sorted([os.path.join(ROOT, "README.md"), os.path.join(ROOT, "examples", "README.md"),
-               *glob.glob(os.path.join(ROOT, "docs", "*.md"))])
+               *glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)])
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: os.path.relpath(p, ROOT))
