@@ -35,21 +35,9 @@ PY
 }
 
 # fourier_suffix ARGS...: a run-name suffix from the --fourier-* options among ARGS, any of them
-# (--fourier-phi abs --fourier-paper-exact -> _phiabs_paper_exact)
-fourier_suffix() {
-    local args=("$@") out="" i a next
-    for ((i = 0; i < ${#args[@]}; i++)); do
-        a="${args[$i]}"
-        case "$a" in
-            --fourier-*=*) out+="_${a#--fourier-}"; out="${out/=/}" ;;
-            --fourier-*)
-                next="${args[$((i + 1))]:-}"
-                if [[ -n "$next" && "$next" != --* ]]; then out+="_${a#--fourier-}$next"; i=$((i + 1))
-                else out+="_${a#--fourier-}"; fi ;;
-        esac
-    done
-    echo "${out//-/_}"
-}
+# (--fourier-phi abs --fourier-paper-exact -> _phiabs_paper_exact), read by the parser that write_meta's
+# options_given is (fourierformer_fairseq/fairseq_runs.py, run as a file: run_name_suffix)
+fourier_suffix() { "$PYTHON" "$REPO_ROOT/fourierformer_fairseq/fairseq_runs.py" run-suffix "$@"; }
 
 # recipe NAME [--shell | --set OPTION VALUE ... --drop OPTION ...]: a task's fairseq-train
 # hyper-parameters from their one table (fourierformer_fairseq/training_recipes.py, run as a file)

@@ -6,7 +6,9 @@ the quickstart and the tools that read runs (``analysis/``, ``benchmarks/``).
   optional time limit.
 - ``fairseq_log_records``: the records of a fairseq-train ``--log-format json`` log.
 - ``options_given``: the ``--fourier-*`` options among a run's fairseq-train arguments
-  (``examples/lib.sh``'s ``write_meta`` records them; ``analysis/tables/make_tables.py`` groups runs by them).
+  (``examples/lib.sh``'s ``write_meta`` records them; ``analysis/tables/make_tables.py`` groups runs by them),
+  and ``run_name_suffix``, the run-name suffix the recipes make of them (``examples/lib.sh``'s
+  ``fourier_suffix`` runs this file: ``python fourierformer_fairseq/fairseq_runs.py run-suffix ARGS...``).
 - ``generate_hypotheses`` and ``detokenised_bleu``: the BLEU protocol of the translation recipes,
   sacreBLEU (lowercase) on the Moses-detokenised hypotheses of ``fairseq-generate``
   (``examples/iwslt14/evaluate.sh``, ``examples/full_size/summarize.py``).
@@ -26,7 +28,7 @@ import sys
 import threading
 
 __all__ = ["fairseq_command", "run_logged", "shell_line", "fairseq_log_records", "options_given",
-           "generate_hypotheses", "detokenised_bleu"]
+           "run_name_suffix", "generate_hypotheses", "detokenised_bleu"]
 
 # "... | INFO | train_inner | {...}": the progress bar's tag, then the interval's metrics
 _LOG_RECORD = re.compile(r"\|\s*(train_inner|train|valid)\s*\|\s*(\{.*\})\s*$")
@@ -121,6 +123,15 @@ def options_given(extra_args) -> dict:
     return out
 
 
+def run_name_suffix(extra_args) -> str:
+    """A run-name suffix from the --fourier-* options among fairseq-train arguments, as options_given
+    reads them, each option's name and its value (a flag: its name), dashes as underscores
+    (--fourier-phi abs --fourier-paper-exact -> _phiabs_paper_exact)."""
+    parts = (name if value == 1 and not isinstance(value, str) else f"{name}{value}"
+             for name, value in options_given(extra_args).items())
+    return "".join("_" + p for p in parts).replace("-", "_")
+
+
 def generate_hypotheses(lines) -> dict:
     """{sentence id: hypothesis} from fairseq-generate's output (its "H-<id>\\tscore\\ttext" lines)."""
     hyps = {}
@@ -143,3 +154,17 @@ def detokenised_bleu(hypotheses, references, lang: str = "en"):
     metric = sacrebleu.metrics.BLEU(lowercase=True)
     score = metric.corpus_score(detok, [list(references)])
     return score.score, str(metric.get_signature()), detok
+
+
+def main(argv=None) -> int:
+    """``fairseq_runs.py run-suffix ARGS...``: print run_name_suffix(ARGS) (for the recipes' shells)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] != "run-suffix":
+        print("usage: fairseq_runs.py run-suffix [FAIRSEQ-TRAIN ARGUMENTS...]", file=sys.stderr)
+        return 2
+    print(run_name_suffix(argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -224,6 +224,23 @@ def test_every_fourier_option_reaches_meta_and_the_run_name(tmp_path):
     assert set(make_tables.declared_defaults()) == set(names)
 
 
+def test_the_run_name_suffix_has_one_parser():
+    """examples/lib.sh's fourier_suffix prints what fairseq_runs.run_name_suffix (options_given's reading
+    of the arguments) makes of them, and parses no --fourier-* option itself."""
+    import re
+
+    from fourierformer_fairseq.fairseq_runs import run_name_suffix
+
+    lib = os.path.join(REPO, "examples", "lib.sh")
+    assert not re.search(r"^\s*--fourier-\*[^)\n]*\)", open(lib).read(), re.M), "lib.sh matches --fourier-* itself"
+    for extra in ([], ["--lr", "3"], ["--fourier-phi", "abs", "--fourier-paper-exact"],
+                  ["--fourier-radius-init=1.0", "--max-tokens", "9", "--fourier-power", "-1", "--fourier-published"]):
+        r = run(["bash", "-c", 'source "$1"; shift; fourier_suffix "$@"', "x", lib, *extra])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == run_name_suffix(extra) + "\n", extra
+    assert run_name_suffix(["--fourier-phi", "abs", "--fourier-paper-exact"]) == "_phiabs_paper_exact"
+
+
 def test_prepare_missing_raw_is_a_clear_error(tmp_path):
     r = run(["bash", os.path.join(IWSLT, "prepare.sh"), "--raw", str(tmp_path / "nope.tgz"), "--out", str(tmp_path / "o")])
     assert r.returncode != 0 and "does not exist" in r.stderr
