@@ -1,4 +1,5 @@
-"""The fairseq-train hyper-parameters of each task's recipe, in one table.
+"""The fairseq-train hyper-parameters of each task's recipe, in one table, and the translation
+recipe's generation protocol (``GENERATION``).
 
 ``examples/iwslt14/train.sh`` and ``examples/wikitext103/train.sh`` train with them (the command-line
 interface below prints them for a shell), ``examples/full_size/compare.sh``, ``tools/gpu_check.py``
@@ -11,6 +12,7 @@ of each architecture is ``fourierformer_fairseq.models.SOFTMAX_TWINS``.
     python fourierformer_fairseq/training_recipes.py wikitext103 --protocol fairseq --size medium
     python fourierformer_fairseq/training_recipes.py --table-runs table7     # a paper table's runs
     python fourierformer_fairseq/training_recipes.py --dry-run table1        # their commands, tokens, GPU-hours
+    python fourierformer_fairseq/training_recipes.py iwslt14 --generate      # fairseq-generate's options
 
 This file imports nothing of the package (nor fairseq or torch), so a shell can run it as a file.
 """
@@ -88,6 +90,20 @@ LM_PROTOCOLS = {
     },
 }
 DEFAULT_LM_PROTOCOL = "published"
+
+# The translation recipes' generation protocol (fairseq-generate on the test set; the paper's, and
+# fairseq's IWSLT'14 example's): beam 5, length penalty 1, hypotheses of at most 1.2 x the source
+# + 10 tokens, 128 sentences a batch, BPE removed, and every sentence scored: with fairseq's default
+# --required-batch-size-multiple 8, fairseq-generate leaves out a last batch smaller than 8.
+# fairseq-train's --eval-bleu validates with the same beam and lengths (eval_bleu_args).
+# examples/iwslt14/evaluate.sh, examples/full_size/compare.sh, tools/gpu_check.py and the quickstart
+# generate with it (training_recipes.py iwslt14 --generate prints it, --eval-bleu-args the JSON).
+GENERATION = {
+    "iwslt14": (
+        ("--beam", "5"), ("--lenpen", "1.0"), ("--max-len-a", "1.2"), ("--max-len-b", "10"),
+        ("--batch-size", "128"), ("--remove-bpe", None), ("--required-batch-size-multiple", "1"),
+    ),
+}
 # The vocabulary the published cutoffs are for: WikiText-103 as examples/wikitext103/prepare.sh
 # binarises it (fairseq's dictionary, its four special symbols included).
 WIKITEXT103_VOCAB = 267744
@@ -265,12 +281,37 @@ def recipe_args(name: str, set_options=None, drop=(), protocol: str = None, size
     value of an option in place or, for an option the recipe does not give, appends it (value
     None: a flag); drop leaves options out. Unknown options in drop are an error (a typo would
     otherwise keep the recipe's value silently)."""
+    return _changed(recipe(name, protocol, size)["options"], set_options, drop, f"recipe '{name}'")
+
+
+def generation(name: str = "iwslt14") -> tuple:
+    """A translation recipe's fairseq-generate options (GENERATION), (option, value) pairs."""
+    try:
+        return GENERATION[name]
+    except KeyError:
+        raise ValueError(f"recipe '{name}' has no generation protocol (only {', '.join(GENERATION)})") from None
+
+
+def generation_args(name: str = "iwslt14", set_options=None, drop=()) -> list:
+    """The recipe's fairseq-generate arguments, changed as recipe_args changes the training's."""
+    return _changed(generation(name), set_options, drop, f"the generation of '{name}'")
+
+
+def eval_bleu_args(name: str = "iwslt14") -> str:
+    """fairseq-train's --eval-bleu-args: the generation protocol's beam and lengths, as JSON."""
+    import json
+
+    values = dict(generation(name))
+    return json.dumps({"beam": int(values["--beam"]), "max_len_a": float(values["--max-len-a"]),
+                       "max_len_b": int(values["--max-len-b"])})
+
+
+def _changed(options, set_options, drop, what: str) -> list:
     set_options = dict(set_options or {})
-    options = recipe(name, protocol, size)["options"]
     given = {opt for opt, _ in options}
     missing = [opt for opt in drop if opt not in given]
     if missing:
-        raise ValueError(f"recipe '{name}' has no option {', '.join(missing)} to drop")
+        raise ValueError(f"{what} has no option {', '.join(missing)} to drop")
     out = []
     for opt, value in list(options) + [(opt, set_options[opt]) for opt in set_options if opt not in given]:
         if opt in drop:
@@ -368,6 +409,11 @@ def main(argv=None) -> int:
     p.add_argument("--flag", action="append", default=[], metavar="OPTION", help="add a flag without a value (share-all-embeddings)")
     p.add_argument("--drop", action="append", default=[], metavar="OPTION", help="leave OPTION out (max-epoch)")
     p.add_argument("--shell", action="store_true", help="print the recipe's values as NAME=value lines")
+    p.add_argument("--generate", action="store_true",
+                   help="print the recipe's fairseq-generate options (the generation protocol), one a line; "
+                        "--set / --flag / --drop change them")
+    p.add_argument("--eval-bleu-args", action="store_true",
+                   help="print fairseq-train's --eval-bleu-args of the generation protocol (JSON)")
     p.add_argument("--table-runs", metavar="TABLE", help="print a paper table's runs, one a line: name, model, size "
                                                          "and the extra arguments, tab-separated")
     p.add_argument("--dry-run", metavar="TABLE", help="print a paper table's runs with their commands, updates, "
@@ -427,8 +473,13 @@ def main(argv=None) -> int:
             return 0
         set_options = {"--" + opt.lstrip("-"): value for opt, value in args.set}
         set_options.update({"--" + opt.lstrip("-"): None for opt in args.flag})
-        print("\n".join(recipe_args(args.name, set_options, ["--" + opt.lstrip("-") for opt in args.drop],
-                                     args.protocol, args.size)))
+        drop = ["--" + opt.lstrip("-") for opt in args.drop]
+        if args.eval_bleu_args:
+            print(eval_bleu_args(args.name))
+        elif args.generate:
+            print("\n".join(generation_args(args.name, set_options, drop)))
+        else:
+            print("\n".join(recipe_args(args.name, set_options, drop, args.protocol, args.size)))
     except (ValueError, OSError, KeyError) as e:
         print(f"training_recipes.py: error: {e}", file=sys.stderr)
         return 2

@@ -76,8 +76,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: the of
 from offline_bundle import (OFFLINE_ROOTS, folder_mib, pack_data, pack_wheels, prepare_wheels,  # noqa: E402
                             unpack_data, unpack_wheels, verify_wheels)
 from fourierformer_fairseq.fairseq_runs import TIMED_OUT, fairseq_command, fairseq_log_records, run_logged
-from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes, recipe, recipe_args, recipe_value,
-                                                    table_cost_lines)
+from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes, generation_args, recipe, recipe_args,
+                                                    recipe_value, table_cost_lines)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
@@ -561,11 +561,11 @@ def evaluate_pair(check: Check, args, task: str, precision: str, pair, runs: dic
         common += ["--fp16"] if precision == "fp16" else []
         common += [] if args.gpu else ["--cpu", "--max-valid-steps", "5"]
         if task == "mt":
-            cmd = [*fairseq_command("fairseq-generate"), *common, "--gen-subset", "test", "--beam", "5", "--remove-bpe",
-                   "--batch-size", "128" if args.gpu else "64", "--quiet"]
-            # the recipe's validation lengths (an early model would otherwise run to 200 tokens);
-            # in a dry run, a tiny model barely trained: short hypotheses
-            cmd += ["--max-len-a", "1.2", "--max-len-b", "10"] if args.gpu else ["--max-len-a", "0", "--max-len-b", "6"]
+            # the recipes' generation protocol; in a dry run, a tiny model barely trained: smaller batches
+            # and short hypotheses
+            dry = {} if args.gpu else {"--batch-size": "64", "--max-len-a": "0", "--max-len-b": "6"}
+            cmd = [*fairseq_command("fairseq-generate"), *common, "--gen-subset", "test",
+                   *generation_args("iwslt14", dry), "--quiet"]
         else:
             context = recipe_value("wikitext103", "--tokens-per-sample") if args.gpu else TINY["lm"]["--tokens-per-sample"]
             cmd = [*fairseq_command("fairseq-eval-lm"), *common, "--gen-subset", "valid", "--tokens-per-sample",

@@ -78,6 +78,7 @@ mkdir -p "$RUNS"
 # both stop at MAX_UPDATE or the wall-clock budget.
 mapfile -t RECIPE_MT < <(recipe iwslt14 --drop share-decoder-input-output-embed --drop max-epoch --drop clip-norm \
     --set warmup-updates 400 --flag share-all-embeddings --set required-batch-size-multiple 1)
+mapfile -t GENERATE < <(recipe iwslt14 --generate)  # the translation recipes' generation protocol
 mapfile -t RECIPE_LM < <(recipe wikitext103 --protocol fairseq --set lr 1e-3 --set warmup-updates 200 \
     --drop update-freq --drop max-update)
 
@@ -124,8 +125,7 @@ evaluate() {  # evaluate TASK CONFIG UPDATE
     if [[ $task == mt ]]; then
         # shellcheck disable=SC2086
         timeout "$EVAL_SECONDS" "$PYTHON" -m fairseq_cli.generate "$data" --user-dir "$USER_DIR" $DEVICE_ARGS \
-            --path "$ckpt" --gen-subset test --beam 5 --batch-size 128 --remove-bpe --max-len-a 1.2 --max-len-b 10 \
-            --required-batch-size-multiple 1 > "$dir/gen_$update.txt" 2> "$dir/gen_$update.err" || true
+            --path "$ckpt" --gen-subset test "${GENERATE[@]}" > "$dir/gen_$update.txt" 2> "$dir/gen_$update.err" || true
     fi
     OMP_NUM_THREADS=1 timeout "$EVAL_SECONDS" "$PYTHON" "$REPO_ROOT/analysis/dynamics/attention_entropy.py" --data "$data" \
         --checkpoints "$ckpt" --out "$dir/entropy_$update.json" --sentences "$SENTENCES" --user-dir "$USER_DIR" \

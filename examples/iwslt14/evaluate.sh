@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Evaluate IWSLT'14 runs: checkpoint averaging, beam 5, tokenised BLEU and detokenised sacreBLEU.
+# Evaluate IWSLT'14 runs: checkpoint averaging, the recipe's generation protocol, tokenised BLEU and
+# detokenised sacreBLEU.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/lib.sh"
 
 DATA="data-bin/iwslt14.tokenized.de-en"
 AVG=10
 AVG_BY=epochs
-BEAM=5
-LENPEN=1.0
-BATCH=128
+# fairseq-generate's options: the generation protocol (fourierformer_fairseq/training_recipes.py:
+# GENERATION) with what --beam, --lenpen, --batch-size and --small change (--set OPTION VALUE)
+SETS=()
 SUBSET=test
 SMALL=0
+PRINT=0
 RUNS_ARGS=()
 
 usage() {
@@ -20,9 +22,10 @@ Usage: examples/iwslt14/evaluate.sh [options] RUN [RUN ...]
 For each RUN folder written by train.sh (RUN/checkpoints/):
   1. averages the last N epoch checkpoints -> RUN/checkpoints/checkpoint_avgN.pt
      (N=0: checkpoint_best.pt as is)
-  2. fairseq-generate --beam 5 --remove-bpe on the test set -> RUN/generate-SUBSET.txt;
-     its "BLEU4 =" line is BLEU on the tokenised, lowercased text (the paper's protocol,
-     comparable to its 34.42 softmax / 34.68 FourierFormer)
+  2. fairseq-generate on the test set with the recipe's generation protocol
+     ($(recipe iwslt14 --generate | tr '\n' ' ' | sed 's/ $//'))
+     -> RUN/generate-SUBSET.txt; its "BLEU4 =" line is BLEU on the tokenised, lowercased text
+     (the paper's protocol: its numbers are analysis/tables/paper_numbers.json's table5)
   3. sacreBLEU on detokenised text (sacremoses) against the raw references kept by
      prepare.sh (DATA/text/raw/test.en), case-insensitive, with its signature
   4. writes RUN/results-SUBSET.json (bleu_tok, sacrebleu, signature, checkpoint) for make_tables.py
@@ -32,11 +35,12 @@ Options:
   --avg N           checkpoints to average (default: $AVG; 0 = checkpoint_best.pt)
   --avg-by epochs|updates   average the last N epoch checkpoints (checkpointE.pt, default) or
                     the last N update checkpoints (checkpoint_E_U.pt, --save-interval-updates)
-  --beam N          (default: $BEAM)
-  --lenpen X        length penalty (default: $LENPEN)
-  --batch-size N    sentences a batch (default: $BATCH)
+  --beam N          beam size (default: the protocol's)
+  --lenpen X        length penalty (default: the protocol's)
+  --batch-size N    sentences a batch (default: the protocol's)
   --subset NAME     test or valid (default: $SUBSET)
-  --small           small mode: average 2, beam 2, batch 64, hypotheses up to 1.2 x source + 10 tokens
+  --small           small mode: average 2, beam 2, batch 64
+  --print-command   print each RUN's fairseq-generate command and stop (nothing is run)
   -h, --help        this help
 
 Example: examples/iwslt14/evaluate.sh runs/iwslt14/fourier_seed*
@@ -48,27 +52,40 @@ while [[ $# -gt 0 ]]; do
         --data) DATA="${2:?}"; shift 2 ;;
         --avg) AVG="${2:?}"; shift 2 ;;
         --avg-by) AVG_BY="${2:?}"; shift 2 ;;
-        --beam) BEAM="${2:?}"; shift 2 ;;
-        --lenpen) LENPEN="${2:?}"; shift 2 ;;
-        --batch-size) BATCH="${2:?}"; shift 2 ;;
+        --beam|--lenpen|--batch-size) SETS+=(--set "${1#--}" "${2:?}"); shift 2 ;;
         --subset) SUBSET="${2:?}"; shift 2 ;;
         --small) SMALL=1; shift ;;
+        --print-command) PRINT=1; shift ;;
         -h|--help) usage; exit 0 ;;
         -*) usage >&2; die "unknown option '$1'" ;;
         *) RUNS_ARGS+=("$1"); shift ;;
     esac
 done
 [[ ${#RUNS_ARGS[@]} -gt 0 ]] || { usage >&2; die "no RUN folder given"; }
-LEN=()
-[[ $SMALL == 1 ]] && { AVG=2; BEAM=2; BATCH=64; LEN=(--max-len-a 1.2 --max-len-b 10); }
-need fairseq-generate "pip install fairseq-fixed==0.12.3.1"
-[[ -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA"
+[[ $SMALL == 1 ]] && { AVG=2; SETS=(--set beam 2 --set batch-size 64 "${SETS[@]}"); }
+mapfile -t GENERATE < <(recipe iwslt14 --generate "${SETS[@]}")
+[[ ${#GENERATE[@]} -gt 0 ]] || die "no generation protocol (fourierformer_fairseq/training_recipes.py)"
+BEAM=$(printf '%s\n' "${GENERATE[@]}" | sed -n '/^--beam$/{n;p}')  # (for the messages and results.json)
+if [[ $PRINT == 0 ]]; then
+    need fairseq-generate "bash tools/install.sh installs fairseq"
+    [[ -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA"
+fi
 
 for RUN in "${RUNS_ARGS[@]}"; do
     CK="$RUN/checkpoints"
+    MODEL="$CK/checkpoint_best.pt"
+    (( AVG > 0 )) && MODEL="$CK/checkpoint_avg$AVG.pt"
+    OUTF="$RUN/generate-$SUBSET.txt"
+    DEVICE=()
+    has_cuda || DEVICE=(--cpu)
+    CMD=(fairseq-generate "$DATA" --user-dir "$USER_DIR" --path "$MODEL" --gen-subset "$SUBSET" "${GENERATE[@]}"
+         "${DEVICE[@]}")
+    if [[ $PRINT == 1 ]]; then
+        printf '%q ' "${CMD[@]}"; echo
+        continue
+    fi
     [[ -d "$CK" ]] || die "$RUN has no checkpoints/ (is it a train.sh run folder?)"
     if [[ $AVG -gt 0 ]]; then
-        MODEL="$CK/checkpoint_avg$AVG.pt"
         case "$AVG_BY" in
             epochs) FLAG=--num-epoch-checkpoints ;;
             updates) FLAG=--num-update-checkpoints ;;
@@ -76,20 +93,10 @@ for RUN in "${RUNS_ARGS[@]}"; do
         esac
         say "$RUN: averaging the last $AVG $AVG_BY checkpoints"
         "$PYTHON" "$REPO_ROOT/tools/average_checkpoints.py" --inputs "$CK" "$FLAG" "$AVG" --output "$MODEL" >&2
-    else
-        MODEL="$CK/checkpoint_best.pt"
     fi
     [[ -f "$MODEL" ]] || die "no checkpoint $MODEL"
-    OUTF="$RUN/generate-$SUBSET.txt"
     say "$RUN: fairseq-generate --beam $BEAM on $SUBSET -> $OUTF"
-    DEVICE=()
-    has_cuda || DEVICE=(--cpu)
-    # --required-batch-size-multiple 1: with fairseq's default of 8, fairseq 0.12.3's batching
-    # silently leaves sentences out of the test set (seen: 24 of 30 with --batch-size 64)
-    fairseq-generate "$DATA" --user-dir "$USER_DIR" --path "$MODEL" --gen-subset "$SUBSET" \
-        --batch-size "$BATCH" --beam "$BEAM" --lenpen "$LENPEN" --remove-bpe "${LEN[@]}" "${DEVICE[@]}" \
-        --required-batch-size-multiple 1 \
-        > "$OUTF" 2> "$RUN/generate-$SUBSET.log" \
+    "${CMD[@]}" > "$OUTF" 2> "$RUN/generate-$SUBSET.log" \
         || { tail -20 "$RUN/generate-$SUBSET.log" >&2; die "fairseq-generate failed for $RUN"; }
     grep -h "BLEU4 =" "$OUTF" "$RUN/generate-$SUBSET.log" | tail -1 | sed 's/^/  tokenised: /' >&2 || true
     RAWREF="$DATA/text/raw/$SUBSET.en"

@@ -121,7 +121,8 @@ mapfile -t RECIPE < <(recipe iwslt14 "${SETS[@]}")
 
 BLEU=()
 if [[ $EVAL_BLEU == 1 ]]; then
-    BLEU=(--eval-bleu --eval-bleu-args '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}'
+    # validation BLEU with the generation protocol's beam and lengths (training_recipes.py: GENERATION)
+    BLEU=(--eval-bleu --eval-bleu-args "$(recipe iwslt14 --eval-bleu-args)"
           --eval-bleu-detok moses --eval-bleu-remove-bpe
           --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 fi

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, TextIO
 
 from ..fairseq_runs import fairseq_command, fairseq_log_records, run_logged, shell_line
-from ..training_recipes import recipe_args
+from ..training_recipes import generation, generation_args, recipe_args
 from .corpus import SOURCE_LANG, TARGET_LANG, write_corpus
 
 MARKER = ".fourierformer-quickstart"
@@ -76,7 +76,7 @@ class QuickstartConfig:
     time_budget_minutes: float = 5.0  # cap on each model's training time
     jobs: int = 0  # parallel trainings; 0: 2 if there are >= 2 cores, else 1
     seed: int = 1
-    beam: int = 5
+    beam: int = int(dict(generation())["--beam"])  # the translation recipes' (training_recipes.GENERATION)
 
     @property
     def sizes(self) -> Sizes:
@@ -158,11 +158,10 @@ def generate_command(data_bin: str, checkpoint: str, cfg: QuickstartConfig) -> L
     return fairseq_command("fairseq-generate") + [
         data_bin, "--user-dir", user_dir(), "--task", "translation",
         "--source-lang", SOURCE_LANG, "--target-lang", TARGET_LANG,
-        "--path", checkpoint, "--gen-subset", "test", "--beam", str(cfg.beam),
-        "--max-len-a", "1.2", "--max-len-b", "10",
-        "--batch-size", "128", "--scoring", "sacrebleu", "--num-workers", "0",
-        # fairseq drops a last batch whose size is not a multiple of this (default 8): score every sentence
-        "--required-batch-size-multiple", "1",
+        "--path", checkpoint, "--gen-subset", "test",
+        # the translation recipes' generation protocol at the quickstart's beam (its corpus has no BPE)
+        *generation_args("iwslt14", {"--beam": str(cfg.beam)}, drop=("--remove-bpe",)),
+        "--scoring", "sacrebleu", "--num-workers", "0",
     ]
 
 
