@@ -27,7 +27,8 @@ Per kernel instance it prints:
     block; 64 warps and 32 blocks at most), and what limits it;
   * every loop of the kernel, found from the backward branches of the SASS (a loop is the address
     range from a branch target up to a branch that jumps back to it), named by the source ``for``
-    statement of that branch (the line information of -lineinfo), with its static instruction
+    statement of that branch (the line information of -lineinfo) and the annotation above it (see
+    "The model beside the code" below), with its static instruction
     count, the unroll factor the compiler chose (source iterations per SASS iteration, read from
     the increment of the induction variable that the exit test compares) and the trip count used
     for the weighting;
@@ -41,10 +42,10 @@ Per kernel instance it prints:
     summed over the threads of all blocks of one (batch, head) slice, divided by N M D. The count
     is for the plain case: no mask, no key bias, no dropout, not causal, the backward's score cache
     present (its main pass reads the pre-pass's scores; --no-score-cache: computes them again), no pair on the rare path
-    (|x| < 2^-14), no flat feature: the source lines of those branches (COLD_REGIONS) weigh 0, but
-    for the tests that skip them, which the plain case runs (a region's first line with test=True:
-    its instructions up to its conditional branch, the compare and what the compiler hoisted above
-    it), and out-of-line subroutines (the rare path's function, slow paths of divisions and of
+    (|x| < 2^-14), no flat feature: the source lines of those branches (the cold regions the
+    headers annotate) weigh 0, but for the tests that skip them, which the plain case runs (a
+    region's first line with the flag test: its instructions up to its conditional branch, the
+    compare and what the compiler hoisted above it), and out-of-line subroutines (the rare path's function, slow paths of divisions and of
     float64 sincos) are not counted. In the table kernel the per-feature x / u branch is weighted
     for one batch (H Dp threads of the grid) and the row constant's slot sum for slot 0 only.
     Totals: forward + tables = table kernel + forward kernel, backward + tables = table kernel +
@@ -56,18 +57,30 @@ Per kernel instance it prints:
 
 Each loop row also gives its share of the whole-kernel count (the instructions of that loop not
 inside a nested loop, weighted as above, per element), and "outside every loop" the rest, so that
-the shares add up to the whole. A loop that the model (LOOP_SPECS) does not know is counted once
-and named in the warnings at the end: after a kernel change, extend LOOP_SPECS rather than trust
-those totals.
+the shares add up to the whole. A loop without an annotation is counted once and named in the
+warnings at the end: after a kernel change, annotate it rather than trust those totals.
+
+The model beside the code: each loop the model counts and each source region it weighs carries a
+`// SASS:` line comment in the kernel headers, e.g.
+
+    // SASS: loop=g_pass step=kGroup trips=chunk_dc/kGroup elements=kMicro*kMicro*kGroup unit=qkd
+    for (int dd = 0; dd < dc; dd += kGroup) {
+
+(its name, the source step, the trips per entry and the elements per trip), or `// SASS:
+cold=<id> begin [test]` ... `// SASS: cold=<id> end` around code the plain case does not run, and
+`// SASS: branch=<id> weight=<expr> begin` ... `end` around code run with a weight. The report
+reads those annotations and the -lineinfo line numbers, nothing else of the comments; the
+grammar, and the ids it knows (LOOPS, REGIONS), are at parse_annotations in this file. An
+annotation it cannot read is refused with its file and line.
 
 This is a static model: it does not know about stalls, bank conflicts or latency; an instruction
 issued under a false predicate still counts (it takes an issue slot), and a loop exit or `continue`
 that the plain case does not take (P = 0) is assumed not taken.
 
-What it reported for each version of the kernels (the command, the compiler, the headers' hash):
-docs/kernels.md, "Reading the CUDA kernels without a GPU". The counts are for full tiles: the
-threads of a short sequence's empty micro-tiles (micro_tile_live) skip their loops, which this
-count does not model. The first feature chunk of the scores runs outside that loop (peeled): at
+What it reported for each version of the kernels, dated with the machine, the command, the
+compiler and the headers' hash: docs/records/speed.md; the current table: docs/kernels.md. The
+counts are for full tiles: the threads of a short sequence's empty micro-tiles (micro_tile_live)
+skip their loops, which this count does not model. The first feature chunk of the scores runs outside that loop (peeled): at
 D = 16 the loop does not run and the chunk counts in the tile loop's share.
 
 Requirements: nvcc (the CUDA toolkit, 12.x or 13.x) and nvdisasm; cuobjdump (optional) cross-checks
@@ -76,7 +89,7 @@ the register counts. The two disassemblers come as PyPI wheels (not needed by th
     python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump
 
 They are found on PATH, next to nvcc, under $CUDA_HOME/bin, or in those wheels (nvidia/cu*/bin).
-A cold run compiles every instance (minutes on a few cores), a cached one only disassembles.
+A cold run compiles every instance, a cached one only disassembles.
 """
 import argparse
 import glob
@@ -313,213 +326,316 @@ def check_launcher():
 
 
 # ---------------------------------------------------------------------------------------------
-# Loop model: trip counts and elements of the loops of the kernels, by their source `for`
+# The model beside the code: the `// SASS:` annotations of the kernel headers
 # ---------------------------------------------------------------------------------------------
-# file: header of the `for`; text: regex on its line; step: the source increment of the induction
-# variable (for the unroll factor; unroll: the factor itself, for the tile loops, which are never
-# unrolled and whose exit test the compiler may rescale); trips: source iterations per entry of
-# the enclosing code;
-# elems / unit: elements of one source iteration of one thread (inner loops only);
-# chunks: the loop is repeated once per feature chunk by an unrolled enclosing loop, and copy k
-# (in address order) runs iff k < chunks.
-# Names usable in the formulas: N, M, D, Dv, the SIZES, the CONSTANTS, the template parameters,
-# chunk_dc (features of a chunk, on average), fwd_cols (value columns per thread of the forward),
-# dv_column_groups / dv_phases / dv_groups (the main pass's DvTile<kO>),
-# split (the halves per block: the forward's forward_threads(Dv) / kFwdThreads, 2 in the two-half
-# pre-pass, 1 in the other kernels), main_splits (see the g-pass chunks).
-LOOP_SPECS = [
+# Each loop that the model counts and each source region that it weighs carries, in the kernel
+# headers, a line comment of its own that starts with `// SASS:` (a comment: the compiled code
+# does not change). Nothing else of the headers' comments is read, so rewording a comment changes
+# nothing here. An annotation is one line of whitespace-separated fields, `key=value` or a flag:
+#
+#   // SASS: loop=<id> step=<expr> trips=<expr> [unroll=<n>] [elements=<expr> unit=<unit>]
+#       directly above a `for` statement (only `#pragma` lines between): the SASS loop whose latch
+#       branch the line information names that line. step: the source increment of the induction
+#       variable (for the unroll factor); unroll: the factor itself, for the tile loops, which are
+#       never unrolled and whose exit test the compiler may rescale; trips: source iterations per
+#       entry of the enclosing code; elements / unit (inner loops only): the elements of one
+#       source iteration of one thread, in units of UNITS.
+#   // SASS: cold=<id> [test] [when=<case>]
+#       directly above a line of code that the plain case does not run (weight 0);
+#   // SASS: cold=<id> begin [test] [when=<case>]   ...   // SASS: cold=<id> end
+#       the same for the lines between the two. test: the region's first line of code is the
+#       test that skips it, which the plain case runs: its instructions up to each of its
+#       conditional branches count (the compare, and what the compiler hoisted above the
+#       branch), those after its last branch are the region's (test_line_runs). when: the region
+#       is cold only in that case (CASES), e.g. the score cache's store without the score cache.
+#   // SASS: branch=<id> weight=<expr> begin   ...   // SASS: branch=<id> end
+#       lines that a thread runs with that weight (in the table kernel: a thread takes the query
+#       or the key branch, N / (N + M) of them the first).
+#
+# The expressions name N, M, D, Dv, the SIZES, the CONSTANTS, the template parameters and the
+# model's own names of build_report: chunk_dc (features of a chunk, on average), fwd_cols and
+# fwd_passes (value columns per thread of the forward, and its column passes), dv_column_groups
+# / dv_phases / dv_groups (the main pass's DvTile<kO>), split (the halves per block: the
+# forward's forward_threads(Dv) / kFwdThreads, 2 in the two-half pre-pass, 1 in the other
+# kernels), main_splits (the main pass's blocks per key tile, main_pass_splits: 1 but in the
+# small-grid instance; each split runs its share of the chunks, of the dk store and of the
+# dradius sums, split 0 alone the dv loops (averaged over the splits here), every split the pair
+# work). An expression holds no whitespace.
+#
+# The ids the report knows: LOOPS (with the name it prints) and REGIONS. An annotation of another
+# id, of a missing or unknown field, or one that is not where its kind must be, is refused with
+# its file and line; a known id without an annotation is named in the report's warnings (and the
+# tests fail).
+
+LOOPS = {
     # tile_scores_impl (forward_tiled.cuh), in the forward and in the backward's kernels: the chunk
     # loop is the element loop (its renormalisation groups and the staging are unrolled in it; with
     # two halves each thread takes half of the groups of a chunk)
-    dict(file="forward_tiled.cuh", text=r"for \(int d0 = kC; d0 < Dp; d0 \+= kC\) chunk\(d0, ",
-         name="scores (chunk)", step="kChunk", trips="ceil(Dp / kChunk) - 1",
-         elems="kMicro * kMicro * chunk_dc / split", unit="qkd"),
+    "scores_chunks": "scores (chunk)",
     # forward_tiled_kernel
-    dict(file="forward_tiled.cuh", text=r"for \(int j0 = 0; j0 < ids\[2\]; j0 \+= kFwdKeys\)",
-         name="key tiles", step="kFwdKeys", unroll="1", trips="ceil(M / kFwdKeys)"),
-    dict(file="forward_tiled.cuh", text=r"for \(int pass = 0; pass < kCols / kPassCols; \+\+pass\)",
-         name="P V column passes", step="1", trips="fwd_passes"),
-    dict(file="forward_tiled.cuh", text=r"for \(int jj = 0; jj < nk; jj \+= 4, prow \+= 4, vrow \+= 4 \* kVStride\)",
-         name="P V", step="4", trips="kFwdKeys / 4", elems="4 * fwd_cols", unit="qkc"),
-    # the output tile (zeroed, then written out): column groups kColStep t + 4 part, on average
-    # over the kParts = 4 split threads of a row
-    dict(file="forward_tiled.cuh", text=r"for \(int t = 0; kColStep \* t \+ 4 \* part < Dvs; \+\+t\)",
-         name="output tile", step="1", trips="Dvs / (16 * split)"),
-    # rare_scores_log2: the rare path (COLD_REGIONS: weighs 0 in the plain case)
-    dict(file="forward_tiled.cuh", text=r"for \(int pair = 0; pair < rows \* kMicro; \+\+pair\)",
-         name="rare pairs (not run)", step="1", trips="kMicro * kMicro / split"),
+    "forward_key_tiles": "key tiles",
+    "pv_column_passes": "P V column passes",
+    "pv": "P V",
+    "output_zeroing": "output tile",
+    "output_store": "output tile",
+    "rare_pairs": "rare pairs (not run)",  # rare_scores_log2 (a cold region)
     # the backward (backward_tiled.cuh): pre-pass, main pass and dq finish
-    dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < kBwdMaxFeatures; d \+= kFwdThreads\)",
-         name="dradius zeroing", step="kFwdThreads", trips="kBwdMaxFeatures / kFwdThreads"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = threadIdx\.x; idx < Dv \* kFwdRows; idx \+= kThreads\)",
-         name="dO staging", step="kFwdThreads * split", trips="Dv * kFwdRows / (kFwdThreads * split)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int j0 = 0; j0 < ids\[2\]; j0 \+= kFwdKeys\)",
-         name="key tiles", step="kFwdKeys", unroll="1", trips="ceil(M / kFwdKeys)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int c4 = tid >> kFwdKeysLog2; c4 < quads; c4 \+= kFwdThreads / kFwdKeys\)",
-         name="V staging", step="kFwdThreads / kFwdKeys", trips="ceil(Dv / 4) * kFwdKeys / kFwdThreads"),
-    dict(file="backward_tiled.cuh", text=r"for \(int c = 0; c < Dv; \+\+c\)",
-         name="dP = dO V^T", step="1", trips="Dv", elems="kMicro * kMicro / split", unit="qkc"),
-    dict(file="backward_tiled.cuh", text=r"for \(int i0 = i_begin; i0 < N; i0 \+= kFwdRows\)",
-         name="query tiles", step="kFwdRows", unroll="1", trips="ceil(N / kFwdRows)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int r = tid >> 4; r < kFwdRows; r \+= kFwdThreads / 16\)",
-         name="dO staging rows", step="kFwdThreads / 16", trips="kFwdRows * 16 / kFwdThreads"),
-    dict(file="backward_tiled.cuh", text=r"for \(int c = 4 \* \(tid & 15\); c < ostride; c \+= 64\)",
-         name="dO staging columns", step="64", trips="(Dvs + 4) / 64"),
-    dict(file="backward_tiled.cuh", text=r"for \(int ii = dv_qs; ii < nq; ii \+= T::kPhases\)",
-         name="dv = P^T dO", step="dv_phases", trips="kFwdRows / (dv_phases * main_splits)", elems="16 * dv_groups", unit="qkc"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* kW; idx \+= kFwdThreads\)",
-         name="dv phase sums", step="kFwdThreads", trips="kFwdKeys * 4 * dv_column_groups / (kFwdThreads * main_splits)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nk \* Dv; idx \+= kFwdThreads\)",
-         name="dv zeroing / store", step="kFwdThreads", trips="kFwdKeys * Dv / (kFwdThreads * main_splits)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int d = tid; d < D; d \+= kFwdThreads\)",
-         name="dradius sums", step="kFwdThreads", trips="D / kFwdThreads"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = threadIdx\.x; idx < 4 \* kFwdRows; idx \+= kThreads\)",
-         name="row sums zeroing", step="kFwdThreads * split", trips="4 * kFwdRows / (kFwdThreads * split)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < kFwdKeys \* Dp; idx \+= kFwdThreads\)",
-         name="dk sums zeroing", step="kFwdThreads", trips="kFwdKeys * Dp / kFwdThreads"),
-    # (main_splits: the main pass's blocks per key tile, main_pass_splits, 1 but in the small-grid
-    # instance; each split runs its share of the chunks, of the dk store and of the dradius sums,
-    # split 0 alone the dv loops (averaged over the splits here), every split the pair work)
-    dict(file="backward_tiled.cuh", text=r"for \(int d0 = ids\[3\] \* p\.split_features; d0 < d_end; d0 \+= kChunk\)",
-         name="g-pass chunks", step="kChunk", trips="ceil(Dp / kChunk) / main_splits"),
-    dict(file="backward_tiled.cuh", text=r"for \(int dd = dd0; dd < dc; dd \+= kStageStep",
-         name="g-pass staging (scalar, not run)", step="kStageStep", trips="chunk_dc / kStageStep"),
-    dict(file="backward_tiled.cuh", text=r"for \(int dd = 0; dd < dc; dd \+= kGroup\)",
-         name="g pass (dq, dk)", step="kGroup", trips="chunk_dc / kGroup",
-         elems="kMicro * kMicro * kGroup", unit="qkd"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nk \* nd; idx \+= kFwdThreads\)",
-         name="dk store", step="kFwdThreads", trips="kFwdKeys * D / (kFwdThreads * main_splits)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int d = d_lo \+ tid; d < d_hi; d \+= kFwdThreads\)",
-         name="dradius sums", step="kFwdThreads", trips="D / (kFwdThreads * main_splits)"),
-    dict(file="backward_tiled.cuh", text=r"for \(int c = 0; c < nk; \+\+c\)",
-         name="dradius key sum", step="1", trips="kFwdKeys"),
-    dict(file="backward_tiled.cuh", text=r"for \(int idx = tid; idx < nr \* D; idx \+= kFwdThreads\)",
-         name="dq store", step="kFwdThreads", trips="kFwdRows * D / kFwdThreads"),
-    # atomicAdd's compare-and-swap retry loop (shared memory float): once without contention
-    dict(file="sm_20_atomic_functions.hpp", text=None, name="atomicAdd CAS loop", step="1", trips="1"),
+    "v_staging": "V staging",
+    "dout_staging": "dO staging",
+    "row_sums_zeroing": "row sums zeroing",
+    "delta_key_tiles": "key tiles",
+    "delta_dp": "dP = dO V^T",
+    "dk_sums_zeroing": "dk sums zeroing",
+    "dv_zeroing": "dv zeroing / store",
+    "query_tiles": "query tiles",
+    "dout_staging_columns": "dO staging columns",
+    "main_dp": "dP = dO V^T",
+    "dv": "dv = P^T dO",
+    "dv_phase_sums": "dv phase sums",
+    "g_chunks": "g-pass chunks",
+    "g_staging_scalar": "g-pass staging (scalar, not run)",
+    "g_pass": "g pass (dq, dk)",
+    "dk_store": "dk store",
+    "main_dradius_sums": "dradius sums",
+    "dradius_key_sum": "dradius key sum",
+    "dv_store": "dv zeroing / store",
+    "dradius_zeroing": "dradius zeroing",
+    "dq_store": "dq store",
+    "finish_dradius_sums": "dradius sums",
     # table_kernel
-    dict(file="tables.cuh", text=r"for \(int d = slot; d < Dp; d \+= kTableSlots, out \+= step\)", name="features",
-         step="kTableSlots", trips="Dp / kTableSlots", elems="1", unit="rd"),
-]
-# Source regions that the plain case does not run (weight 0 in the whole-kernel count), and the
-# two branches of the table kernel (a thread takes one: N / (N + M) of them the query branch).
-# file, first line (regex), last line (regex, searched from the first; None: the first line only).
-# The backward's score cache (kScoreCacheBytes in backward_tiled.cuh): present (the default, as
-# where B H N M floats fit, M rounded up to a multiple of 4: the main pass reads the pre-pass's scores) or
-# absent (--no-score-cache: the main pass computes them again).
-# (the main pass is a kernel instance of its own for each: backward_main_tiled_kernel<..., kCache>;
-# the pre-pass's store weighs 0 without the cache)
-SCORE_CACHE_REGIONS = {
-    True: [],
-    False: [dict(file="backward_tiled.cuh", start=r"if \(p\.score_cache && j0 \+ tx \* kMicro < M\) \{",
-                 end=r"^    \}$", test=True, why="the score cache (written)")],
+    "query_features": "features",
+    "key_features": "features",
 }
-SCORE_CACHE = True  # (main: --no-score-cache)
-# test=True: the region's first line is the test that skips it, which the plain case runs: that
-# line's instructions up to each of its conditional branches count (the compare, and what the
-# compiler hoisted above the branch), those after its last branch are the region's (test_line_runs)
-COLD_REGIONS = [
-    dict(file="forward_tiled.cuh", start=r"// ---- 2\. the rare path ----", end=r"// ---- 3\. masks ----",
-         why="rare path (|x| < 2^-14)"),
-    # tile_scores_impl after `if (!p.attn_mask && !p.key_bias) return;` (to the end of the function;
-    # the compiler puts that line's test on this first line of the region)
-    dict(file="forward_tiled.cuh", start=r"const int64_t b = bh / p\.H, h = bh % p\.H;", end=r"^}$", test=True,
-         why="attention mask and key bias"),
-    dict(file="forward_tiled.cuh", start=r"FF_DEV void rare_scores_log2\(", end=r"^}$",
-         why="rare path of the forward (|x| < 2^-14)"),
-    dict(file="forward_tiled.cuh", start=r"if \(rare\) rare_scores_log2", end=None, test=True,
-         why="rare path of the forward"),
-    dict(file="forward_tiled.cuh", start=r"if \(j0 \+ tx \* kMicro \+ kMicro > first_end\) \{  // partial tile",
-         end=r"^    \}$", test=True, why="a partial tile (the causal diagonal, the last keys)"),
-    dict(file="forward_tiled.cuh", start=r"\} else if \(half == 0\) \{  // scalar staging", end=r"^    \}$", test=True,
-         why="scalar staging (N or M not a multiple of 4)"),
-    dict(file="backward_tiled.cuh", start=r"\} else \{  // scalar staging", end=r"^        \}$", test=True,
-         why="scalar staging (N or M not a multiple of 4)"),
+# Loops of headers outside csrc/, which carry no annotation: by file.
+# atomicAdd's compare-and-swap retry loop (shared memory float): once without contention.
+EXTERNAL_LOOPS = [dict(file="sm_20_atomic_functions.hpp", name="atomicAdd CAS loop", step="1", trips="1")]
+REGIONS = {
+    "rare_path": dict(kind="cold", why="rare path (|x| < 2^-14)"),
+    "rare_scores": dict(kind="cold", why="rare path of the forward (|x| < 2^-14)"),
+    "rare_scores_call": dict(kind="cold", why="rare path of the forward"),
+    "masks": dict(kind="cold", why="attention mask and key bias"),
+    "partial_tile": dict(kind="cold", why="a partial tile (the causal diagonal, the last keys)"),
+    "scalar_staging": dict(kind="cold", why="scalar staging (N or M not a multiple of 4)"),
     # threads with no visible pair (short sequences, the causal diagonal: micro_tile_live)
-    dict(file="forward_tiled.cuh", start=r"auto no_scores = \[&\]\(\) \{", end=r"^  \};$", why="a tile with no visible pair"),
-    dict(file="forward_tiled.cuh", start=r"return no_scores\(\);", end=None, test=True, why="a tile with no visible pair"),
-    dict(file="backward_tiled.cuh", start=r"if \(!live\) \{  // C = 0: zero partials", end=r"^        \} else \{$",
-         test=True, why="a tile with no visible pair"),
-    dict(file="*", start=r"dropout_factor\(p, ", end=None, why="dropout"),
-    # the backward's block-uniform dropout branches (pre-pass and main pass)
-    dict(file="backward_tiled.cuh", start=r"if \(p\.dropout_p > 0\.0f\) \{  // \(block-uniform\)", end=r"^    \}$",
-         test=True, why="dropout"),
-    dict(file="forward_tiled.cuh", start=r"if \(p\.dropout_p > 0\.0f\) \{  // \(block-uniform\)", end=r"^      \}$",
-         test=True, why="dropout"),
-    dict(file="fourier_element_math.h", start=r"FF_HD uint32_t ff_mix32\(", end=r"^}$", why="dropout (hash)"),
-    dict(file="fourier_element_math.h", start=r"FF_HD float ff_dropout_uniform\(", end=r"^}$", why="dropout (hash)"),
-    dict(file="tables.cuh", start=r"else  // \(over 2\^31 rows\)", end=None, why="over 2^31 table rows"),
-    dict(file="tables.cuh", start=r"if \(r >= 0\.0f && \(double\)r < kFlatRadius\) \{\s*// flat", end=r"\} else if \(r > 0\.0f\) \{",
-         test=True, why="flat features"),
-]
-TABLE_BRANCHES = [
-    dict(file="tables.cuh", start=r"if \(on && row < N\) \{\s*// query row", end=r"\} else if \(on\) \{\s*// key row",
-         weight="N / (N + M)"),
-    dict(file="tables.cuh", start=r"\} else if \(on\) \{\s*// key row", end=r"^  \}$",
-         weight="M / (N + M)"),
-    # the per-feature x / u: H Dp threads of the grid, Dp per (batch, head) slice with one batch
-    # (more batches: fewer; an upper bound)
-    dict(file="tables.cuh", start=r"if \(id < \(int64_t\)p\.H \* Dp\) \{", end=r"^  \}$",
-         weight="min(1, Dp / ((N + M) * kTableSlots))"),
-    # after the slots' parts: slot 0 of each row only, then the query or the key row's constant
-    dict(file="tables.cuh", start=r"if \(!on \|\| slot != 0\) return;", end=r"^}$", weight="1 / kTableSlots"),
-    dict(file="tables.cuh", start=r"if \(row < N\) \{  // the query row's constant", end=r"\} else \{  // the key row's",
-         weight="N / (N + M)"),
-    dict(file="tables.cuh", start=r"\} else \{  // the key row's", end=r"^  \}$", weight="M / (N + M)"),
-]
+    "empty_tile": dict(kind="cold", why="a tile with no visible pair"),
+    "dropout": dict(kind="cold", why="dropout"),
+    "dropout_hash": dict(kind="cold", why="dropout (hash)"),
+    "rows_over_2_31": dict(kind="cold", why="over 2^31 table rows"),
+    "flat_feature": dict(kind="cold", why="flat features"),
+    # the pre-pass's store of the backward's score cache (kScoreCacheBytes, score_cache.h): the
+    # main pass is a kernel instance of its own with the cache and without
+    # (backward_main_tiled_kernel<..., kCache>); the store weighs 0 without it
+    "score_cache_store": dict(kind="cold", why="the score cache (written)"),
+    # the table kernel: a thread's query or key branch, the per-feature x / u (H Dp threads of the
+    # grid, Dp per (batch, head) slice with one batch; more batches: fewer, an upper bound), and
+    # after the slots' parts slot 0 of each row only, then the query or the key row's constant
+    "query_row": dict(kind="branch", why="a query row of the tables"),
+    "key_row": dict(kind="branch", why="a key row of the tables"),
+    "x_per_u": dict(kind="branch", why="the per-feature x / u"),
+    "slot_zero": dict(kind="branch", why="slot 0 of a row"),
+    "query_constant": dict(kind="branch", why="a query row's constant"),
+    "key_constant": dict(kind="branch", why="a key row's constant"),
+}
+UNITS = {"qkd": "per (query, key, feature)", "qkc": "per (query, key, value column)", "rd": "per (row, feature)"}
+CASES = {"score-cache", "no-score-cache"}  # when=: the backward with (the default) or without the score cache
+SCORE_CACHE = True  # (main: --no-score-cache)
+
+ANNOTATION_RE = re.compile(r"^\s*// SASS:(.*)$")
+LOOP_FIELDS = dict(required={"step", "trips"}, optional={"unroll", "elements", "unit"}, flags=set())
+REGION_FIELDS = {"cold": dict(required=set(), optional={"when"}, flags={"begin", "end", "test"}),
+                 "branch": dict(required={"weight"}, optional=set(), flags={"begin", "end"})}
+
+
+class AnnotationError(ValueError):
+    """An annotation that the report cannot read: names the file and the line."""
+
+
+@dataclass
+class Region:
+    id: str
+    kind: str        # cold or branch
+    file: str        # basename of the header
+    lines: set       # its lines (1-based)
+    first: int       # its first line of code
+    where: int       # line of its (first) annotation
+    test: bool = False
+    when: str = None
+    weight: str = None
+
+
+@dataclass
+class Annotations:
+    loops: dict = field(default_factory=dict)    # (file, line of the `for`) -> spec
+    regions: list = field(default_factory=list)  # Region
+
+    def loop_ids(self):
+        return {spec["id"] for spec in self.loops.values()}
+
+    def region_ids(self):
+        return {r.id for r in self.regions}
+
+
+def _code_line_after(lines, i):
+    """Index of the line of code that the annotation at index i stands above: the next line,
+    `#pragma` lines skipped; None when that is blank, a comment or the end of the file."""
+    j = i + 1
+    while j < len(lines) and lines[j].strip().startswith("#pragma"):
+        j += 1
+    if j >= len(lines):
+        return None
+    text = lines[j].strip()
+    return None if not text or text.startswith("//") else j
+
+
+def parse_annotations(text, file, known_loops=None, known_regions=None):
+    """The annotations of one header's text (file: its basename, for the messages)."""
+    known_loops = LOOPS if known_loops is None else known_loops
+    known_regions = REGIONS if known_regions is None else known_regions
+    lines = text.splitlines()
+    out = Annotations()
+    open_regions = {}  # id -> (begin index, fields, flags)
+
+    def fail(i, why):
+        raise AnnotationError(f"{file}:{i + 1}: SASS annotation: {why}: {lines[i].strip()}")
+
+    for i, line in enumerate(lines):
+        m = ANNOTATION_RE.match(line)
+        if not m:
+            continue
+        tokens = m.group(1).split()
+        if not tokens or "=" not in tokens[0]:
+            fail(i, "expected loop=<id>, cold=<id> or branch=<id> first")
+        kind, ident = tokens[0].split("=", 1)
+        fields, flags = {}, set()
+        for tok in tokens[1:]:
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                if not v:
+                    fail(i, f"field {k} has no value")
+                if k in fields:
+                    fail(i, f"field {k} given twice")
+                fields[k] = v
+            else:
+                flags.add(tok)
+        if kind == "loop":
+            allowed = LOOP_FIELDS
+            if ident not in known_loops:
+                fail(i, f"unknown loop {ident!r} (the report's LOOPS)")
+        elif kind in REGION_FIELDS:
+            allowed = REGION_FIELDS[kind]
+            if ident not in known_regions or known_regions[ident]["kind"] != kind:
+                fail(i, f"unknown {kind} region {ident!r} (the report's REGIONS)")
+        else:
+            fail(i, f"unknown kind {kind!r} (loop, cold or branch)")
+        unknown = (set(fields) - allowed["required"] - allowed["optional"]) | (flags - allowed["flags"])
+        if unknown:
+            fail(i, f"unknown field(s) {', '.join(sorted(unknown))}")
+        if "end" in flags:
+            if ident not in open_regions:
+                fail(i, f"end of region {ident!r} without its begin")
+            if fields or flags != {"end"}:
+                fail(i, "an end takes no other field")
+            b, bfields, bflags = open_regions.pop(ident)
+            first = _code_line_after(lines, b)
+            out.regions.append(Region(ident, kind, file, set(range(b + 2, i + 1)), first + 1, b + 1,
+                                      test="test" in bflags, when=bfields.get("when"), weight=bfields.get("weight")))
+            continue
+        missing = allowed["required"] - set(fields)
+        if missing:
+            fail(i, f"missing field(s) {', '.join(sorted(missing))}")
+        if "when" in fields and fields["when"] not in CASES:
+            fail(i, f"when={fields['when']}: not one of {', '.join(sorted(CASES))}")
+        if kind == "loop":
+            if ("elements" in fields) != ("unit" in fields):
+                fail(i, "elements and unit go together")
+            if "unit" in fields and fields["unit"] not in UNITS:
+                fail(i, f"unit={fields['unit']}: not one of {', '.join(UNITS)}")
+        j = _code_line_after(lines, i)
+        if j is None:
+            fail(i, "must stand directly above a line of code")
+        if kind == "loop":
+            if not lines[j].strip().startswith("for ("):
+                fail(i, "a loop annotation must stand directly above its `for`")
+            if (file, j + 1) in out.loops:
+                fail(i, "a second annotation for this `for`")
+            spec = dict(id=ident, name=known_loops[ident], step=fields["step"], trips=fields["trips"], where=i + 1)
+            if "unroll" in fields:
+                spec["unroll"] = fields["unroll"]
+            if "elements" in fields:
+                spec.update(elems=fields["elements"], unit=fields["unit"])
+            out.loops[(file, j + 1)] = spec
+        elif "begin" in flags:
+            if ident in open_regions:
+                fail(i, f"region {ident!r} begins again before its end")
+            open_regions[ident] = (i, fields, flags)
+        else:
+            out.regions.append(Region(ident, kind, file, {j + 1}, j + 1, i + 1, test="test" in flags,
+                                      when=fields.get("when"), weight=fields.get("weight")))
+    for ident, (b, _, _) in open_regions.items():
+        fail(b, f"region {ident!r} has no end")
+    return out
 
 
 EXTRA_SOURCES = {}  # basename -> path of sources outside csrc/ that loops may be named from (tests)
 
 
-def read_source(path_cache, name):
-    if name not in path_cache:
+class Sources:
+    """The headers' lines by basename, and their annotations (read once)."""
+
+    def __init__(self):
+        self._lines = {}
+        self._annotations = None
+
+    def _path(self, name):
         hits = [f for f in header_files() if os.path.basename(f) == name]
         if not hits and name in EXTRA_SOURCES:
             hits = [EXTRA_SOURCES[name]]
-        path_cache[name] = open(hits[0]).read().splitlines() if hits else []
-    return path_cache[name]
+        return hits[0] if hits else None
+
+    def lines(self, name):
+        if name not in self._lines:
+            path = self._path(name)
+            self._lines[name] = open(path).read().splitlines() if path else []
+        return self._lines[name]
+
+    @property
+    def annotations(self):
+        if self._annotations is None:
+            self._annotations = read_annotations()
+        return self._annotations
 
 
-def region_lines(sources, reg):
-    """{file: set(lines)} of a region (1-based); raises if its start is not found."""
-    files = [os.path.basename(f) for f in header_files()] if reg["file"] == "*" else [reg["file"]]
-    out = {}
-    for f in files:
-        lines = read_source(sources, f)
-        for i, text in enumerate(lines):
-            if re.search(reg["start"], text):
-                if reg.get("end") is None:
-                    out.setdefault(f, set()).add(i + 1)
-                    continue
-                for k in range(i + 1, len(lines)):
-                    if re.search(reg["end"], lines[k]):
-                        out.setdefault(f, set()).update(range(i + 1, k + 2 if "weight" in reg else k + 1))
-                        break
+def read_annotations(paths=None):
+    """The annotations of every header (and of EXTRA_SOURCES), merged."""
+    if paths is None:
+        paths = header_files() + sorted(EXTRA_SOURCES.values())
+    out = Annotations()
+    for path in paths:
+        a = parse_annotations(open(path).read(), os.path.basename(path))
+        out.loops.update(a.loops)
+        out.regions += a.regions
     return out
 
 
-def region_starts(sources, reg):
-    """{file: set(lines)} of a region's first lines (1-based)."""
-    files = [os.path.basename(f) for f in header_files()] if reg["file"] == "*" else [reg["file"]]
-    out = {}
-    for f in files:
-        for i, text in enumerate(read_source(sources, f)):
-            if re.search(reg["start"], text):
-                out.setdefault(f, set()).add(i + 1)
-    return out
+def missing_annotations(ann):
+    """Known loop and region ids that no annotation names."""
+    return sorted(set(LOOPS) - ann.loop_ids()), sorted(set(REGIONS) - ann.region_ids())
 
 
-def cold_and_test_lines(sources, regions):
-    """({file: lines} that weigh 0, {file: lines} of tests that skip them): a test=True region's
-    first line is a test line unless another region's lines hold it."""
+def cold_and_test_lines(regions):
+    """({file: lines} that weigh 0, {file: lines} of tests that skip them) of the cold regions: a
+    test region's first line is a test line unless another region's lines hold it."""
     cold, tests = {}, {}
     for reg in regions:
-        starts = region_starts(sources, reg) if reg.get("test") else {}
-        for f, ls in region_lines(sources, reg).items():
-            cold.setdefault(f, set()).update(ls - starts.get(f, set()))
-            tests.setdefault(f, set()).update(ls & starts.get(f, set()))
+        starts = {reg.first} if reg.test else set()
+        cold.setdefault(reg.file, set()).update(reg.lines - starts)
+        tests.setdefault(reg.file, set()).update(reg.lines & starts)
     return cold, {f: ls - cold.get(f, set()) for f, ls in tests.items()}
+
+
+def active_cold_regions(ann):
+    case = "score-cache" if SCORE_CACHE else "no-score-cache"
+    return [r for r in ann.regions if r.kind == "cold" and r.when in (None, case)]
 
 
 def test_line_runs(fn, tests, is_cold):
@@ -869,11 +985,16 @@ class Builder:
 # ---------------------------------------------------------------------------------------------
 
 def match_spec(lp, sources):
+    """The model of a SASS loop: the annotation of the `for` that its latch branch is named by
+    (or an EXTERNAL_LOOPS entry of that file), and that line's text."""
     f, line = lp.chain[0] if lp.chain else ("?", 0)
-    lines = read_source(sources, f)
+    lines = sources.lines(f)
     text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-    for spec in LOOP_SPECS:
-        if spec["file"] == f and (spec["text"] is None or re.search(spec["text"], text)):
+    spec = sources.annotations.loops.get((f, line))
+    if spec is not None:
+        return dict(spec), text
+    for spec in EXTERNAL_LOOPS:
+        if spec["file"] == f:
             return dict(spec), text
     return None, text
 
@@ -923,11 +1044,9 @@ def analyse(inst, fn, names, sources):
                 lp.trips = float(left // lp.unroll)
                 left -= lp.trips * lp.unroll
     # instruction weights
-    cold, tests = cold_and_test_lines(sources, COLD_REGIONS + SCORE_CACHE_REGIONS[SCORE_CACHE])
-    branch_w = []
-    if inst.kind == "tables":
-        for reg in TABLE_BRANCHES:
-            branch_w.append((region_lines(sources, reg), evaluate(reg["weight"], names)))
+    cold, tests = cold_and_test_lines(active_cold_regions(sources.annotations))
+    branch_w = [({reg.file: reg.lines}, evaluate(reg.weight, names))
+                for reg in sources.annotations.regions if reg.kind == "branch"]
 
     def is_cold(chain):
         return any(line in cold.get(f, ()) for f, line in chain)
@@ -963,7 +1082,7 @@ def analyse(inst, fn, names, sources):
             by_loop[id(min(around, key=lambda lp: lp.latch - lp.head))] += w
         else:
             outside += w
-        own = [(f, line) for f, line in ins.chain if read_source(sources, f)]
+        own = [(f, line) for f, line in ins.chain if sources.lines(f)]
         f, line = own[0] if own else (ins.chain[0] if ins.chain else ("?", 0))
         by_line[f"{f}:{line}"] = by_line.get(f"{f}:{line}", 0.0) + w
     # loops in the report
@@ -1032,6 +1151,9 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="fourierformer-sass-")
     try:
         report = build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, args.cache_dir, work, args.keep)
+    except AnnotationError as e:
+        print(f"cuda_sass_report: {e}", file=sys.stderr)
+        return 1
     except RuntimeError as e:  # a failed compile: the headers no longer have what the report instantiates
         print(f"cuda_sass_report: {e}\n(if a kernel, a constant or a size function was renamed, update "
               f"launcher_instances, CONSTANTS or SIZES in {os.path.relpath(__file__, ROOT)})", file=sys.stderr)
@@ -1063,11 +1185,14 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
     if stale:
         warnings.append("fourier_attention_launch.h no longer has these launches that the report mirrors "
                         "(update launcher_instances): " + "; ".join(stale))
-    sources = {}
-    for reg in COLD_REGIONS + SCORE_CACHE_REGIONS[True] + SCORE_CACHE_REGIONS[False] + TABLE_BRANCHES:
-        if not region_lines(sources, reg):
-            warnings.append(f"source region not found ({reg.get('why', 'table branch')}: {reg['start']}): "
-                            f"counted as run")
+    sources = Sources()
+    no_loops, no_regions = missing_annotations(sources.annotations)
+    for ident in no_loops:
+        warnings.append(f"no annotation in the headers for the loop {ident} ({LOOPS[ident]}): its SASS loop "
+                        f"is counted once")
+    for ident in no_regions:
+        warnings.append(f"no annotation in the headers for the region {ident} ({REGIONS[ident]['why']}): "
+                        f"counted as run")
     report = dict(date=time.strftime("%Y-%m-%d"), arch=ARCH, nvcc=b.nvcc_version, nvdisasm=nvdisasm_version,
                   nvcc_flags=flags,
                   headers_sha256=b.hash, constants=c, head_dims={}, warnings=warnings)
@@ -1168,9 +1293,6 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
     return report
 
 
-UNIT_TEXT = {"qkd": "per (query, key, feature)", "qkc": "per (query, key, value column)", "rd": "per (row, feature)"}
-
-
 def short_name(mangled):
     m = re.search(r"rare_pair_score|__internal_\w*slowpath\w*", mangled)
     return m.group(0) if m else mangled
@@ -1203,12 +1325,11 @@ def print_report(r):
                        f"(limited by {k['occupancy_limit']}); {k['static_instructions']} instructions in the kernel body")
             out.append(f"  {'loop (source)':<30} {'name':<22} {'depth':>5} {'static':>6} {'unroll':>6} "
                        f"{'trips/entry @N=' + '/'.join(shapes):>18} {'share of whole':>16} {'instr/element':>14}")
-            prev, repeat = None, 0
             rows = []
             for i, lp in enumerate(k["loops"]):
                 trips = "/".join(f"{k['loops_by_shape'][s][i]:g}" for s in shapes)
                 pe = f"{lp['per_element']:.2f}" if lp.get("per_element") is not None else ""
-                unit = f"  {UNIT_TEXT[lp['unit']]}" if lp.get("unit") else ""
+                unit = f"  {UNITS[lp['unit']]}" if lp.get("unit") else ""
                 share = [k["loop_shares_by_shape"][s][i] for s in shapes]
                 text = (f"  {'  ' * lp['depth'] + lp['source']:<30} {lp['name'][:22]:<22} {lp['depth']:>5} "
                         f"{lp['static']:>6} {lp['unroll']:>6} {trips:>18} ")

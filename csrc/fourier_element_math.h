@@ -126,6 +126,7 @@ FF_HD double null_key_share(double lse, double log_eps) { return exp(null_key_lo
 
 // ---- Attention dropout: a counter-based RNG, identical on CPU, CUDA and in the reference
 // (fourierformer_fairseq/ops/reference.py: dropout_keep_mask). ----
+// SASS: cold=dropout_hash begin
 FF_HD uint32_t ff_mix32(uint32_t x) {
   x ^= x >> 16;
   x *= 0x7FEB352Du;
@@ -133,14 +134,17 @@ FF_HD uint32_t ff_mix32(uint32_t x) {
   x *= 0x846CA68Bu;
   x ^= x >> 16;
   return x;
+  // SASS: cold=dropout_hash end
 }
 
 // Uniform in [0, 1) with 24 random bits for element (bh, i, j) of one call.
+// SASS: cold=dropout_hash begin
 FF_HD float ff_dropout_uniform(uint32_t seed, uint32_t bh, uint32_t i, uint32_t j) {
   uint32_t x = seed ^ (bh * 0x9E3779B1u);
   x = ff_mix32(x ^ (i * 0x85EBCA77u));
   x = ff_mix32(x ^ (j * 0xC2B2AE3Du));
   return float(x >> 8) * (1.0f / 16777216.0f);
+  // SASS: cold=dropout_hash end
 }
 
 }  // namespace fourierformer

@@ -23,13 +23,15 @@ BODY = 64  # dependent FMAs per element in the single body
 
 # single: BODY FMAs per element; doubled: the same loop with 2 * BODY; unrolled: the single body
 # with `#pragma unroll 4` over a runtime count (a main loop of 4 elements and a remainder loop);
-# strided: an up-counting loop idx += 256 unrolled by 4.
+# strided: an up-counting loop idx += 256 unrolled by 4. The annotations (`// SASS:`) model two of
+# the loops for the whole-kernel count.
 SOURCE = r"""
 #define BODY(acc, x) \
   _Pragma("unroll") for (int r = 0; r < %(body)d; ++r) acc = fmaf(acc, x, 1.0f + 0.5f * r);
 
 extern "C" __global__ void __launch_bounds__(256) single(float* out, const float* a, int n) {
   float acc = 0.0f;
+  // SASS: loop=tiny step=1 trips=T elements=1 unit=qkd
 #pragma unroll 1
   for (int i = 0; i < n; ++i) { const float x = a[i]; BODY(acc, x) }
   out[threadIdx.x] = acc;
@@ -44,6 +46,7 @@ extern "C" __global__ void __launch_bounds__(256) doubled(float* out, const floa
 
 extern "C" __global__ void __launch_bounds__(256) unrolled(float* out, const float* a, int n) {
   float acc = 0.0f;
+  // SASS: loop=tiny_unrolled step=1 trips=T elements=1 unit=qkd
 #pragma unroll 4
   for (int i = 0; i < n; ++i) { const float x = a[i]; BODY(acc, x) }
   out[threadIdx.x] = acc;
@@ -191,14 +194,14 @@ def test_whole_kernel_count_weights_loops_by_trips(compiled, monkeypatch, name, 
     """Whole-kernel count = instructions outside the loop + each loop copy's body x its trips; the
     trips of a source loop go to the unrolled main copy (whole SASS iterations) and the rest to
     the remainder copy."""
+    monkeypatch.setattr(sr, "header_files", lambda: [])
     monkeypatch.setitem(sr.EXTRA_SOURCES, "tiny.cu", compiled["src"])
-    monkeypatch.setattr(sr, "LOOP_SPECS", [dict(file="tiny.cu", text=r"for \(int i = 0; i < n; \+\+i\)",
-                                                name="loop", step="1", trips="T", elems="1", unit="qkd")])
-    monkeypatch.setattr(sr, "COLD_REGIONS", [])
+    monkeypatch.setattr(sr, "LOOPS", {"tiny": "loop", "tiny_unrolled": "loop"})
     fn = compiled["funcs"][name]
     loops = sr.find_loops(fn)
     inst = sr.Instance("test", name, {}, "kFwdThreads", None)
-    per_thread, rows, _, outside = sr.analyse(inst, fn, {"T": trips}, {})
+    per_thread, rows, _, outside = sr.analyse(inst, fn, {"T": trips}, sr.Sources())
+    assert rows and all(row["name"] == "loop" for row in rows)  # named by the annotation
     in_loops = {i.addr for lp in loops for i in lp.insts}
     assert outside == sum(1 for i in fn.insts if i.addr not in in_loops)
     by_unroll = {sr.unroll_factor(lp, 1)[0]: len(lp.insts) for lp in loops}
@@ -244,25 +247,137 @@ def test_unroll_factor_of_a_down_counter_against_a_constant():
 
 @pytest.mark.parametrize("test_line", [True, False])
 def test_a_regions_test_counts_up_to_its_branch(tmp_path, monkeypatch, test_line):
-    """A cold region whose first line is the test that skips it (test=True): that line's
+    """A cold region whose first line is the test that skips it (flag test): that line's
     instructions count up to its conditional branch, in its basic block (the compare and what the
     compiler hoisted above the branch), not what follows the branch; the region's other lines weigh 0.
-    Without test=True the whole first line weighs 0."""
+    Without the flag the whole first line weighs 0."""
     src = tmp_path / "t.cuh"
-    src.write_text("x = a + b;\nif (p.dropout_p > 0.0f) {  // (block-uniform)\n  y = f(y);\n}\nz = x + y;\n")
+    src.write_text("x = a + b;\n"
+                   f"// SASS: cold=dropout begin{' test' if test_line else ''}\n"
+                   "if (p.dropout_p > 0.0f) {  // (block-uniform)\n"
+                   "  y = f(y);\n"
+                   "  // SASS: cold=dropout end\n"
+                   "}\n"
+                   "z = x + y;\n")
+    monkeypatch.setattr(sr, "header_files", lambda: [])
     monkeypatch.setitem(sr.EXTRA_SOURCES, "t.cuh", str(src))
-    monkeypatch.setattr(sr, "LOOP_SPECS", [])
-    monkeypatch.setattr(sr, "SCORE_CACHE_REGIONS", {True: [], False: []})
-    monkeypatch.setattr(sr, "COLD_REGIONS", [dict(file="t.cuh", start=r"if \(p\.dropout_p > 0\.0f\) \{", end=r"^}$",
-                                                  test=test_line, why="dropout")])
     rows = [(1, "IADD3 R1, R2, R3, RZ"),
-            (2, "LDC R49, c[0x0][0x324]"), (1, "IADD3 R4, R1, R1, RZ"), (2, "FSETP.GT.AND P0, PT, R49, RZ, PT"),
-            (2, "MOV R30, R34"), (2, "@!P0 BRA `(.L_x_9)"),
-            (2, "IMAD R5, R5, R6, RZ"),  # the region's, on the test line after its branch
-            (3, "FMUL R7, R7, R8"), (3, "FMUL R7, R7, R8"), (None, ".L_x_9"),
-            (5, "FADD R9, R1, R7"), (5, "EXIT")]
+            (3, "LDC R49, c[0x0][0x324]"), (1, "IADD3 R4, R1, R1, RZ"), (3, "FSETP.GT.AND P0, PT, R49, RZ, PT"),
+            (3, "MOV R30, R34"), (3, "@!P0 BRA `(.L_x_9)"),
+            (3, "IMAD R5, R5, R6, RZ"),  # the region's, on the test line after its branch
+            (4, "FMUL R7, R7, R8"), (4, "FMUL R7, R7, R8"), (None, ".L_x_9"),
+            (7, "FADD R9, R1, R7"), (7, "EXIT")]
     fn = _sass("t.cuh", rows)
     inst = sr.Instance("test", "kern", {}, "kFwdThreads", None)
-    per_thread, _, _, _ = sr.analyse(inst, fn, {}, {})
-    # lines 1 and 5: 4; the test line: LDC, FSETP, MOV, BRA with test=True
+    per_thread, _, _, _ = sr.analyse(inst, fn, {}, sr.Sources())
+    # lines 1 and 7: 4; the test line: LDC, FSETP, MOV, BRA with the flag test
     assert per_thread == (8 if test_line else 4)
+
+
+# The model beside the code: the `// SASS:` annotations of the kernel headers (no tools needed).
+
+def test_every_annotation_names_a_known_loop_or_region_and_every_known_one_is_annotated():
+    ann = sr.read_annotations()  # (an unknown id or a malformed annotation raises)
+    assert sr.missing_annotations(ann) == ([], []), "ids of LOOPS / REGIONS that no header annotates"
+    ids = [spec["id"] for spec in ann.loops.values()]
+    assert sorted(ids) == sorted(sr.LOOPS), "each loop of LOOPS is annotated exactly once"
+    for (f, line), spec in ann.loops.items():  # above its `for`, whose expressions the report evaluates
+        assert sr.Sources().lines(f)[line - 1].strip().startswith("for ("), (f, line)
+        compile(spec["trips"], f"{f}:{spec['where']}", "eval")
+        compile(spec["step"], f"{f}:{spec['where']}", "eval")
+    for reg in ann.regions:
+        assert reg.lines and reg.first in reg.lines, (reg.id, reg.file, reg.where)
+        assert (reg.weight is not None) == (reg.kind == "branch"), reg
+
+
+KERNEL = """\
+template <int kO>
+FF_DEV void k(int n) {
+  // SASS: loop=pv step=4 trips=kFwdKeys/4 elements=4*fwd_cols unit=qkc
+#pragma unroll 1
+  for (int i = 0; i < n; ++i) {
+    // SASS: cold=dropout begin test
+    if (p.dropout_p > 0.0f) {  // (block-uniform)
+      y = f(y);
+      // SASS: cold=dropout end
+    }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("annotation,why", [
+    ("// SASS: loop=no_such_loop step=4 trips=kFwdKeys/4", "unknown loop 'no_such_loop'"),
+    ("// SASS: loop=pv step=4", "missing field(s) trips"),
+    ("// SASS: loop=pv step=4 trips=kFwdKeys/4 elements=4*fwd_cols unit=qkc colour=red", "unknown field(s) colour"),
+    ("// SASS: loop=pv step=4 trips=kFwdKeys/4 elements=4*fwd_cols", "elements and unit go together"),
+    ("// SASS: loop=pv step=4 trips=kFwdKeys/4 elements=4*fwd_cols unit=per_pair", "unit=per_pair"),
+    ("// SASS: loop=pv step=4 trips=", "field trips has no value"),
+    ("// SASS: lop=pv step=4 trips=kFwdKeys/4", "unknown kind 'lop'"),
+    ("// SASS: pv step=4 trips=kFwdKeys/4", "expected loop=<id>"),
+])
+def test_an_annotation_with_a_missing_or_unknown_field_is_refused_with_its_line(annotation, why):
+    text = KERNEL.replace("// SASS: loop=pv step=4 trips=kFwdKeys/4 elements=4*fwd_cols unit=qkc", annotation)
+    with pytest.raises(sr.AnnotationError) as e:
+        sr.parse_annotations(text, "k.cuh")
+    assert str(e.value).startswith("k.cuh:3: SASS annotation: ") and why in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("edit,where,why", [
+    (("#pragma unroll 1\n", "#pragma unroll 1\n  int j = 0;\n"), 3, "directly above its `for`"),
+    (("#pragma unroll 1\n", "#pragma unroll 1\n\n"), 3, "directly above a line of code"),
+    (("      // SASS: cold=dropout end\n", ""), 6, "region 'dropout' has no end"),
+    (("    // SASS: cold=dropout begin test\n", ""), 8, "end of region 'dropout' without its begin"),
+    (("cold=dropout begin test", "cold=dropout begin test when=sometimes"), 6, "when=sometimes"),
+    (("cold=dropout begin test", "branch=dropout begin"), 6, "unknown branch region 'dropout'"),
+])
+def test_a_misplaced_annotation_is_refused_with_its_line(edit, where, why):
+    text = KERNEL.replace(*edit)
+    assert text != KERNEL
+    with pytest.raises(sr.AnnotationError) as e:
+        sr.parse_annotations(text, "k.cuh")
+    assert str(e.value).startswith(f"k.cuh:{where}: SASS annotation: ") and why in str(e.value), str(e.value)
+
+
+def _reworded(text):
+    """Every comment but the annotations reworded (the same lines), and every comment line but the
+    annotations removed (fewer lines)."""
+    out, fewer = [], []
+    for line in text.splitlines():
+        if sr.ANNOTATION_RE.match(line):
+            out.append(line)
+            fewer.append(line)
+            continue
+        code, sep, comment = line.partition("//")
+        if sep and '"' not in code:
+            line = code + "// " + " ".join(reversed(comment.split())) + " (reworded)"
+        out.append(line)
+        if line.strip().startswith("//"):
+            continue
+        fewer.append(line)
+    return "\n".join(out) + "\n", "\n".join(fewer) + "\n"
+
+
+def _model(ann, lines):
+    """The annotations without their line numbers: each loop and region by its lines' code."""
+    code = {f: [line.partition("//")[0].strip() for line in ls] for f, ls in lines.items()}
+    loops = sorted((f, code[f][line - 1], sorted((k, v) for k, v in spec.items() if k != "where"))
+                   for (f, line), spec in ann.loops.items())
+    regions = sorted((r.id, r.kind, r.file, r.test, r.when, r.weight, code[r.file][r.first - 1],
+                      tuple(code[r.file][n - 1] for n in sorted(r.lines) if code[r.file][n - 1]))
+                     for r in ann.regions)
+    return loops, regions
+
+
+@pytest.mark.parametrize("name", ["forward_tiled.cuh", "backward_tiled.cuh", "tables.cuh", "fourier_element_math.h"])
+def test_comments_do_not_change_the_annotations(name):
+    path = [f for f in sr.header_files() if os.path.basename(f) == name][0]
+    text = open(path).read()
+    reworded, fewer = _reworded(text)
+    assert reworded != text and len(fewer.splitlines()) < len(text.splitlines())
+    a = sr.parse_annotations(text, name)
+    assert a.loops or a.regions
+    b = sr.parse_annotations(reworded, name)
+    assert b.loops == a.loops and b.regions == a.regions  # the same lines
+    c = sr.parse_annotations(fewer, name)
+    assert _model(c, {name: fewer.splitlines()}) == _model(a, {name: text.splitlines()})

@@ -133,6 +133,7 @@ FF_DEV void stage_v_transposed(const scalar_t* v, int j0, int M, int Dv, float* 
   const bool on = j0 + r < M;
   const scalar_t* src = v + (int64_t)(j0 + r) * Dv;
   const int quads = (Dv + 3) >> 2;
+  // SASS: loop=v_staging step=kFwdThreads/kFwdKeys trips=ceil(Dv/4)*kFwdKeys/kFwdThreads
 #pragma unroll 2
   for (int c4 = tid >> kFwdKeysLog2; c4 < quads; c4 += kFwdThreads / kFwdKeys) {
 #pragma unroll
@@ -233,6 +234,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
       ids[1] = i0;
       ids[2] = visible_end(p, ff_min(N - 1, i0 + kFwdRows - 1));
     }
+    // SASS: loop=dout_staging step=kFwdThreads*split trips=Dv*kFwdRows/(kFwdThreads*split)
     for (int idx = threadIdx.x; idx < Dv * kFwdRows; idx += kThreads) {
       const int c = idx >> kFwdRowsLog2, r = idx & (kFwdRows - 1);
       const int i = i0 + r;
@@ -242,10 +244,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
       const int i = i0 + threadIdx.x;
       split_lse_log2_or_inf(i < N ? p.lse_in[bh * N + i] : (double)INFINITY, Lh[threadIdx.x], Ll[threadIdx.x]);
     }
+    // SASS: loop=row_sums_zeroing step=kFwdThreads*split trips=4*kFwdRows/(kFwdThreads*split)
     for (int idx = threadIdx.x; idx < 4 * kFwdRows; idx += kThreads) row_sums[idx] = 0.0f;
   }
   __syncthreads();  // ids
 
+  // SASS: loop=delta_key_tiles step=kFwdKeys unroll=1 trips=ceil(M/kFwdKeys)
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];  // (kSplit 2: rows ii < kRows)
     if constexpr (kSplit == 1) {
@@ -259,6 +263,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
     const int i0 = ids[1];
     if (half == 0) stage_v_transposed(p.v + bh * M * Dv, j0, M, Dv, Vt, tid);
     __syncthreads();
+    // SASS: cold=score_cache_store begin test when=no-score-cache
     if (p.score_cache && j0 + tx * kMicro < M) {  // (the thread's 4 keys, within the row's stride)
 #pragma unroll
       for (int ii = 0; ii < kRows; ++ii) {
@@ -267,6 +272,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
           *reinterpret_cast<float4*>(p.score_cache + (bh * N + i) * score_cache_stride(M) + j0 + tx * kMicro) =
               make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
       }
+      // SASS: cold=score_cache_store end
     }
     float dP[kRows][kMicro], delta_part[kRows], psum_part[kRows];
 #pragma unroll
@@ -276,6 +282,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
       for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = 0.0f;
     }
     if (micro_tile_live(p, i0, j0, tx, ty)) {  // (a thread that is not live: P = 0, its dP unused)
+      // SASS: loop=delta_dp step=1 trips=Dv elements=kMicro*kMicro/split unit=qkc
       for (int c = 0; c < Dv; ++c) {
         const float4 v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
         const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
@@ -299,6 +306,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = softmax_weight(S[ii][jj], lh, ll);  // P
     }
+    // SASS: cold=dropout begin test
     if (p.dropout_p > 0.0f) {  // (block-uniform) dP times the keep factor
 #pragma unroll
       for (int ii = 0; ii < kRows; ++ii)
@@ -306,6 +314,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
         for (int jj = 0; jj < kMicro; ++jj)
           if (S[ii][jj] != 0.0f)
             dP[ii][jj] *= dropout_factor(p, (uint32_t)bh, i0 + row0 + ii, j0 + tx * kMicro + jj);
+      // SASS: cold=dropout end
     }
 #pragma unroll
     for (int ii = 0; ii < kRows; ++ii)
@@ -392,18 +401,21 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
       ids[2] = bh % p.H;
       ids[3] = split;  // features [split * p.split_features, + p.split_features) of the key tile; dv in split 0
     }
+    // SASS: loop=dk_sums_zeroing step=kFwdThreads trips=kFwdKeys*Dp/kFwdThreads
     for (int idx = tid; idx < kFwdKeys * Dp; idx += kFwdThreads) dks[idx] = 0.0f;
     // dv of the block's keys: summed per query tile in registers, across tiles in p.dv_acc
     // (float32), which keeps the registers free while the scores are computed
     const int nk = ff_min(kFwdKeys, M - j0);
     float* dv_block = p.dv_acc + ((int64_t)bh * M + j0) * Dv;  // (nk, Dv)
     if (split == 0)
+      // SASS: loop=dv_zeroing step=kFwdThreads trips=kFwdKeys*Dv/(kFwdThreads*main_splits)
       for (int idx = tid; idx < nk * Dv; idx += kFwdThreads) dv_block[idx] = 0.0f;
     // Query i sees key j iff j <= i + (M - N): the block's first key bounds the first query.
     i_begin = p.causal ? ff_max(0, j0 - (M - N)) : 0;
   }
   __syncthreads();  // ids
 
+  // SASS: loop=query_tiles step=kFwdRows unroll=1 trips=ceil(N/kFwdRows)
   for (int i0 = i_begin; i0 < N; i0 += kFwdRows) {
     float S[kMicro][kMicro];
     if constexpr (kCache) {  // the pre-pass's scores (p.score_cache; -inf where not visible)
@@ -447,6 +459,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
       const int r = (tid >> 4) + n * (kFwdThreads / 16), i = i0 + r;
       const bool on = i < N;
       const scalar_t* src = dout + (int64_t)i * Dv;
+      // SASS: loop=dout_staging_columns step=64 trips=(Dvs+4)/64
 #pragma unroll 1
       for (int c = 4 * (tid & 15); c < ostride; c += 64) {
         float o[4];
@@ -468,6 +481,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) dP[ii][jj] = 0.0f;
     if (live) {
+      // SASS: loop=main_dp step=1 trips=Dv elements=kMicro*kMicro/split unit=qkc
       for (int c = 0; c < Dv; ++c) {
         const float4 v4 = load4(Vt + c * kFwdKeys + tx * kMicro);
         const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
@@ -493,6 +507,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
         C[ii][jj] = P * (dP[ii][jj] - dl);
       }
     }
+    // SASS: cold=dropout begin test
     if (p.dropout_p > 0.0f) {  // (block-uniform) the keep factor f
 #pragma unroll
       for (int ii = 0; ii < kMicro; ++ii)
@@ -505,6 +520,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
             S[ii][jj] *= f;
           }
         }
+      // SASS: cold=dropout end
     }
     // dv = P^T dO (see dv_tile), in the first feature split only (block-uniform): keys
     // 4 kg + (0..3) times value columns 4 (cg0 + 16 n) + (0..3), over the queries qs + kPhases m
@@ -527,6 +543,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
           for (int c = 0; c < 4; ++c) acc[n][e][c] = 0.0f;
       const float* wcol = W + 4 * dv_kg;
       const float* ocol = Ot + 4 * dv_cg0;
+      // SASS: loop=dv step=dv_phases trips=kFwdRows/(dv_phases*main_splits) elements=16*dv_groups unit=qkc
       for (int ii = dv_qs; ii < nq; ii += T::kPhases) {
         const float4 w4 = load4(wcol + ii * kFwdKeys);
         const float w[4] = {w4.x, w4.y, w4.z, w4.w};
@@ -563,6 +580,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
           *reinterpret_cast<float4*>(red + (dv_qs * kFwdKeys + 4 * dv_kg + e) * kW + 4 * dv_cg0) =
               make_float4(acc[0][e][0], acc[0][e][1], acc[0][e][2], acc[0][e][3]);
         __syncthreads();
+        // SASS: loop=dv_phase_sums step=kFwdThreads trips=kFwdKeys*4*dv_column_groups/(kFwdThreads*main_splits)
         for (int idx = tid; idx < kFwdKeys * kW; idx += kFwdThreads) {
           const int key = idx / kW, c = idx % kW;  // (compile-time divisor)
           float sum = 0.0f;
@@ -576,6 +594,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     // the partial sums over its 4 keys (dq) and 4 queries (dk) go through shared memory. The
     // block's features: its split's (whole chunks but the last).
     const int d_end = ff_min(Dp, (ids[3] + 1) * p.split_features);
+    // SASS: loop=g_chunks step=kChunk trips=ceil(Dp/kChunk)/main_splits
     for (int d0 = ids[3] * p.split_features; d0 < d_end; d0 += kChunk) {
       const int dc = ff_min(kChunk, d_end - d0);
       __syncthreads();  // dO and P f, or the previous chunk and partials, are consumed
@@ -603,11 +622,13 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
                   key_on ? load4(ksrc + f * kfield) : make_float4(pad, pad, pad, pad);
             }
           }
+        // SASS: cold=scalar_staging begin test
         } else {  // scalar staging
           const int r = tid & (kFwdRows - 1), dd0 = tid >> kFwdRowsLog2;
           const bool row_on = i0 + r < N, key_on = j0 + r < M;
           const float* rsrc = trows + (int64_t)(d0 + dd0) * N + (i0 + r);
           const float* ksrc = tkeys + (int64_t)(d0 + dd0) * M + (j0 + r);
+          // SASS: loop=g_staging_scalar step=kStageStep trips=chunk_dc/kStageStep
           for (int dd = dd0; dd < dc; dd += kStageStep, rsrc += kStageStep * (int64_t)N, ksrc += kStageStep * (int64_t)M) {
 #pragma unroll
             for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + r] = row_on ? rsrc[f * rfield] : 0.0f;
@@ -615,17 +636,21 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
             for (int f = 0; f < kKeyFields; ++f)
               Kf[(f * kChunk + dd) * kFwdKeys + r] = key_on ? ksrc[f * kfield] : pad_key_field(f);
           }
+          // SASS: cold=scalar_staging end
         }
         if (tid < dc) xus[tid] = p.x_per_u[(int64_t)h * Dp + d0 + tid];
       }
       __syncthreads();
+      // SASS: loop=g_pass step=kGroup trips=chunk_dc/kGroup elements=kMicro*kMicro*kGroup unit=qkd
       for (int dd = 0; dd < dc; dd += kGroup) {
+        // SASS: cold=empty_tile begin test
         if (!live) {  // C = 0: zero partials
 #pragma unroll
           for (int e = 0; e < kGroup; ++e) {
             *reinterpret_cast<float4*>(Pq + (e * 16 + tx) * kPqStride + ty * kMicro) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             *reinterpret_cast<float4*>(Pk + (e * 16 + ty) * kFwdKeys + tx * kMicro) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
           }
+          // SASS: cold=empty_tile end
         } else {
 #pragma unroll
           for (int e = 0; e < kGroup; ++e) {
@@ -683,6 +708,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   const int d_lo = split * p.split_features, d_hi = ff_min(D, d_lo + p.split_features), nd = d_hi - d_lo;
   // dk = -p |R| sum_i dS' g; the keys' share of dradius, p sign(R) / c sum_j (k c - m) (-sum_i dS' g)
   // with m = q c of the slice's first query (see backward_dq_finish_kernel).
+  // SASS: loop=dk_store step=kFwdThreads trips=kFwdKeys*D/(kFwdThreads*main_splits)
   for (int idx = tid; idx < nk * nd; idx += kFwdThreads) {
     const int c = idx / nd, d = d_lo + idx - c * nd;
     p.dk[(bh * M + j0 + c) * D + d] =
@@ -692,10 +718,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     const float* trows = p.trows + bh * kRowFields * Dp * N;
     const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
     const float* x_per_u = p.x_per_u + (int64_t)h * Dp;
+    // SASS: loop=main_dradius_sums step=kFwdThreads trips=D/(kFwdThreads*main_splits)
     for (int d = d_lo + tid; d < d_hi; d += kFwdThreads) {
       const float m = trows[((int64_t)kRowQ * Dp + d) * N];
       const float* kc = tkeys + ((int64_t)kKeyK * Dp + d) * M + j0;
       float sum = 0.0f;
+      // SASS: loop=dradius_key_sum step=1 trips=kFwdKeys
       for (int c = 0; c < nk; ++c) sum = fmaf(kc[c] - m, dks[d * kFwdKeys + c], sum);
       const float R = p.radius[(int64_t)h * D + d];
       const float dr = x_per_u[d] == 0.0f ? 0.0f : -p.power * sum * (x_per_u[d] / R);
@@ -703,6 +731,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     }
   }
   if (split == 0)
+    // SASS: loop=dv_store step=kFwdThreads trips=kFwdKeys*Dv/(kFwdThreads*main_splits)
     for (int idx = tid; idx < nk * Dv; idx += kFwdThreads)
       p.dv[(bh * M + j0) * Dv + idx] = static_cast<scalar_t>(dv_block[idx]);
 }
@@ -731,9 +760,11 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dq_finish_kernel(const Par
   const int h = (int)(bh % p.H);
   const float* qc = p.trows + bh * kRowFields * Dp * N;  // field kRowQ
   const float* acc = p.dq_acc + bh * N * Dp;
+  // SASS: loop=dradius_zeroing step=kFwdThreads trips=kBwdMaxFeatures/kFwdThreads
   for (int d = tid; d < kBwdMaxFeatures; d += kFwdThreads) dr_sum[d] = 0.0f;
   __syncthreads();
   const int nr = ff_min(kFwdRows, N - i0);
+  // SASS: loop=dq_store step=kFwdThreads trips=kFwdRows*D/kFwdThreads
   for (int idx = tid; idx < nr * D; idx += kFwdThreads) {
     const int r = idx / D, d = idx - r * D;
     const int i = i0 + r;
@@ -742,6 +773,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kFwdThreads) backward_dq_finish_kernel(const Par
     if (a != 0.0f) atomicAdd(dr_sum + d, (qc[(int64_t)d * N + i] - qc[(int64_t)d * N]) * a);
   }
   __syncthreads();
+  // SASS: loop=finish_dradius_sums step=kFwdThreads trips=D/kFwdThreads
   for (int d = tid; d < D; d += kFwdThreads) {
     const float xu = p.x_per_u[(int64_t)h * Dp + d];
     const float R = p.radius[(int64_t)h * D + d];

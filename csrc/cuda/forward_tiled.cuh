@@ -314,6 +314,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
             *reinterpret_cast<float4*>(kdst + f * kC * kFwdKeys) = *reinterpret_cast<const float4*>(ksrc + f * kfield);
         }
       }
+    // SASS: cold=scalar_staging begin test
     } else if (half == 0) {  // scalar staging
 #pragma unroll
       for (int n = 0; n < kC / kStageStep; ++n) {
@@ -327,6 +328,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
           for (int f = 0; f < kKeyFields; ++f) Kf[(f * kC + dd) * kFwdKeys + sr] = k[f * kfield];
         }
       }
+      // SASS: cold=scalar_staging end
     }
     __syncthreads();
     rsrc += kC * (int64_t)N;  // (the next chunk's)
@@ -365,14 +367,18 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     }
   };
   chunk(0, std::true_type{});
+  // SASS: loop=scores_chunks step=kChunk trips=ceil(Dp/kChunk)-1 elements=kMicro*kMicro*chunk_dc/split unit=qkd
   for (int d0 = kC; d0 < Dp; d0 += kC) chunk(d0, std::false_type{});
+  // SASS: cold=empty_tile begin
   auto no_scores = [&]() {  // (a thread that is not live)
 #pragma unroll
     for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = NEG_INF;
     rare = 0;
+    // SASS: cold=empty_tile end
   };
+  // SASS: cold=empty_tile test
   if (kSplit == 1 && !live) return no_scores();
 
   int flags = score_flags(watch);  // (kSplit 2: both halves', below)
@@ -426,6 +432,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         ex[ii][jj] = ke + ff_float_bits(*slot(1, other, q)) + e;
       }
     flags = score_flags(watch) | ff_float_bits(region[4 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
+    // SASS: cold=empty_tile test
     if (!live) return no_scores();  // (after the exchange's barriers; the partner is not live either)
   }
 
@@ -462,16 +469,19 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     int first_end = row_end[0];
 #pragma unroll
     for (int ii = 1; ii < kRows; ++ii) first_end = ff_min(first_end, row_end[ii]);
+    // SASS: cold=partial_tile begin test
     if (j0 + tx * kMicro + kMicro > first_end) {  // partial tile
 #pragma unroll
       for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
         for (int jj = 0; jj < kMicro; ++jj)
           if (j0 + tx * kMicro + jj >= row_end[ii]) S[ii][jj] = NEG_INF;
+      // SASS: cold=partial_tile end
     }
   }
   // ---- 2. the rare path ----
   // (kRareHere false: left to the caller, rare_scores_log2)
+  // SASS: cold=rare_path begin
   rare = kRareHere ? 0 : flags;
   if (kRareHere && flags != 0) {
     const float* trows = p.trows + bh * kRowFields * Dp * N;
@@ -489,8 +499,10 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       }
     }
   }
+  // SASS: cold=rare_path end
   // ---- 3. masks ----
   if (!p.attn_mask && !p.key_bias) return;
+  // SASS: cold=masks begin test
   const int64_t b = bh / p.H, h = bh % p.H;
   const float* kbias = p.key_bias ? p.key_bias + b * M : nullptr;
 #pragma unroll
@@ -504,6 +516,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       if (j < row_end[ii]) S[ii][jj] = add_log2(S[ii][jj], (mrow ? mrow[j] : 0.0f) + (kbias ? kbias[j] : 0.0f));
     }
   }
+  // SASS: cold=masks end
 }
 
 // Scores of a tile times log2(e) (see tile_scores_impl), rare path and masks included: the
@@ -520,6 +533,7 @@ FF_DEV void tile_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
 // row0 .. row0 + rows - 1, keys tx * kMicro + (0 .. kMicro - 1)) that
 // have |u| <= kUFloor in some feature (all of them with `all`, kRareAll) from the per-element
 // math (rare_pair_score), masks included. A loop, not unrolled, outside the score code: no registers held across the calls.
+// SASS: cold=rare_scores begin
 template <typename scalar_t>
 FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int row0,
                              int rows, float* St, bool all) {
@@ -528,6 +542,7 @@ FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
   const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
   const float* x_per_u = p.x_per_u + (bh % p.H) * Dp;
   const int64_t b = bh / p.H, h = bh % p.H;
+  // SASS: loop=rare_pairs step=1 trips=kMicro*kMicro/split
 #pragma unroll 1
   for (int pair = 0; pair < rows * kMicro; ++pair) {
     const int r = row0 + pair / kMicro, c = tx * kMicro + pair % kMicro;
@@ -543,6 +558,7 @@ FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
     }
     St[r * kScoreStride + c] = s2;
   }
+  // SASS: cold=rare_scores end
 }
 
 template <typename scalar_t, int kO>
@@ -592,6 +608,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   // tiles (not in registers: the score loop has them all).
   const int pr = tid / kParts, part = tid % kParts;
   float* orow = Os + pr * output_stride(Dv) + 4 * part;
+  // SASS: loop=output_zeroing step=1 trips=Dvs/(16*split)
   for (int t = 0; kColStep * t + 4 * part < Dvs; ++t)
     *reinterpret_cast<float4*>(orow + kColStep * t) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
@@ -602,6 +619,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   ML[kThreads + tid] = 0.0f;
 
   __syncthreads();  // ids
+  // SASS: loop=forward_key_tiles step=kFwdKeys unroll=1 trips=ceil(M/kFwdKeys)
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
     int rare;  // ScoreFlags
@@ -613,6 +631,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
     for (int ii = 0; ii < kMicro / kSplit; ++ii)
       *reinterpret_cast<float4*>(St + (row0 + ii) * kScoreStride + tx * kMicro) =
           make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
+    // SASS: cold=rare_scores_call test
     if (rare) rare_scores_log2(p, bh, i0, j0, tx, row0, kMicro / kSplit, St, (rare & kRareAll) != 0);
     __syncthreads();  // scores written; the chunk region is free for V
     const scalar_t* v = p.v + bh * M * Dv;
@@ -660,10 +679,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
         sv[t] = ff_exp2_approx(sv[t] - m_new);  // 0 for masked keys
         l_part += sv[t];                        // the normaliser counts every key
       }
+      // SASS: cold=dropout begin test
       if (p.dropout_p > 0.0f) {  // (block-uniform) dropout: P times the keep factor
 #pragma unroll
         for (int t = 0; t < kPartKeys; ++t)
           if (sv[t] != 0.0f) sv[t] *= dropout_factor(p, (uint32_t)bh, pi, j0 + part * kPartKeys + t);
+        // SASS: cold=dropout end
       }
 #pragma unroll
       for (int t = 0; t < kPartKeys / 4; ++t)
@@ -678,6 +699,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
       const int nk = ff_min(kFwdKeys, (i0 + pr < N ? visible_end(p, i0 + pr) : 0) - j0);
       // columns in passes of at most 16 per thread (kO 64: two; registers)
       constexpr int kCols = kO / kSplit, kPassCols = kCols < 16 ? kCols : 16, kGroupsPerPass = kPassCols / 4;
+      // SASS: loop=pv_column_passes step=1 trips=fwd_passes
 #pragma unroll 1
       for (int pass = 0; pass < kCols / kPassCols; ++pass) {
         const int t0 = pass * kGroupsPerPass;
@@ -700,6 +722,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
         // arithmetic per key)
         const float* prow = St + pr * kScoreStride;
         const float* vrow = Vs + part * 4 + kColStep * t0;
+        // SASS: loop=pv step=4 trips=kFwdKeys/4 elements=4*fwd_cols unit=qkc
         for (int jj = 0; jj < nk; jj += 4, prow += 4, vrow += 4 * kVStride) {
           const float4 p4 = load4(prow);
           const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
@@ -740,6 +763,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   const float inv = empty ? 0.0f : 1.0f / l;
   scalar_t* out_i = p.out + (bh * N + pi) * Dv;
   orow = Os + pr * output_stride(Dv) + 4 * part;
+  // SASS: loop=output_store step=1 trips=Dvs/(16*split)
   for (int t = 0; kColStep * t + 4 * part < Dvs; ++t) {
     const float4 o4 = load4(orow + kColStep * t);
     const float ov[4] = {o4.x, o4.y, o4.z, o4.w};

@@ -119,17 +119,20 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
   const int64_t N = p.N, M = p.M, Dp = p.Dp;
   const int tid = threadIdx.x, lane = tid & (kTableRows - 1), slot = tid / kTableRows;
   const int64_t id = (int64_t)blockIdx.x * kTableThreads + tid;
+  // SASS: branch=x_per_u weight=min(1,Dp/((N+M)*kTableSlots)) begin
   if (id < (int64_t)p.H * Dp) {  // the per-feature x / u: m (0 for a padding feature); H Dp < 2^31
     const int h = (int)((unsigned)id / (unsigned)Dp), d = (int)id - h * (int)Dp;
     float c, m;
     p.x_per_u[id] = feature_radius(p.radius + (int64_t)h * p.D, p.D, d, c, m) > 0.0f ? m : 0.0f;
   }
+  // SASS: branch=x_per_u end
   const int64_t per_slice = N + M, rows = (int64_t)p.B * p.H * per_slice;
   const int64_t rid = (int64_t)blockIdx.x * kTableRows + lane;
   const bool on = rid < rows;
   int64_t bh = 0;  // (a 32-bit division where it will do: a 64-bit one is a subroutine)
   if (rows <= INT_MAX)
     bh = on ? (unsigned)rid / (unsigned)per_slice : 0u;
+  // SASS: cold=rows_over_2_31
   else  // (over 2^31 rows)
     bh = on ? rid / per_slice : 0;
   const int64_t row = rid - bh * per_slice;
@@ -139,17 +142,21 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
   // most 32 per slot); a key row's sum of log rho
   double num = 1.0, den = 1.0, key_sum = 0.0;
   int scale = 0;
+  // SASS: branch=query_row weight=N/(N+M) begin
   if (on && row < N) {  // query row: row_log = sum_d log(c_d |cos a_d| / |R_d|) = sum_d log(|cos a_d| / m_d)
     const scalar_t* q = p.q + (bh * N + row) * p.D;
     float* out = p.trows + bh * kRowFields * Dp * N + row + slot * N;
     const int64_t field = Dp * N, step = kTableSlots * N;
+    // SASS: loop=query_features step=kTableSlots trips=Dp/kTableSlots elements=1 unit=rd
     for (int d = slot; d < Dp; d += kTableSlots, out += step) {
       float c, m;
       const float r = feature_radius(radius, p.D, d, c, m);
       float qc = 0.0f, t_hi = 0.0f, t_lo = 0.0f;
+      // SASS: cold=flat_feature begin test
       if (r >= 0.0f && (double)r < kFlatRadius) {  // flat
         qc = load_as<float>(q, d);
         t_hi = -qc;
+        // SASS: cold=flat_feature end
       } else if (r > 0.0f) {
         const float qf = load_as<float>(q, d);
         const double a = (double)r * (double)qf;
@@ -170,18 +177,23 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
       out[kRowTan * field] = t_hi;
       out[kRowTanLow * field] = t_lo;
     }
+  // SASS: branch=key_row weight=M/(N+M) begin
   } else if (on) {  // key row: key_log = -sum_d log rho_d
+    // SASS: branch=query_row end
     const int64_t j = row - N;
     const scalar_t* k = p.k + (bh * M + j) * p.D;
     float* out = p.tkeys + bh * kKeyFields * Dp * M + j + slot * M;
     const int64_t field = Dp * M, step = kTableSlots * M;
+    // SASS: loop=key_features step=kTableSlots trips=Dp/kTableSlots elements=1 unit=rd
     for (int d = slot; d < Dp; d += kTableSlots, out += step) {
       float c, m;
       const float r = feature_radius(radius, p.D, d, c, m);
       float kc = 1.0f, X = 1.0f, y_hi = -1.0f, y_lo = 0.0f;
+      // SASS: cold=flat_feature begin test
       if (r >= 0.0f && (double)r < kFlatRadius) {  // flat
         kc = load_as<float>(k, d);
         y_hi = -kc;
+        // SASS: cold=flat_feature end
       } else if (r > 0.0f) {
         const float kf = load_as<float>(k, d);
         const double b = (double)r * (double)kf;
@@ -204,12 +216,15 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
       out[kKeySinLow * field] = y_lo;
     }
   }
+  // SASS: branch=key_row end
   if (row < N) scale -= take_exponent(num);
   parts.num[tid] = row < N ? num : key_sum;
   parts.den[tid] = den;
   parts.exponent[tid] = scale;
   __syncthreads();
+  // SASS: branch=slot_zero weight=1/kTableSlots begin
   if (!on || slot != 0) return;
+  // SASS: branch=query_constant weight=N/(N+M) begin
   if (row < N) {  // the query row's constant
     double n = 1.0, d = 1.0;
     int e = 0;
@@ -223,13 +238,17 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
     const float high = (float)total;
     p.row_log_high[bh * N + row] = high;
     p.row_log_low[bh * N + row] = (float)(total - (double)high);
+  // SASS: branch=key_constant weight=M/(N+M) begin
   } else {  // the key row's
+    // SASS: branch=query_constant end
     double total = 0.0;
 #pragma unroll
     for (int s = 0; s < kTableSlots; ++s) total += parts.num[s * kTableRows + lane];
     p.key_log[bh * M + (row - N)] = (float)total;
   }
+  // SASS: branch=key_constant end
 }
+// SASS: branch=slot_zero end
 
 }  // namespace cuda
 }  // namespace fourierformer
