@@ -194,6 +194,32 @@ def test_opcheck_forward_op():
 
 
 @needs_cpu_kernel
+def test_op_autograd_reads_its_optional_arguments_by_name():
+    """The forward op's autograd names its arguments from the op's schema (ops/fused.py,
+    ForwardArguments): each optional one, given or left out (the dispatcher leaves out one at its
+    default), reaches the backward op as the value the call meant."""
+    from fourierformer_fairseq.ops import fused
+
+    forward, backward = (torch.ops.fourierformer.fourier_attention_forward,
+                         torch.ops.fourierformer.fourier_attention_backward)
+    schema = forward.default._schema
+    assert fused.ForwardArguments._fields == tuple(a.name for a in schema.arguments)
+    assert fused.ForwardArguments._field_defaults == {a.name: a.default_value for a in schema.arguments
+                                                      if a.has_default_value()}
+    q, k, v = random_qkv(1, 2, 4, 5, 3, 3, dtype=torch.float64, seed=7, requires_grad=True)
+    r = torch.full((2, 3), 0.9, dtype=torch.float64, requires_grad=True)
+    given = (q, k, v, r, 4.0, None, None, False, 0.0, 0)
+    for optional in ((), (0.0,), (0.0, None), (1e-2,), (1e-2, None)):
+        out, lse = forward(*given, *optional)
+        grads = torch.autograd.grad(out.sum(), (q, k, v, r))
+        eps = optional[0] if optional else 0.0
+        expected = backward(torch.ones_like(out), *(t.detach() for t in (q, k, v, r)), out.detach(), lse, 4.0,
+                            None, None, False, 0.0, 0, eps, None)
+        for name, got, want in zip("qkvr", grads, expected):
+            assert torch.equal(got, want), (optional, name)
+
+
+@needs_cpu_kernel
 def test_torch_compile_runs_the_fused_op():
     q, k, v = make_inputs(2, 2, 9, 9, 16, 16, torch.float32)
     r = torch.tensor(2.0, requires_grad=True)

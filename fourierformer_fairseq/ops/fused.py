@@ -28,6 +28,7 @@ fourierformer_fairseq.ops`` does both, as extension-cpp's package does.
 """
 from __future__ import annotations
 
+import collections
 import os
 
 import torch
@@ -82,13 +83,22 @@ def _keeps_tables(q: torch.Tensor, v: torch.Tensor) -> bool:
     return os.environ.get("FOURIERFORMER_KEEP_TABLES", "1") != "0"
 
 
+def forward_arguments_class(schema):
+    """A named tuple of an op's arguments, by the names of its schema, the optional ones taking the
+    schema's defaults when a call leaves them out (as the dispatcher does for an argument at its
+    default): ``args = ForwardArguments(*inputs)``, then ``args.tables``, ``args.normaliser_eps``."""
+    names = [a.name for a in schema.arguments]
+    optional = [a for a in schema.arguments if a.has_default_value()]
+    if schema.arguments[len(names) - len(optional):] != optional:
+        raise ValueError(f"{schema.name}: the arguments with defaults must come last")
+    return collections.namedtuple("ForwardArguments", names, defaults=[a.default_value for a in optional])
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed = inputs[:10]
-    normaliser_eps = inputs[10] if len(inputs) > 10 else 0.0
-    tables = inputs[11] if len(inputs) > 11 else None
+    a = inputs if isinstance(inputs, ForwardArguments) else ForwardArguments(*inputs)
     out, lse = output
-    ctx.save_for_backward(q, k, v, radius, out, lse, attn_mask, key_bias, tables)
-    ctx.args = (power, causal, dropout_p, seed, normaliser_eps)
+    ctx.save_for_backward(a.q, a.k, a.v, a.radius, out, lse, a.attn_mask, a.key_bias, a.tables)
+    ctx.args = (a.power, a.causal, a.dropout_p, a.seed, a.normaliser_eps)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros to allocate and fill)
 
@@ -102,7 +112,8 @@ def _backward(ctx, grad_out, grad_lse):
         grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
         normaliser_eps, tables,
     )
-    return dq, dk, dv, dradius, None, None, None, None, None, None, None, None
+    # q, k, v and the radius get gradients; the op's other arguments (power, ..., tables) none
+    return (dq, dk, dv, dradius) + (None,) * (len(ForwardArguments._fields) - 4)
 
 
 class _FusedFourierAttention(torch.autograd.Function):
@@ -112,15 +123,16 @@ class _FusedFourierAttention(torch.autograd.Function):
     the Python around the kernels together)."""
 
     @staticmethod
-    def forward(ctx, keyset, *args):
+    def forward(ctx, keyset, *inputs):
         below = keyset & torch._C._after_autograd_keyset
+        args = ForwardArguments(*inputs)
         with torch._C._AutoDispatchBelowAutograd():
-            if (len(args) < 12 or args[11] is None) and _keeps_tables(args[0], args[2]):
+            if args.tables is None and _keeps_tables(args.q, args.v):
                 # built once, for this forward and its backward (see the module docstring)
                 tables = torch.ops.fourierformer.fourier_attention_tables.default.redispatch(
-                    below, args[0], args[1], args[3]
+                    below, args.q, args.k, args.radius
                 )
-                args = args[:10] + (args[10] if len(args) > 10 else 0.0, tables)
+                args = args._replace(tables=tables)
             output = torch.ops.fourierformer.fourier_attention_forward.default.redispatch(below, *args)
         _setup_context(ctx, args, output)
         return output
@@ -143,7 +155,9 @@ def _forward_autograd(keyset, *args):
 
 # The ops exist only when the extension has loaded; without it their names stay free (the CUDA
 # host emulation defines them from a library of its own).
+ForwardArguments = None  # the forward op's arguments by name (forward_arguments_class), once the op exists
 if extension_status().loaded:
+    ForwardArguments = forward_arguments_class(torch.ops.fourierformer.fourier_attention_forward.default._schema)
     torch.library.register_fake("fourierformer::fourier_attention_forward")(_forward_fake)
     torch.library.register_fake("fourierformer::fourier_attention_backward")(_backward_fake)
     torch.library.register_fake("fourierformer::fourier_attention_tables")(_tables_fake)
