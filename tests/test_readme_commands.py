@@ -316,6 +316,48 @@ def test_readme_training_command_is_the_recipes(blocks, block, tmp_path):
     assert not differ, f"README block {block} and {recipe[0]} train differently (README, recipe): {differ}"
 
 
+# what may differ between two generation lines of the same protocol: the checkpoint, the device flag
+# evaluate.sh adds on a CPU, and the user dir's spelling
+GENERATION_BOOKKEEPING = {"path", "cpu", "user_dir"}
+
+
+def _generation_settings(argv: list[str]) -> dict:
+    _, args = _parse("fairseq-generate", argv)
+    return {k: v for k, v in vars(args).items() if k not in GENERATION_BOOKKEEPING}
+
+
+def test_readme_generation_and_evaluate_sh_are_the_generation_protocol(blocks, tmp_path):
+    """The README's fairseq-generate line and the one examples/iwslt14/evaluate.sh runs (its
+    --print-command) each parse to the settings of the generation protocol's home
+    (training_recipes.GENERATION, on the same data, checkpoint and subset); the --eval-bleu-args of
+    the README's training line and of train.sh's are the protocol's beam and lengths."""
+    from fourierformer_fairseq.training_recipes import eval_bleu_args, generation_args
+
+    data = "data-bin/iwslt14.tokenized.de-en"
+    home = _generation_settings([data, "--user-dir", "fourierformer_fairseq", "--path", "x.pt", "--gen-subset", "test",
+                                 *generation_args("iwslt14")])
+    (readme,) = [fairseq_argv(c)[1] for c in shell_commands(blocks["iwslt-evaluate"][1]) if fairseq_argv(c)]
+    proc = subprocess.run(["bash", str(ROOT / "examples" / "iwslt14" / "evaluate.sh"), "--print-command", "run"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (printed,) = proc.stdout.strip().splitlines()
+    tool, script_argv = fairseq_argv(printed)
+    assert tool == "fairseq-generate"
+    for what, argv in (("README block iwslt-evaluate", readme), ("examples/iwslt14/evaluate.sh", script_argv)):
+        got = _generation_settings(argv)
+        differ = {k: (got.get(k), home.get(k)) for k in set(got) | set(home) if got.get(k) != home.get(k)}
+        assert not differ, f"{what} generates differently from training_recipes.GENERATION ({what}, home): {differ}"
+
+    (train,) = [fairseq_argv(c)[1] for c in shell_commands(blocks["iwslt-train"][1]) if fairseq_argv(c)]
+    proc = subprocess.run(["bash", str(ROOT / "examples" / "iwslt14" / "train.sh"), "--print-command"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (printed,) = proc.stdout.strip().splitlines()
+    for what, argv in (("README block iwslt-train", train), ("examples/iwslt14/train.sh", fairseq_argv(printed)[1])):
+        _, args = _parse("fairseq-train", argv)
+        assert args.eval_bleu_args == eval_bleu_args("iwslt14"), what
+
+
 # ----------------------------------------------------------------------------- several GPUs and machines
 
 # what may differ between the README's one-GPU training line and a distributed one: the bookkeeping
