@@ -16,7 +16,8 @@ namespace cuda {
 // which has a large part common to all keys of a row (x g(x) = x cot x - 1 <= 0 for every d).
 // An error e_i in Delta_i moves dradius by about p e_i sum_j P_ij T_ij: with O from the
 // forward's float32 scores (errors ~ eps |S|, |S| of order p D) or rounded to float32, that
-// was 8-15x the float32 reference's error at D 128 on an H200. One sweep suffices: dS is linear in Delta, so
+// was several times the float32 reference's error at D 128 on a GPU (the case: docs/kernels.md,
+// "The CUDA kernels"). One sweep suffices: dS is linear in Delta, so
 // the row keeps sum_j p P f dP g(.) and sum_j p P g(.) apart and combines them at the end.
 // For the same reason P is renormalised here: with P_ij = exp(S_ij - lse_i), sum_j P_ij = c_i
 // is 1 only as far as these scores agree with the forward's (both carry errors of order

@@ -25,7 +25,7 @@
 //        dk = -p |R| sum_i dS' g and the keys' share of dradius. The block's slice, first key and
 //        head sit in shared memory and the thread's indices are re-derived from
 //        fresh_thread_index() in each query tile: nothing but the query tile's start is held in
-//        a register across the score code (no spills at 128 registers). Where its grid is small
+//        a register across the score code (so that it fits 128 registers). Where its grid is small
 //        (main_pass_splits), each key tile's features are split over up to kMaxMainSplits blocks.
 //   dq kernel (block of kFwdRows queries): dq = p |R| p.dq_acc and the queries' share of dradius.
 // dradius from dq and dk, without per-element sums: S depends on R_d only through
@@ -38,10 +38,11 @@
 // cancels); s' is floored at kSinFloor in magnitude (at a zero of sinc, where P is 0 anyway). Per
 // element: u, s' (3), x, c', the floor (2), the fraction (fma, mul, a reciprocal and a mul), x^2
 // and the series (3), the select and the two sums (2).
-// Instructions per element, registers and spills of each kernel: docs/kernels.md
-// (benchmarks/cuda_sass_report.py). Threads whose pairs hold no visible one (micro_tile_live) skip
-// dP and g. Every kernel at 128 registers or fewer (launch bounds (256,
-// 2): 16 warps per SM), none spills. dq's sums over key blocks are float atomics, so its last
+// Instructions per element, registers and spills of each kernel: benchmarks/cuda_sass_report.py,
+// its current table in docs/kernels.md and its history in docs/records/speed.md. Threads whose
+// pairs hold no visible one (micro_tile_live) skip dP and g. The launch bounds (256, 2) cap every
+// kernel at 128 registers, two blocks per SM, and the code keeps what lives across the score code
+// small enough not to spill at that cap. dq's sums over key blocks are float atomics, so its last
 // bits depend on their order (as dradius's already did).
 //
 // Head dims: D <= kBwdMaxFeatures and Dv <= kBwdMaxValueColumns; larger ones take the simple
@@ -63,9 +64,9 @@ constexpr int kBwdMaxValueColumns = limits::kCudaTiledBackwardMaxHeadDim;
 // shape, B 32 H 4 N 64, launches 128 blocks on 132 SMs), each key tile's features are split over
 // `splits` blocks, so that up to `resident` blocks run, each with whole chunks of kChunk
 // features: splits = floor(resident / blocks), at most kMaxMainSplits and Dp / kChunk. Only with
-// the score cache: without it every split would compute the scores (8.6 instructions per
-// element over all the features) again. Each split computes dP (Dv / D instructions per element
-// more) for its dS'; the first alone computes dv. max_splits: the launcher's cap
+// the score cache: without it every split would compute the scores over all the features
+// again, the costliest part of the pre-pass. Each split computes dP (work of order Dv per
+// (query, key) pair) for its dS'; the first alone computes dv. max_splits: the launcher's cap
 // (kMaxMainSplits; FOURIERFORMER_GRID_SPLITS on a GPU, 1: none).
 constexpr int kMaxMainSplits = 4;
 FF_HD int main_pass_splits(int64_t blocks, int Dp, int64_t resident, int max_splits) {
@@ -78,8 +79,8 @@ FF_HD int main_pass_splits(int64_t blocks, int Dp, int64_t resident, int max_spl
 // The pre-pass's halves (backward_delta_tiled_kernel<..., kSplit>): 2 where its grid of
 // `blocks` single-half blocks would leave half of the `resident` block slots empty or more (one
 // block per SM at most: 8 warps), the head dim is 64 or more (below, the halves' exchange and
-// the work per (query, key) pair outweigh the features: 18.2 instructions per element against
-// 13.3 at D 16, 10.9 against 9.8 at D 128, N = M = 1024) and the launcher's cap allows splits.
+// the work per (query, key) pair outweigh the features that the halves share, as the report's
+// counts of both instances show: docs/records/speed.md) and the launcher's cap allows splits.
 constexpr int kDeltaSplitMinFeatures = 64;
 FF_HD int delta_pass_split(int64_t blocks, int Dp, int64_t resident, int max_splits) {
   return max_splits >= 2 && Dp >= kDeltaSplitMinFeatures && blocks > 0 && 2 * blocks <= resident ? 2 : 1;
@@ -199,8 +200,8 @@ FF_DEV float softmax_weight(float S2, float high, float low) { return ff_exp2_ap
 // in backward.cuh for why from this pass's own P). Grid: B * H * ceil(N / kFwdRows) blocks of
 // kSplit kFwdThreads threads. kSplit 2 (where the grid leaves the GPU's block slots half empty,
 // delta_pass_split): the forward's two halves, each taking half of every chunk's features, then
-// half of the thread's rows (tile_scores_impl<2>): twice the warps per block, for about 10 %
-// more instructions per element.
+// half of the thread's rows (tile_scores_impl<2>): twice the warps per block, for the halves'
+// exchange of their products on top of the instructions per element.
 // ---------------------------------------------------------------------------------------
 template <typename scalar_t, int kSplit>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)

@@ -170,7 +170,7 @@ FF_DEV float log_near_one(float y) {
 // log(a / b) for a, b in [1, 2) (so a / b in (1/2, 2)): 2 atanh(s), s = (a - b) / (a + b) in
 // (-1/3, 1/3) (a - b exact), as s P(s^2) with P a degree-4 fit of 2 atanh(s) / s on s^2 <= 1/9
 // (relative error 4e-9; in float about 6e-8 absolute, as log_near_one), the quotient to about
-// 2 ulp (div.approx, as the a / b that log_near_one would take): 11 instructions, no branch.
+// 2 ulp (div.approx, as the a / b that log_near_one would take): no branch.
 FF_DEV float log_ratio(float a, float b) {
 #if defined(FF_HOST_EMULATION)
   const float s = (a - b) / (a + b);

@@ -4,29 +4,27 @@
 // A block owns kFwdRows query rows of one (batch, head) slice and sweeps the visible keys in
 // tiles of kFwdKeys (causal: tiles past the block's last visible key are skipped). Blocks of
 // kFwdThreads threads for Dv <= 64; for Dv > 64, 2 kFwdThreads threads whose two halves take half
-// of the features each (forward_split: 16 warps per SM at head dim 128, where a single-half block
-// of 232 registers gave 8: at the IWSLT shape, N = 64 and B H = 128 blocks on 132 SMs, twice the
-// warps in flight), then swap quotients so that each half finishes half of the pairs.
+// of the features each (forward_split: a single-half block needs so many registers at head dim
+// 128 that an SM holds half the warps, and at the IWSLT shape, N = 64 and one block per (batch,
+// head), too few blocks fill the GPU), then swap quotients so that each half finishes half of
+// the pairs.
 // Per key tile (tile_scores_impl):
 //   1. scores: each thread owns kMicro rows x kMicro keys; the features are staged kChunk at a
 //      time (two-half blocks: kChunk / 2 for each half; row fields q c, t_hi, t_lo; key fields k c, X, y_hi, y_lo, see tables.cuh;
 //      one float4 per field and thread where N and M are multiples of 4), and per (row, key,
 //      feature) the element step is
 //          u = q c - k c;  s' = fma(t_hi, X, -y_hi) + fma(t_lo, X, -y_lo);  num *= s';  den *= u
-//      (FADD, 2 FFMA, FADD, 2 FMUL), plus per kRenormEvery = 8 features one renormalisation of
-//      num and den kept in the exponent bits (2 LOP3, 3 IADD3, one LEA.HI per pair) with the
-//      exponent fields watched (FieldWatch: den's and num's smallest, the largest of both, about
-//      2 VIMNMX3 per pair): about 1 per element; den's smallest field is the q = k check, once
-//      per feature group (0 when some u was exactly 0), the others catch a product of 8 factors
-//      that underflowed or overflowed (the rare path then recomputes the thread's pairs); and
-//      per feature 7 float4 loads from shared memory for the 16 pairs (0.44 per element). The
-//      sm_90 SASS of one chunk of 16 features (nvcc 13.0, -O3; compile-time shared-memory
-//      offsets, its 2 groups unrolled; 2026-11-28): 2128 instructions for 256 elements (512
-//      each of FFMA, FMUL and FADD, 125 IADD3, 112 LDS.128, 64 LOP3, 51 LEA, 48 VIMNMX3, 32
-//      VIMNMX, the staging), 8.3 per element, 7.7 without the scalar staging that does not run
-//      where N and M are multiples of 4 (with groups of 4 features and den's minimum alone: 8.9
-//      and 8.3; 9.4 the day before, with an FMNMX per element for the q = k check,
-//      runtime offsets, the exponents shifted per group). Per pair at the end: log |num / den|
+//      (FADD, 2 FFMA, FADD, 2 FMUL: no sin, no cos, no branch), plus per kRenormEvery = 8
+//      features one renormalisation of num and den kept in the exponent bits (integer
+//      operations on the float's bits, no division) with the exponent fields watched
+//      (FieldWatch: den's and num's smallest, the largest of both); den's smallest field is the
+//      q = k check, once per feature group (0 when some u was exactly 0), the others catch a
+//      product of 8 factors that underflowed or overflowed (the rare path then recomputes the
+//      thread's pairs). Per feature, float4 loads from shared memory feed all 16 pairs of the
+//      thread; the shared-memory offsets are compile-time constants and a chunk's groups are
+//      unrolled, so that the loop is the element step and little else. What that costs in the
+//      sm_90 SASS, kernel version by kernel version: docs/records/speed.md (the report,
+//      benchmarks/cuda_sass_report.py). Per pair at the end: log |num / den|
 //      with num and den in [1, 2) (log_ratio: 2 atanh of (num - den) / (num + den), one
 //      division and a degree-4 polynomial, no branch) plus the row and key constants (the key
 //      constants loaded once per key, not per pair), times power log2(e) as a float pair; the
@@ -45,19 +43,14 @@
 //      go to shared memory; 4 threads per row (8 in the two-half blocks) do the online softmax
 //      with ex2.approx (about 2 ulp, as the expf that CUDA builds on it) and out += P V with V
 //      staged as float32, the unnormalised output and the running max and sums kept in shared
-//      memory between key tiles (no register spills in any instance; shared memory per block:
-//      52 KB at Dv <= 16, 69 KB at Dv <= 64, 89 KB at Dv = 128, 153 KB at Dv = 256: where the GPU
-//      allows less per block, 99 KiB on sm_86 and sm_89, the launcher runs the simple forward
-//      for Dv above 128). The block's bh and i0 are read back from shared memory in each key
-//      tile, and dropout is applied in a block-uniform branch after the exponentials.
+//      memory between key tiles, so that no instance needs to spill (shared memory per block:
+//      tiled_forward_smem_floats; where the GPU allows less per block than Dv above 128 needs,
+//      as sm_86 and sm_89, the launcher runs the simple forward there). The block's bh and i0
+//      are read back from shared memory in each key tile, and dropout is applied in a
+//      block-uniform branch after the exponentials.
 //
-// Static SASS reading (benchmarks/cuda_sass_report.py's model, nvcc 13.0, sm_90, N = M = 1024, plain
-// case, dropout hash counted as not run; 2026-11-28): whole forward kernel 12.3 instructions per
-// (query, key, feature) at D = Dv = 16 (15.7 the day before, 21.1 before the rewrite) and 10.6
-// at D = Dv = 128 (11.6, 14.8); the feature-chunk loop with its staging 8.3 and, in the
-// two-half blocks, 9.3 (the scalar staging, not run there, left out), P V 1.39 and 1.34 per
-// value column; registers 128 and 127, no spills, 16 warps per SM at both. Full tiles: threads
-// with no visible pair (micro_tile_live) skip the chunk loop's products.
+// Threads with no visible pair (micro_tile_live) skip the chunk loop's products; the report's
+// counts are for full tiles.
 //
 // The row constant row_log_i (tables.cuh) is large (of order D) and cancels against the
 // exponents of num / den: it is added as fma(e, ln2_high, row_log_high) first, exact in e
@@ -92,8 +85,8 @@ FF_HD int padded_value_columns(int Dv) { return (Dv + 15) / 16 * 16; }
 // The forward with Dv > 64 (forward_tiled_kernel<scalar_t, 64>) splits the features of each
 // chunk between two halves of a block of 2 kFwdThreads threads (twice the warps per SM at the
 // same tile: at head dim 128 and N = 64, as in IWSLT, one block per (batch, head) and SM would
-// otherwise have 8 warps); the second half hands its num / den and exponents over through the
-// chunk region.
+// otherwise leave half of the SM's warp slots empty); the second half hands its num / den and
+// exponents over through the chunk region.
 template <int kO>
 FF_HD constexpr int forward_split() { return kO > 16 ? 2 : 1; }
 FF_HD int forward_threads(int Dv) { return kFwdThreads * (Dv > 64 ? forward_split<32>() : 1); }
@@ -101,8 +94,8 @@ constexpr int kSplitExchangeFloats = (2 * kMicro * kMicro + 2) * kFwdThreads;  /
 
 // Row stride of the forward's V tile: up to Dv = 128, 4 kO, the most value columns of the kernel
 // instance that the launcher runs at Dv (forward_tiled_kernel<scalar_t, kO>, kO = 4, 16, 32 for
-// Dv up to 16, 64, 128): a compile-time stride in the P V loop (a runtime one cost two
-// instructions per key and column group there); above, Dv padded to 16 (kO = 64: a fixed 256
+// Dv up to 16, 64, 128): a compile-time stride in the P V loop (a runtime one costs address
+// arithmetic per key and column group there); above, Dv padded to 16 (kO = 64: a fixed 256
 // would cost shared memory that GPUs with 99 KiB per block do not have).
 FF_HD int forward_value_stride(int Dv) {
   return Dv <= 16 ? 16 : Dv <= 64 ? 64 : Dv <= 128 ? 128 : padded_value_columns(Dv);
@@ -159,9 +152,9 @@ FF_DEV void first_factor_step(float q, float t, float t_low, float k, float X, f
 }
 
 // num and den to their mantissas in [1, 2) (sign kept), expo += exponent(num) - exponent(den),
-// all in the exponent bits (2 LOP3, 3 IADD3 and one LEA.HI per pair), every kRenormEvery = 8
-// features; the fields seen go to the watch (about 2 VIMNMX3 per pair: 1 instruction per element
-// with the renormalisation, 1.6 with 4-feature groups and den's minimum alone).
+// all in the exponent bits (integer operations, no division and no branch), every kRenormEvery
+// = 8 features; the fields seen go to the watch (integer min / max per pair: spread over the 8
+// features of a group, less than the element step itself).
 FF_DEV void renormalise(float& num, float& den, int& expo, FieldWatch& w) {
   const int nb = ff_float_bits(num), db = ff_float_bits(den);
   const int ne = nb & 0x7F800000, de = db & 0x7F800000;

@@ -9,15 +9,14 @@
 //                       constants (float64 sin / cos, once per row and feature).
 //   forward_tiled.cuh   64 queries x 64 keys per step, 4 x 4 register tiles per thread (for
 //                       Dv > 64 two halves of the block split the features): an FMA-only element
-//                       step (6 instructions, ~8.1 per element with the renormalisation in the
-//                       exponent bits, the shared-memory loads and the loop, counted in the SASS
-//                       of the sm_90 build), the rare exact path for |x| < 2^-14, online softmax
+//                       step (no sin, cos or branch; the renormalisation in the exponent bits),
+//                       the rare exact path for |x| < 2^-14, online softmax
 //                       in log2 units (ex2.approx) and P V with 4 (8) threads per row.
 //   backward_tiled.cuh  a pre-pass (Delta and c from its own P), then a key-stationary main pass
 //                       on the same score tiles that computes g(x) once per element from the
-//                       tables and feeds dk, dv and dq (~23 instructions per element with the
-//                       reductions of dq and dk), and a small kernel that writes dq; dradius
-//                       from dq and dk.
+//                       tables and feeds dk, dv and dq, and a small kernel that writes dq;
+//                       dradius from dq and dk. Their instructions per element in the sm_90
+//                       SASS: benchmarks/cuda_sass_report.py (history: docs/records/speed.md).
 //   Head dims above 128 take the simple backward below.
 //
 // Simple path (float64, and the float32 backward for D > 128): every warp owns one row (a

@@ -29,8 +29,7 @@
 // two Newton steps); a query row's constant from the products of the |cos| and of the m = |R| / c
 // (mantissas and exponents of the slots' products combined by slot 0 in slot order, one log per
 // row, where there was one per (row, feature)); |R| split into c and m from the float's bits;
-// 32-bit index divisions below 2^31 rows. sm_90: 48 registers, no spills, 40 warps per SM;
-// about 165 instructions per (row, feature), 300 and 230 (query, key) before. Built once per
+// 32-bit index divisions below 2^31 rows (its counts in the SASS: docs/records/speed.md). Built once per
 // training step (fourier_attention_tables, which the autograd passes to the forward and the
 // backward), or by each op that is given none.
 #pragma once
@@ -74,8 +73,8 @@ FF_DEV float feature_radius(const float* radius, int D, int d, float& c, float& 
 }
 
 // 1 / x in float64 to about 1 ulp, for |x| in [1e-30, 1e30]: the float reciprocal (about 2^-23)
-// and two Newton steps (2^-46, then float64 rounding), 7 instructions where a float64 division
-// takes 20 and a subroutine call.
+// and two Newton steps (2^-46, then float64 rounding): a few instructions inline, where a float64
+// division takes a subroutine call.
 FF_DEV double ff_reciprocal(double x) {
 #if defined(FF_HOST_EMULATION)
   const float r0 = 1.0f / (float)x;

@@ -88,9 +88,8 @@ void launch(Kernel kernel, int64_t blocks, int threads, size_t smem, const Args&
   if (blocks <= 0) return;
   // One OS thread per CUDA thread for the whole launch, running the blocks one after another:
   // after each block every thread meets the block barrier, then thread 0 refills shared memory
-  // with NaN bytes for the next (under the thread sanitizer a thread start costs about 5 ms,
-  // 1.3 s for a block of 256 threads: 8 blocks of 256 threads with one barrier took 10.7 s with
-  // new threads for each block, 0.8 s so).
+  // with NaN bytes for the next (under the thread sanitizer starting a thread is slow enough
+  // that new threads for each block would dominate a launch; the timing: docs/records/speed.md).
   Block block(threads, smem);
   g_block = &block;
   const bool reverse = reverse_block_order();
