@@ -6,6 +6,10 @@ nothing about it. With ``FOURIERFORMER_REQUIRE_FUSED=1`` (``.ci/run`` sets it) t
 stops before any test runs, with the loader's reason, unless the fused CPU backend is built
 and loaded. Without it the header of every run says whether the kernel loaded, and the
 skipped tests are listed with their reasons at the end (``-rfEs`` in pyproject.toml).
+
+The data the tests share: ``translation_data`` (the reversed-letters pair) and ``lm_data`` (the
+learnable Markov text), made and binarised once a session by ``fairseq_helpers``; the tests only
+read them (trainings write to their own ``tmp_path``).
 """
 import os
 
@@ -28,6 +32,26 @@ def pytest_report_header(config):
         return f"fourierformer fused CPU kernel: loaded ({extension_status().build.get('cpu_isa')})"
     return (f"fourierformer fused CPU kernel: NOT loaded ({reason}); the tests that need it are skipped "
             f"(set {REQUIRE_FUSED}=1 to make this an error)")
+
+
+@pytest.fixture(scope="session")
+def translation_data(tmp_path_factory):
+    from fairseq_helpers import create_dummy_data, preprocess_translation_data
+
+    data_dir = str(tmp_path_factory.mktemp("translation_data"))
+    create_dummy_data(data_dir)
+    preprocess_translation_data(data_dir)
+    return data_dir
+
+
+@pytest.fixture(scope="session")
+def lm_data(tmp_path_factory):
+    from fairseq_helpers import create_markov_lm_data, preprocess_lm_data
+
+    data_dir = str(tmp_path_factory.mktemp("lm_data"))
+    create_markov_lm_data(data_dir)
+    preprocess_lm_data(data_dir)
+    return data_dir
 
 
 def pytest_sessionstart(session):

@@ -324,6 +324,13 @@ def random_tokens(d: Dictionary, lengths: List[int], pad_left: bool, generator: 
     return out
 
 
+def eval_model(arch: str = "fourierformer_iwslt_de_en", extra: Sequence[str] = (), seed: int = 0):
+    """A translation model of ``arch`` (TRANSLATION_DIMS, no dropout, seeded), in eval mode."""
+    torch.manual_seed(seed)
+    model, _ = build_model(arch, extra=["--dropout", "0.0", *extra])
+    return model.eval()
+
+
 def eval_translation_batch(arch: str, src_lengths: List[int], prev_lengths: List[int], seed: int = 0,
                            extra: Sequence[str] = ()):
     """A translation model of ``arch`` (seeded, eval mode, TRANSLATION_DIMS), its encoder's output on

@@ -402,14 +402,3 @@ def float64_mismatches(ours, q, k, v, radius, grad_out, **kwargs):
         if not err <= 1e-9 * scale + 1e-300:
             bad.append(f"{name}: error {err:.3e} > 1e-9 x scale {scale:.3e}")
     return bad
-
-
-def relative_error(ours: torch.Tensor, exact: torch.Tensor) -> float:
-    """max |ours - exact| / max |exact| (absolute where exact is all zero); inf for NaN / inf."""
-    ours, exact = ours.detach().double(), exact.detach().double()
-    if ours.numel() == 0:
-        return 0.0
-    if not torch.isfinite(ours).all():
-        return float("inf")
-    scale = exact.abs().max().item()
-    return (ours - exact).abs().max().item() / (scale if scale > 0 else 1.0)

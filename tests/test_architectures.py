@@ -11,21 +11,17 @@ import pytest
 import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.modules.multihead_attention import MultiheadAttention
-from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_helpers import (
     LM_DIMS,
     TRANSLATION_DIMS,
     build_model,
-    create_dummy_data,
-    create_markov_lm_data,
     eval_lm_main,
+    eval_model,
     generate_main,
     hypothesis_scores,
     loading_replaced_by,
     models_as_saved,
-    preprocess_lm_data,
-    preprocess_translation_data,
     random_tokens,
     run_cli,
     token_bleu,
@@ -251,69 +247,6 @@ def test_bad_choice_is_rejected_by_the_parser(capsys):
 # ============================================================================ decoding
 
 
-def eval_model(arch="fourierformer_iwslt_de_en", extra=(), seed=0):
-    torch.manual_seed(seed)
-    model, _ = build_model(arch, extra=["--dropout", "0.0", *extra])
-    return model.eval()
-
-
-@pytest.mark.parametrize("extra", [
-    [],
-    ["--fourier-power", "4", "--fourier-radius-shape", "head"],
-    ["--fourier-radius-shape", "feature", "--fourier-phi", "relu", "--fourier-power", "1"],
-])
-def test_incremental_decoding_equals_full_forward(extra):
-    model = eval_model(extra=extra)
-    d = model.decoder.dictionary
-    g = torch.Generator().manual_seed(0)
-    src = random_tokens(d, [7, 5, 3], pad_left=True, generator=g)
-    prev = random_tokens(d, [6, 6, 6], pad_left=False, generator=g)
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=src.ne(d.pad()).sum(1))
-        full, full_extra = model.decoder(prev, encoder_out=enc)
-        state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state) for t in range(prev.size(1))]
-    incremental = torch.cat([out for out, _ in steps], dim=1)
-    torch.testing.assert_close(incremental, full, rtol=0, atol=1e-5)
-    attn = torch.cat([extra["attn"][0] for _, extra in steps], dim=1)
-    torch.testing.assert_close(attn, full_extra["attn"][0], rtol=0, atol=1e-5)
-
-
-def test_language_model_incremental_equals_full_forward():
-    torch.manual_seed(0)
-    model, _ = build_model("fourierformer_lm_wiki103_small", dims=LM_DIMS, task="language_modeling")
-    model.eval()
-    d = model.decoder.dictionary
-    tokens = random_tokens(d, [9, 9], pad_left=False, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full, _ = model(tokens)
-        state = {}
-        steps = [model(tokens[:, : t + 1], incremental_state=state)[0] for t in range(tokens.size(1))]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
-
-
-def test_beam_search_scores_equal_full_forward_rescoring():
-    """Beam search (incremental cache, beam reordering, beamable encoder attention) scores each
-    hypothesis exactly as a teacher-forced full forward pass does."""
-    model = eval_model()
-    d = model.decoder.dictionary
-    src = random_tokens(d, [6, 4], pad_left=True, generator=torch.Generator().manual_seed(2))
-    model.prepare_for_inference_(type("Cfg", (), {"generation": type("G", (), {"beam": 3})()})())
-    generator = SequenceGenerator([model], d, beam_size=3, max_len_b=8)
-    with torch.no_grad():
-        hypos = generator.forward({"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}})
-        for i, sentence_hypos in enumerate(hypos):
-            for hypo in sentence_hypos:
-                tokens = hypo["tokens"].unsqueeze(0)
-                prev = torch.cat([tokens.new_full((1, 1), d.eos()), tokens[:, :-1]], dim=1)
-                keep = src[i].ne(d.pad())
-                s = src[i][keep].unsqueeze(0)
-                logits, _ = model(s, torch.tensor([s.size(1)]), prev)
-                lprobs = model.get_normalized_probs((logits, None), log_probs=True)
-                expected = lprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).squeeze(0)
-                torch.testing.assert_close(hypo["positional_scores"], expected, rtol=0, atol=1e-4)
-
-
 def test_padded_batch_equals_single_sentences():
     model = eval_model()
     d = model.decoder.dictionary
@@ -345,22 +278,6 @@ def test_training_mode_skips_unrequested_attention_weights():
 
 
 # ============================================================================ command line
-
-
-@pytest.fixture(scope="module")
-def translation_data(tmp_path_factory):
-    data_dir = str(tmp_path_factory.mktemp("translation_data"))
-    create_dummy_data(data_dir)
-    preprocess_translation_data(data_dir)
-    return data_dir
-
-
-@pytest.fixture(scope="module")
-def lm_data(tmp_path_factory):
-    data_dir = str(tmp_path_factory.mktemp("lm_data"))
-    create_markov_lm_data(data_dir)
-    preprocess_lm_data(data_dir)
-    return data_dir
 
 
 # Language models train for a fixed number of updates (about one epoch of the Markov data at 128

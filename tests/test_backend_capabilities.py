@@ -8,6 +8,7 @@ import fourierformer_fairseq.ops as ops
 from fourierformer_fairseq.ops import DECLARATIONS, fourier_attention, select_backend
 from fourierformer_fairseq.ops.extension import extension_status
 from fourierformer_fairseq.ops.inputs import prepare_inputs
+from helpers import random_qkv
 
 LOADED = extension_status().loaded
 needs_extension = pytest.mark.skipif(not LOADED, reason=f"extension: {extension_status().reason}")
@@ -15,10 +16,8 @@ CPU, CUDA = DECLARATIONS["cpu"], DECLARATIONS["cuda"]
 
 
 def inputs(B=1, H=2, N=3, M=4, D=5, Dv=6, dtype=torch.float32, seed=0, **kw):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, N, D, generator=g).to(dtype)
-    k = torch.randn(B, H, M, D, generator=g).to(dtype)
-    v = torch.randn(B, H, M, Dv, generator=g).to(dtype)
+    """q, k, v (drawn in float32, then cast to dtype), the radius 0.9 and the op's keywords kw."""
+    q, k, v = random_qkv(B, H, N, M, D, Dv, seed=seed, to=dtype)
     return q, k, v, torch.tensor(0.9, dtype=dtype), kw
 
 

@@ -35,6 +35,7 @@ if _REASON:
     pytest.skip(_REASON, allow_module_level=True)
 
 from fourierformer_fairseq.ops import fourier_attention, fourier_attention_reference  # noqa: E402
+from helpers import norm_relative_error, random_qkv  # noqa: E402
 
 DEV = torch.device("cuda")
 NAMES = ("out", "dq", "dk", "dv", "dradius")
@@ -94,10 +95,11 @@ def _problem(B, H, N, M, D, Dv, radius_kind, mask_kind, seed, dtype=torch.float3
     def rounded(t, to=dtype):
         return t.to(to).double()
 
+    q, k, v = random_qkv(B, H, N, M, D, Dv, generator=g, dtype=torch.float64, scale=scale)
     base = {
-        "q": rounded(torch.randn(B, H, N, D, generator=g, dtype=torch.float64) * scale),
-        "k": rounded(torch.randn(B, H, M, D, generator=g, dtype=torch.float64) * scale),
-        "v": rounded(torch.randn(B, H, M, Dv, generator=g, dtype=torch.float64)),
+        "q": rounded(q),
+        "k": rounded(k),
+        "v": rounded(v),
         "radius": rounded(_radius(radius_kind, H, D, g), torch.float32),
         "dout": rounded(torch.randn(B, H, N, Dv, generator=g, dtype=torch.float64)),
     }
@@ -118,10 +120,6 @@ def _cuda(q, k, v, radius, **kw):
     return fourier_attention(q, k, v, radius, backend="cuda", **kw)
 
 
-def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
-
-
 def _check(got, same, ref, dtype, what):
     for name, g, s, r in zip(NAMES, got, same, ref):
         assert g.shape == r.shape, f"{what}: {name} shape {tuple(g.shape)} != {tuple(r.shape)}"
@@ -129,7 +127,7 @@ def _check(got, same, ref, dtype, what):
         if r.norm() == 0:
             assert g.abs().max() <= 1e-6, f"{what}: {name} should be zero"
             continue
-        e_kernel, e_same = _rel(g, r), _rel(s, r)
+        e_kernel, e_same = norm_relative_error(g, r), norm_relative_error(s, r)
         fallback = (FALLBACK_DRADIUS if name == "dradius" else FALLBACK)[dtype]
         bound = 2 * e_same + ATOL[dtype] if math.isfinite(e_same) else fallback
         assert e_kernel <= bound, (
@@ -295,18 +293,18 @@ def test_dropout_matches_reference(causal):
     radius = base["radius"].to(DEV, torch.float32)
     key_bias = torch.zeros(B, M, device=DEV).masked_fill(base["key_padding_mask"], float("-inf"))
     out, lse = torch.ops.fourierformer.fourier_attention_forward(q, k, v, radius, 4.0, None, key_bias, causal, p, seed)
-    assert _rel(out.double(), ref[0]) < 1e-5
+    assert norm_relative_error(out.double(), ref[0]) < 1e-5
     dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
         base["dout"].to(DEV, torch.float32), q, k, v, radius, out, lse, 4.0, None, key_bias, causal, p, seed)
     for name, g, r in zip(NAMES[1:], (dq, dk, dv, dradius), ref[1:]):
-        assert _rel(g.double(), r) < 1e-4, name
+        assert norm_relative_error(g.double(), r) < 1e-4, name
     # the public API draws its seed from torch's CPU generator, as the reference does
     torch.manual_seed(77)
     got = _run(_cuda, base, torch.float32, torch.float32, power=4, causal=causal, dropout_p=p)
     torch.manual_seed(77)
     ref = _run(fourier_attention_reference, base, torch.float64, torch.float64, power=4, causal=causal, dropout_p=p)
     for name, g, r in zip(NAMES, got, ref):
-        assert _rel(g, r) < 1e-4, name
+        assert norm_relative_error(g, r) < 1e-4, name
 
 
 def test_float64_op_matches_cpu_backend():
@@ -384,7 +382,7 @@ def test_need_weights_and_their_gradients_match_reference(kind, columns, monkeyp
     got = run(_cuda, torch.float32)
     for name, g, s, r in zip(("weights", "dq", "dk", "dradius"), got, same, ref):
         assert g.shape == r.shape and torch.isfinite(g).all(), name
-        e_kernel, e_same = _rel(g, r), _rel(s, r)
+        e_kernel, e_same = norm_relative_error(g, r), norm_relative_error(s, r)
         bound = 2 * e_same + ATOL[torch.float32]
         assert e_kernel <= bound, f"{kind} columns {columns}: {name}: kernel error {e_kernel:.2e} > {bound:.2e}"
 

@@ -16,6 +16,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fourierformer_fairseq.modules import FourierMultiheadAttention
 from fourierformer_fairseq.ops import backend_unavailable_reason
+from helpers import future_mask, max_relative_error
 
 _reason = backend_unavailable_reason("cuda")
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_reason), reason=f"CUDA kernels: {_reason}")]
@@ -33,17 +34,8 @@ def _pair(**kw):
     return fourier, softmax
 
 
-def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    a, ref = a.detach().double(), ref.detach().double()
-    return ((a - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item()
-
-
-def _future(n):
-    return torch.triu(torch.full((n, n), float("-inf"), device="cuda"), 1)
-
-
 def _run(m, x, causal):
-    return m(x, x, x, attn_mask=_future(x.shape[0]).to(x.dtype) if causal else None)[0]
+    return m(x, x, x, attn_mask=future_mask(x.shape[0], dtype=x.dtype, device=x.device) if causal else None)[0]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -66,7 +58,7 @@ def test_half_precision_parameters_match_float64(dtype, causal):
         assert out.dtype == dt and torch.isfinite(out).all(), name
         out.float().square().mean().backward()
         grads[name] = {n: p.grad for n, p in half.named_parameters()}
-        errs[name] = _rel(out, _run(exact, x.double(), causal))
+        errs[name] = max_relative_error(out, _run(exact, x.double(), causal))
     eps = torch.finfo(dt).eps
     assert errs["fourier"] <= 4 * errs["softmax"] + 4 * eps, errs
     g = grads["fourier"]["radius"]
@@ -88,7 +80,7 @@ def test_autocast_runs_the_fused_op_in_half_and_keeps_the_radius_float32(dtype):
         assert torch.isfinite(out).all(), name
         out.float().square().mean().backward()
         ref = exact if name == "fourier" else copy.deepcopy(softmax).double()
-        errs[name] = _rel(out, _run(ref, x.double(), causal=True))
+        errs[name] = max_relative_error(out, _run(ref, x.double(), causal=True))
     assert errs["fourier"] <= 4 * errs["softmax"] + 4 * torch.finfo(dt).eps, errs
     assert fourier.radius.grad.dtype == torch.float32 and torch.isfinite(fourier.radius.grad).all()
     assert fourier.radius.grad.abs().sum() > 0
@@ -120,7 +112,7 @@ def test_dropout_on_cuda_is_seeded_and_draws_the_cpu_mask():
     def run(module, seed, device):
         torch.manual_seed(seed)
         xi = x.to(device)
-        return module(xi, xi, xi, attn_mask=_future(T).to(device))[0].detach().cpu()
+        return module(xi, xi, xi, attn_mask=future_mask(T).to(device))[0].detach().cpu()
 
     a, b, c = run(gpu, 1, "cuda"), run(gpu, 1, "cuda"), run(gpu, 2, "cuda")
     assert torch.equal(a, b), "the same seed gives the same dropout mask"

@@ -15,8 +15,9 @@ import sys
 import pytest
 import torch
 
-from oracle import additive_mask as oracle_additive_mask  # noqa: E402
-from oracle import (  # noqa: E402
+from helpers import check_against_plain, max_abs_error, random_qkv
+from oracle import additive_mask as oracle_additive_mask
+from oracle import (
     PLAIN_FACTOR,
     oracle_attention,
     oracle_gradient_scales,
@@ -51,25 +52,8 @@ def make_radius(kind, H, D, dtype, value=0.8, seed=0):
     return r.requires_grad_()
 
 
-def make_inputs(B, H, N, M, D, Dv, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, N, D, generator=g, dtype=dtype)
-    k = torch.randn(B, H, M, D, generator=g, dtype=dtype)
-    v = torch.randn(B, H, M, Dv, generator=g, dtype=dtype)
-    return [t.requires_grad_() for t in (q, k, v)]
-
-
 def to64(ts):
     return [t.detach().double().requires_grad_(t.requires_grad) for t in ts]
-
-
-def max_err(a, b):
-    return (a.double() - b.double()).abs().max().item()
-
-
-def check_2x(ours, same_precision, exact, what, atol):
-    err, base = max_err(ours, exact), max_err(same_precision, exact)
-    assert err <= 2 * base + atol, f"{what}: error {err:.3e} > 2 x {base:.3e} + {atol:.1e}"
 
 
 def run_with_grads(fn, tensors, grad_out_seed=1):
@@ -97,7 +81,7 @@ def test_cpu_forward_float32_matches_float64_reference(N, M, D):
     # causal with the scalar and per-feature radii only)
     causal = N <= M and (case // 4) % 2 == 0
     B, H, Dv = 2, 2, 5 if D != 16 else 16
-    q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float32, seed=case)
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=case, requires_grad=True)
     r = make_radius(radius_kind, H, D, torch.float32, value=1.0 / math.sqrt(max(D, 1) / 16))
     kpm = torch.zeros(B, M, dtype=torch.bool)
     if M > 1:
@@ -108,7 +92,7 @@ def test_cpu_forward_float32_matches_float64_reference(N, M, D):
         same = fourier_attention_reference(q, k, v, r, **kwargs)
         exact = oracle_attention(*to64([q, k, v, r]), **kwargs)
     assert torch.isfinite(ours).all()
-    check_2x(ours, same, exact, f"out ({radius_kind}, p={power}, causal={causal})", atol=2e-6)
+    check_against_plain(ours, same, exact, f"out ({radius_kind}, p={power}, causal={causal})", atol=2e-6)
 
 
 GRAD_SIZES = [(7, 7, 16), (97, 97, 16), (7, 97, 59), (97, 7, 1), (1, 256, 16), (256, 256, 16), (33, 40, 128)]
@@ -123,7 +107,7 @@ def test_cpu_gradients_float32_match_float64_reference(N, M, D, radius_kind, mas
     # path whose weights are products and powers of two
     B, H, Dv = 2, 3, 8
     causal = N <= M
-    q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float32, seed=N + M + D)
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=N + M + D, requires_grad=True)
     r = make_radius(radius_kind, H, D, torch.float32, value=2.0 if D <= 16 else 0.7)
     if mask_kind == "additive":
         mask = torch.zeros(N, M)
@@ -137,19 +121,18 @@ def test_cpu_gradients_float32_match_float64_reference(N, M, D, radius_kind, mas
     out, grads = run_with_grads(lambda *t: fourier_attention(*t, backend="cpu", **kwargs), tensors)
     out_s, grads_s = run_with_grads(lambda *t: fourier_attention_reference(*t, **kwargs), tensors)
     out_x, grads_x = run_with_grads(lambda *t: fourier_attention_reference(*t, **kwargs), to64(tensors))
-    check_2x(out, out_s, out_x, "out", atol=2e-6)
+    check_against_plain(out, out_s, out_x, "out", atol=2e-6)
     for name, g, gs, gx in zip("qkv", grads, grads_s, grads_x):
         assert g.shape == gx.shape and g.dtype == torch.float32
         scale = max(1.0, gx.abs().max().item())
-        check_2x(g, gs, gx, f"grad {name}", atol=2e-5 * scale)
+        check_against_plain(g, gs, gx, f"grad {name}", atol=2e-5 * scale)
     # the scalar radius's gradient is one sum over all B H N M D terms of both signs (0.35 out of
     # terms of order 1 at 7 x 97 x 59): its float32 error depends on the summation order, which
     # differs between the kernel variants and the plain implementation (measured 2026-11-27: the
     # avx2 variant 2.0e-4, avx512 8.7e-5, generic 7.6e-5, plain 8.2e-5), so it gets the oracle's
     # factor for reductions (PLAIN_FACTOR, as in the fuzz) rather than 2
     g, gs, gx = grads[3], grads_s[3], grads_x[3]
-    err, base = max_err(g, gx), max_err(gs, gx)
-    assert err <= PLAIN_FACTOR * base + 2e-5 * max(1.0, gx.abs().max().item()), (err, base)
+    check_against_plain(g, gs, gx, "grad radius", atol=2e-5 * max(1.0, gx.abs().max().item()), factor=PLAIN_FACTOR)
 
 
 @needs_cpu_kernel
@@ -157,7 +140,7 @@ def test_cpu_gradients_float32_match_float64_reference(N, M, D, radius_kind, mas
 @pytest.mark.parametrize("radius_kind", RADIUS_SHAPES)
 def test_cpu_float64_equals_reference_and_passes_gradcheck(causal, radius_kind):
     B, H, N, M, D, Dv = 2, 2, 5, 7, 3, 4
-    q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float64, seed=3)
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float64, seed=3, requires_grad=True)
     r = make_radius(radius_kind, H, D, torch.float64)
     kpm = torch.zeros(B, M, dtype=torch.bool)
     kpm[0, 0] = True
@@ -170,7 +153,7 @@ def test_cpu_float64_equals_reference_and_passes_gradcheck(causal, radius_kind):
 
 def test_reference_passes_gradcheck_for_every_phi():
     B, H, N, M, D = 1, 2, 3, 4, 2
-    q, k, v = make_inputs(B, H, N, M, D, 3, torch.float64, seed=5)
+    q, k, v = random_qkv(B, H, N, M, D, 3, dtype=torch.float64, seed=5, requires_grad=True)
     r = make_radius("head", H, D, torch.float64)
     for phi, power in (("power", 4), ("power", 3), ("abs", 1), ("relu", 1), ("sigmoid", 1)):
         fn = lambda *t: fourier_attention_reference(*t, phi=phi, power=power)  # noqa: E731
@@ -181,7 +164,7 @@ def test_reference_passes_gradcheck_for_every_phi():
 def test_opcheck_forward_op():
     B, H, N, M, D, Dv = 2, 2, 5, 6, 4, 3
     for dtype in (torch.float32, torch.float64):
-        q, k, v = make_inputs(B, H, N, M, D, Dv, dtype)
+        q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=dtype, requires_grad=True)
         r = torch.full((H, D), 1.3, dtype=dtype, requires_grad=True)
         mask = torch.zeros(1, H, N, M, dtype=dtype)
         mask[..., 1] = float("-inf")
@@ -221,7 +204,7 @@ def test_op_autograd_reads_its_optional_arguments_by_name():
 
 @needs_cpu_kernel
 def test_torch_compile_runs_the_fused_op():
-    q, k, v = make_inputs(2, 2, 9, 9, 16, 16, torch.float32)
+    q, k, v = random_qkv(2, 2, 9, 9, 16, 16, dtype=torch.float32, requires_grad=True)
     r = torch.tensor(2.0, requires_grad=True)
     compiled = torch.compile(lambda *t: fourier_attention(*t, causal=True, backend="cpu"), backend="aot_eager", fullgraph=True)
     out = compiled(q, k, v, r)
@@ -275,7 +258,7 @@ def test_cpu_every_power_radius_shape_and_mask(power, radius_kind, mask_kind):
     # oracle. N = 19 and M = 37 leave a remainder in every row group and lane width; Dv = 37
     # leaves a tail after two 16-column chunks.
     B, H, N, M, D, Dv = 2, 2, 19, 37, 16, 37
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=power * 10 + len(radius_kind)))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=power * 10 + len(radius_kind))
     r = make_radius(radius_kind, H, D, torch.float32, value=1.5).detach()
     grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(3))
     assert_matches_oracle(q, k, v, r, grad_out, f"{radius_kind} {mask_kind}", power=power,
@@ -290,7 +273,7 @@ def test_cpu_powers_of_8_and_more(power, radius_kind, mask_kind):
     # the kernels take every even p (sinc^p by repeated squaring, p log|sinc| in the log domain):
     # p >= 8, forward and the four gradients against the oracle
     B, H, N, M, D, Dv = 2, 2, 19, 37, 16, 5
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=power + len(radius_kind)))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=power + len(radius_kind))
     r = make_radius(radius_kind, H, D, torch.float32, value=1.0).detach()
     grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(power))
     assert_matches_oracle(q, k, v, r, grad_out, f"{radius_kind} {mask_kind}", power=power,
@@ -305,7 +288,7 @@ def test_cpu_finite_additive_masks_per_batch_and_head(form):
     # causality on top; forward and gradients against the oracle, which reads the same mask
     B, H, N, M, D, Dv = 2, 3, 9, 21, 16, 4
     g = torch.Generator().manual_seed(len(form))
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=len(form)))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=len(form))
     r = make_radius("head", H, D, torch.float32, value=1.5).detach()
     shape = {"BH_N_M": (B * H, N, M), "B_H_N_M": (B, H, N, M), "B_1_N_M": (B, 1, N, M), "1_H_N_M": (1, H, N, M)}[form]
     mask = torch.randn(shape, generator=g) * 3
@@ -325,7 +308,7 @@ def test_cpu_finite_additive_masks_per_batch_and_head(form):
 @pytest.mark.parametrize("D", [64, 128])
 def test_cpu_head_dims_64_and_128(power, D):
     B, H, N, M, Dv = 1, 2, 9, 33, 16
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=D + power))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=D + power)
     q = q * 0.5
     k = torch.cat([k[:, :, :-2] * 0.5, q[:, :, :2]], 2)  # two keys duplicate queries
     r = torch.tensor(1.0 / math.sqrt(D / 16))
@@ -404,7 +387,7 @@ def test_cpu_non_contiguous_inputs_equal_contiguous():
 @needs_cpu_kernel
 def test_cpu_results_do_not_depend_on_the_thread_count():
     B, H, N, M, D, Dv = 3, 4, 17, 29, 16, 8
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=12))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=12)
     r = make_radius("head_feature", H, D, torch.float32).detach()
     grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(6))
     before = torch.get_num_threads()
@@ -423,7 +406,7 @@ def test_cpu_results_do_not_depend_on_the_thread_count():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cpu_half_inputs_are_refused_clearly_and_auto_runs_the_reference(dtype):
     B, H, N, M, D, Dv = 1, 2, 5, 7, 8, 3
-    q, k, v = (t.detach().to(dtype) for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=8))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=8, to=dtype)
     r = torch.tensor(1.0, dtype=dtype)
     with pytest.raises(ValueError, match="the cpu kernel takes torch.float32, torch.float64"):
         fourier_attention(q, k, v, r, backend="cpu")
@@ -450,7 +433,7 @@ def test_bool_masks_equal_float_inf_masks(causal, dropout_p):
     results = {}
     for backend in ("cpu", "reference"):
         for kind, mask in (("bool", blocked), ("float", additive)):
-            q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float32, seed=22)
+            q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=22, requires_grad=True)
             r = make_radius("head", H, D, torch.float32)
             torch.manual_seed(5)  # the dropout mask
             out = fourier_attention(q, k, v, r, attn_mask=mask, key_padding_mask=padding, causal=causal,
@@ -469,7 +452,7 @@ def test_bool_masks_equal_float_inf_masks(causal, dropout_p):
 def test_the_op_takes_float_and_bool_key_bias():
     """The op's key_bias: an additive float (B, M) mask as before (finite values too), or bool."""
     B, H, N, M, D, Dv = 2, 2, 5, 7, 4, 3
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=24))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=24)
     radius = torch.full((H, D), 0.9)
     padding = torch.zeros(B, M, dtype=torch.bool)
     padding[0, 5:] = True
@@ -487,7 +470,7 @@ def test_the_op_takes_float_and_bool_key_bias():
 def test_opcheck_backward_op():
     B, H, N, M, D, Dv = 2, 2, 5, 6, 4, 3
     for dtype in (torch.float32, torch.float64):
-        q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, dtype, seed=1))
+        q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=dtype, seed=1)
         r = torch.full((H, D), 1.3, dtype=dtype)
         mask = torch.zeros(1, H, N, M, dtype=dtype)
         mask[..., 1] = float("-inf")
@@ -508,7 +491,7 @@ def test_tables_op_and_argument_on_cpu(monkeypatch):
     results as without, through the op's autograd too) and refuse tables of another size, dtype
     or device with a message that says what they must be."""
     B, H, N, M, D, Dv = 2, 2, 5, 6, 4, 3
-    q, k, v = make_inputs(B, H, N, M, D, Dv, torch.float32, seed=6)
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=6, requires_grad=True)
     r = torch.full((H, D), 1.1, requires_grad=True)
     tables_op = torch.ops.fourierformer.fourier_attention_tables
     tables = tables_op(q, k, r)
@@ -630,7 +613,7 @@ def test_cpu_weights_against_the_first_visible_block_match_the_reference(padding
         same = fourier_attention_reference(q, k, v, r, key_padding_mask=kpm)
         exact = oracle_attention(*to64([q, k, v, r]), key_padding_mask=kpm)
     assert torch.isfinite(ours).all()
-    check_2x(ours, same, exact, "out", atol=2e-6)
+    check_against_plain(ours, same, exact, "out", atol=2e-6)
 
 
 @pytest.mark.parametrize("backend", backends_here())
@@ -672,7 +655,7 @@ def test_a_key_just_off_a_sinc_zero_keeps_its_tiny_weight(backend):
         same = plain_attention(q, k, v, r, power=4)  # (not the reference: one backend here is the reference)
         exact = oracle_attention(*to64([q, k, v, r]), power=4)
     assert exact[0, 0, 0, 0] > 0.99
-    check_2x(ours, same, exact, "out", atol=1e-6)
+    check_against_plain(ours, same, exact, "out", atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", backends_here())
@@ -698,7 +681,7 @@ def test_keys_at_the_floor_in_some_rows_match_the_reference(backend, causal):
         same = plain_attention(q, k, v, r, power=4, causal=causal)  # (not the reference, as above)
         exact = oracle_attention(*to64([q, k, v, r]), power=4, causal=causal)
     assert torch.isfinite(ours).all()
-    check_2x(ours, same, exact, "out", atol=2e-6)
+    check_against_plain(ours, same, exact, "out", atol=2e-6)
 
 
 def published_fourier_attention(q, k, v, r, p):
@@ -711,7 +694,7 @@ def published_fourier_attention(q, k, v, r, p):
 @pytest.mark.parametrize("backend", backends_here())
 def test_no_underflow_at_head_dim_128(backend):
     B, H, N, D = 1, 2, 16, 128
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, N, D, 8, torch.float32, seed=9))
+    q, k, v = random_qkv(B, H, N, N, D, 8, dtype=torch.float32, seed=9)
     r = torch.tensor(1.0)
     published = published_fourier_attention(q, k, v, r, 4)
     assert published.abs().max() < 1e-3, "the linear-domain product should underflow here"
@@ -724,7 +707,7 @@ def test_no_underflow_at_head_dim_128(backend):
 @pytest.mark.parametrize("backend", backends_here())
 def test_fully_masked_rows_give_zero_output_and_gradient(backend):
     B, H, N, M, D = 2, 2, 4, 6, 8
-    q, k, v = make_inputs(B, H, N, M, D, 3, torch.float32)
+    q, k, v = random_qkv(B, H, N, M, D, 3, dtype=torch.float32, requires_grad=True)
     r = torch.tensor(1.0, requires_grad=True)
     mask = torch.zeros(N, M)
     mask[1] = float("-inf")
@@ -742,7 +725,7 @@ def test_fully_masked_rows_give_zero_output_and_gradient(backend):
 @pytest.mark.parametrize("backend", backends_here())
 def test_mask_forms_agree(backend):
     B, H, N, M, D = 2, 3, 5, 7, 4
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, 3, torch.float32))
+    q, k, v = random_qkv(B, H, N, M, D, 3, dtype=torch.float32)
     r = torch.tensor(1.2)
     causal = torch.full((N, M), float("-inf")).triu(M - N + 1)
     outs = [
@@ -779,7 +762,7 @@ def test_dropout_mask_weights_and_gradients_against_the_oracle(dtype, causal, ba
     from fourierformer_fairseq.ops.reference import draw_seed
 
     B, H, N, M, D, p = 2, 2, 6, 40, 8, 0.3
-    q, k, v = make_inputs(B, H, N, M, D, 4, dtype)
+    q, k, v = random_qkv(B, H, N, M, D, 4, dtype=dtype, requires_grad=True)
     r = torch.tensor(0.5, dtype=dtype, requires_grad=True)
     torch.manual_seed(123)
     out, weights = fourier_attention(q, k, v, r, dropout_p=p, need_weights=True, causal=causal, backend=backend)
@@ -802,7 +785,7 @@ def test_dropout_mask_weights_and_gradients_against_the_oracle(dtype, causal, ba
     scales = [1.0] + [s / (1 - p) for s in oracle_gradient_scales(q, k, v, r, torch.ones(B, H, N, 4), power=4,
                                                                   causal=causal)]
     for name, a, x, pl, scale in zip(("weights", "out", "dq", "dk", "dv", "dradius"), ours, exact, plain, scales):
-        err, perr = max_err(a, x), max_err(pl, x)
+        err, perr = max_abs_error(a, x), max_abs_error(pl, x)
         bound = 4 * perr + 16 * EPS32 * scale if dtype == torch.float32 else 1e-9 * scale
         assert err <= bound, f"{backend} {dtype} causal={causal} {name}: error {err:.3e} > {bound:.3e} (plain {perr:.3e})"
     torch.testing.assert_close(out.detach().double(), weights.double() @ v.detach().double(), rtol=1e-5, atol=1e-5)
@@ -819,7 +802,7 @@ def test_need_weights_against_the_oracle(backend, mask_kind):
 
     B, H, N, M, D, Dv = 2, 2, 7, 37, 16, 5
     g = torch.Generator().manual_seed(41)
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=41))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=41)
     r = make_radius("head", H, D, torch.float32, value=1.5).detach()
     kwargs = {}
     if mask_kind == "additive":
@@ -842,11 +825,11 @@ def test_need_weights_against_the_oracle(backend, mask_kind):
     exact = oracle_weights(q, k, r, power=4, **kwargs)
     plain = plain_weights(q, k, r, power=4, **kwargs)
     assert weights.shape == (B, H, N, M) and weights.dtype == torch.float32
-    err, perr = max_err(weights, exact), max_err(plain, exact)
+    err, perr = max_abs_error(weights, exact), max_abs_error(plain, exact)
     assert err <= 4 * perr + 16 * EPS32, f"{backend} {mask_kind}: error {err:.3e} > 4 x plain {perr:.3e} + 16 eps"
     assert (weights[exact.sum(-1) == 0] == 0).all()
     # the output is these weights times v, to the rounding of a float32 sum of M terms
-    err = max_err(out, weights.double() @ v.double())
+    err = max_abs_error(out, weights.double() @ v.double())
     assert err <= M * EPS32 * v.abs().max().item(), f"{backend} {mask_kind}: out - weights v: {err:.3e}"
 
 
@@ -867,7 +850,7 @@ def test_need_weights_in_column_chunks_and_their_gradients(kind, columns, monkey
 
     monkeypatch.setattr(fused, "WEIGHTS_COLUMNS", columns)
     B, H, N, M, D = 2, 2, 7, 37, 16
-    q, k, _ = (t.detach() for t in make_inputs(B, H, N, M, D, 1, torch.float32, seed=43))
+    q, k, _ = random_qkv(B, H, N, M, D, 1, dtype=torch.float32, seed=43)
     r = make_radius("head_feature", H, D, torch.float32, value=1.5, seed=43).detach()
     G = torch.randn(B, H, N, M, generator=torch.Generator().manual_seed(44))
     kwargs = dict(power=4)
@@ -906,7 +889,7 @@ def test_need_weights_are_the_weights_after_dropout_in_every_op(op):
     if op == "fourier_cpu" and not CPU_FUSED:
         pytest.skip(f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
     B, H, N, M, D, Dv, p = 2, 2, 6, 11, 8, 3, 0.4
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=8))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=8)
     r = torch.tensor(0.7)
     if op == "gaussian":
         def fn(**kw):
@@ -928,7 +911,7 @@ def test_need_weights_are_the_weights_after_dropout_in_every_op(op):
 
 
 def test_odd_power_and_other_phis_run_on_the_reference_only():
-    q, k, v = make_inputs(1, 2, 3, 5, 4, 2, torch.float64)
+    q, k, v = random_qkv(1, 2, 3, 5, 4, 2, dtype=torch.float64, requires_grad=True)
     r = torch.tensor(0.9, dtype=torch.float64)
     x = r * (q.unsqueeze(-2) - k.unsqueeze(-3))
     sinc = torch.sin(x) / x
@@ -949,7 +932,7 @@ def test_odd_power_and_other_phis_run_on_the_reference_only():
 
 
 def test_bad_inputs_raise_clear_errors():
-    q, k, v = (t.detach() for t in make_inputs(2, 2, 3, 4, 5, 6, torch.float32))
+    q, k, v = random_qkv(2, 2, 3, 4, 5, 6, dtype=torch.float32)
     r = torch.tensor(1.0)
     cases = [
         (dict(q=q[0]), ValueError, "q must be 4-D"),
@@ -1179,7 +1162,7 @@ def radius_backends():
 def test_negative_zero_and_tiny_radius_against_the_oracle(radius_kind, value_kind, backend, dtype):
     B, H, N, M, D, Dv = 2, 2, 5, 9, 8, 3
     seed = RADIUS_SHAPES.index(radius_kind) * 10 + RADIUS_VALUES.index(value_kind)
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=seed))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=seed)
     r = signed_radius(radius_kind, value_kind, H, D, seed)
     grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(seed + 1))
     kwargs = dict(power=4, causal=True) if seed % 2 else dict(power=2, key_padding_mask=torch.arange(M).expand(B, M) >= M - 2)
@@ -1204,7 +1187,7 @@ def test_zero_radius_gives_the_mean_of_the_visible_values_and_is_stationary(back
     # the mean of the visible values, dv_j = sum_i dO_i / (visible keys of i), and dq, dk and
     # dradius are exactly 0 (sinc is even in R: R = 0 is a stationary point)
     B, H, N, M, D, Dv = 2, 2, 6, 11, 16, 4
-    q, k, v = (t.detach().to(dtype) for t in make_inputs(B, H, N, M, D, Dv, torch.float32, seed=31))
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=31, to=dtype)
     kpm = torch.zeros(B, M, dtype=torch.bool)
     kpm[1, :3] = True
     grad_out = torch.randn(B, H, N, Dv, generator=torch.Generator().manual_seed(32), dtype=torch.float64).to(dtype)
@@ -1237,7 +1220,7 @@ def test_fused_need_weights_come_from_the_kernel(monkeypatch):
     for module, name in ((ops, "attention_weights"), (reference, "attention_weights"), (reference, "log_weights")):
         monkeypatch.setattr(module, name, refuse)
     B, H, N, M, D = 1, 2, 4, 6, 8
-    q, k, v = (t.detach() for t in make_inputs(B, H, N, M, D, 3, torch.float32, seed=43))
+    q, k, v = random_qkv(B, H, N, M, D, 3, dtype=torch.float32, seed=43)
     out, weights = fourier_attention(q, k, v, torch.tensor(1.1), causal=True, need_weights=True, backend="cpu")
     assert weights.shape == (B, H, N, M)
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, N))

@@ -1,20 +1,23 @@
-"""FourierMultiheadAttention: the MultiheadAttention contract, caching, masking, radius, errors.
+"""FourierMultiheadAttention: caching, masking, radius, dropout, errors. The contract it shares with
+the other attention kinds (fairseq's MultiheadAttention interface, incremental decoding, beam
+search, reordering) is tested over every kind in tests/test_attention_kinds.py.
 
 Values are checked against an independent float64 computation: the module's own parameters
 applied with ``torch.nn.functional.linear`` in float64, and ``tests/oracle.py`` (written from
 the formula, importing nothing from the package) for the attention. Tolerance rule: the
 module's error against that float64 computation is at most twice the error of the same
-computation run plainly in float32 (``oracle.plain_attention``), plus a stated absolute slack.
+computation run plainly in float32 (``oracle.plain_attention``), plus a stated absolute slack
+(``helpers.check_against_plain``).
 """
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fourierformer_fairseq.modules import FourierMultiheadAttention
-from oracle import oracle_attention, oracle_weights, plain_attention
+from helpers import check_against_plain, future_mask, max_abs_error, split_heads
+from oracle import oracle_attention, oracle_weights, plain_attention, plain_weights
 
 E, H = 16, 4
 D = E // H
@@ -25,11 +28,6 @@ def make(**kw):
     kw.setdefault("power", 2)
     kw.setdefault("radius_init", 0.7)
     return FourierMultiheadAttention(E, H, **kw).eval()
-
-
-def split_heads(x):  # (T, B, E) -> (B, H, T, D)
-    T, B, _ = x.shape
-    return x.view(T, B, H, D).permute(1, 2, 0, 3)
 
 
 def independent_forward(m, x, attention, dtype, radius=None, source=None, **kwargs):
@@ -46,7 +44,7 @@ def independent_forward(m, x, attention, dtype, radius=None, source=None, **kwar
         return F.linear(t.to(dtype), P[name + ".weight"], P[name + ".bias"])
 
     src = x if source is None else source
-    q, k, v = (split_heads(proj("q_proj", x)), split_heads(proj("k_proj", src)), split_heads(proj("v_proj", src)))
+    q, k, v = (split_heads(proj(name, t), H) for name, t in (("q_proj", x), ("k_proj", src), ("v_proj", src)))
     if getattr(m, "qk_norm", "none") == "rms":
         q, k = (t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) for t in (q, k))
     r = P["radius"] if radius is None else radius
@@ -56,44 +54,13 @@ def independent_forward(m, x, attention, dtype, radius=None, source=None, **kwar
     return proj("out_proj", out.permute(2, 0, 1, 3).reshape(T, B, E)), extra
 
 
-def err(a, b):
-    return (a.detach().double() - b.detach().double()).abs().max().item()
-
-
-def check_2x(ours, plain, exact, what, atol):
-    """ours is within 2x the plain float32 computation's error of the float64 one, plus atol."""
-    e, base = err(ours, exact), err(plain, exact)
-    assert e <= 2 * base + atol, f"{what}: error {e:.3e} > 2 x {base:.3e} + {atol:.1e}"
-
-
 def oracle_with_weights(q, k, v, radius, **kw):
     return oracle_attention(q, k, v, radius, **kw), oracle_weights(q, k, radius, **kw)
 
 
-def plain_weights(q, k, radius, power, key_padding_mask=None):
-    """softmax_j(p sum_d log|sin x / x|), x = R (q - k), in q's dtype, written plainly (no oracle series)."""
-    B, Hq, N, Dq = q.shape
-    R = radius.to(q.dtype).expand(Hq, Dq).reshape(1, Hq, 1, 1, Dq)
-    x = R * (q.unsqueeze(3) - k.unsqueeze(2))
-    safe = torch.where(x == 0, torch.ones_like(x), x)
-    s = torch.where(x == 0, torch.ones_like(x), torch.sin(safe) / safe)
-    S = power * torch.log(s.abs()).sum(-1)
-    if key_padding_mask is not None:
-        S = S.masked_fill(key_padding_mask.reshape(B, 1, 1, -1), float("-inf"))
-    return torch.softmax(S, -1)
-
-
 def plain_with_weights(q, k, v, radius, power, key_padding_mask=None):
     return (plain_attention(q, k, v, radius, power=power, key_padding_mask=key_padding_mask),
-            plain_weights(q, k, radius, power, key_padding_mask))
-
-
-def test_a_multihead_attention():
-    m = FourierMultiheadAttention(E, H, self_attention=True, power=4)
-    assert isinstance(m, MultiheadAttention) and m.power == 4
-    # same parameter names as the stock module, plus the radius
-    stock = MultiheadAttention(E, H, self_attention=True)
-    assert set(dict(m.named_parameters())) == set(dict(stock.named_parameters())) | {"radius"}
+            plain_weights(q, k, radius, power=power, key_padding_mask=key_padding_mask))
 
 
 @pytest.mark.parametrize("radius_shape", ["scalar", "head", "feature"])
@@ -114,36 +81,14 @@ def test_output_and_weights_match_the_float64_oracle(radius_shape):
         plain, plain_w = independent_forward(m, x, plain_with_weights, torch.float32, key_padding_mask=kpm)
     exact_w, plain_w = exact_w.transpose(0, 1), plain_w.transpose(0, 1)  # (heads, batch, tgt, src), as returned
     # outputs and weights are O(1): 1e-6 absolute slack on top of the plain float32 error
-    check_2x(out, plain, exact, f"output ({radius_shape} radius)", atol=1e-6)
-    check_2x(w, plain_w, exact_w, f"weights ({radius_shape} radius)", atol=1e-6)
+    check_against_plain(out, plain, exact, f"output ({radius_shape} radius)", atol=1e-6)
+    check_against_plain(w, plain_w, exact_w, f"weights ({radius_shape} radius)", atol=1e-6)
     assert torch.all(w[:, 1, :, 3:] == 0) and torch.all(w[:, 2, :, 4:] == 0), "padded keys get exactly zero weight"
     # the returned weights are the ones the output was computed with
-    v = split_heads(F.linear(x.double(), m.v_proj.weight.double(), m.v_proj.bias.double()))
+    v = split_heads(F.linear(x.double(), m.v_proj.weight.double(), m.v_proj.bias.double()), H)
     heads = torch.matmul(w.transpose(0, 1).double(), v).permute(2, 0, 1, 3).reshape(5, 3, E)
     from_weights = F.linear(heads, m.out_proj.weight.double(), m.out_proj.bias.double())
-    assert err(out, from_weights) <= 2 * err(plain, exact) + 1e-5
-
-
-def test_output_and_weight_shapes_match_stock_contract():
-    stock = MultiheadAttention(E, H, self_attention=True).eval()
-    # stock's shortcut through F.multi_head_attention_forward ignores need_head_weights; its own
-    # path (taken with incremental_state / static_kv, as in the decoder) has the documented shapes
-    stock._set_skip_embed_dim_check()
-    m = make(self_attention=True)
-    x = torch.randn(6, 2, E)
-    for kwargs in ({"need_weights": False}, {"need_weights": True}, {"need_head_weights": True}):
-        a, aw = stock(x, x, x, **kwargs)
-        b, bw = m(x, x, x, **kwargs)
-        assert a.shape == b.shape
-        assert (aw is None) == (bw is None)
-        if aw is not None:
-            assert aw.shape == bw.shape
-    # encoder-decoder attention with different kdim
-    cross = make(kdim=12, vdim=12, encoder_decoder_attention=True)
-    enc = torch.randn(7, 2, 12)
-    out, w = cross(x, enc, enc)
-    assert out.shape == (6, 2, E) and w.shape == (2, 6, 7)
-    torch.testing.assert_close(w.sum(-1), torch.ones(2, 6))
+    assert max_abs_error(out, from_weights) <= 2 * max_abs_error(plain, exact) + 1e-5
 
 
 def test_padded_keys_get_zero_weight_and_batch_equals_single_sentences():
@@ -179,7 +124,7 @@ def test_causal_module_runs_causal_and_equals_the_future_masked_path(monkeypatch
     masked = make(self_attention=True).train()
     masked.load_state_dict(causal.state_dict())
     T = 7
-    future = torch.triu(torch.full((T, T), float("-inf")), 1)
+    future = future_mask(T)
     x = torch.randn(T, 3, E, requires_grad=True)
     for mask in (future, torch.isinf(future)):
         outs, grads = [], []
@@ -211,7 +156,7 @@ def test_a_causal_module_applies_a_given_mask_as_a_mask():
     plain = make(self_attention=True)
     T = 6
     x = torch.randn(T, 2, E)
-    future = torch.triu(torch.full((T, T), float("-inf")), 1)
+    future = future_mask(T)
     g = torch.Generator().manual_seed(3)
     extra = torch.randn(T, T, generator=g)
     a, _ = causal(x, x, x, attn_mask=extra)
@@ -229,7 +174,7 @@ def test_incremental_self_attention_equals_full(add_zero_attn, causal_flag):
     m = make(self_attention=True, add_zero_attn=add_zero_attn, causal=causal_flag)
     T = 6
     x = torch.randn(T, 2, E)
-    future = torch.triu(torch.full((T, T), float("-inf")), 1)
+    future = future_mask(T)
     full, _ = m(x, x, x, attn_mask=None if causal_flag else future)
     state = {}
     steps = [m(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state)[0] for t in range(T)]
@@ -326,8 +271,8 @@ def test_radius_and_input_gradients_match_the_float64_oracle(radius_shape, shape
     (exact_x, exact_r), (plain_x, plain_r) = grads["exact"], grads["plain"]
     assert m.radius.grad.shape == shape and exact_r.abs().max() > 1e-2  # a gradient worth checking
     scale = exact_r.abs().max().item()
-    check_2x(m.radius.grad, plain_r, exact_r, "radius gradient", atol=1e-5 * scale)
-    check_2x(x.grad, plain_x, exact_x, "input gradient", atol=1e-5 * exact_x.abs().max().item())
+    check_against_plain(m.radius.grad, plain_r, exact_r, "radius gradient", atol=1e-5 * scale)
+    check_against_plain(x.grad, plain_x, exact_x, "input gradient", atol=1e-5 * exact_x.abs().max().item())
     before = m.radius.detach().clone()
     torch.optim.SGD(m.parameters(), lr=0.1).step()
     torch.testing.assert_close(m.radius.detach(), before - 0.1 * m.radius.grad, rtol=0, atol=1e-7)
@@ -360,8 +305,8 @@ def test_every_phi_matches_the_formula_forward_and_backward(phi, power):
         o, _ = independent_forward(m, xx, lambda q, k, v, r, power: direct_attention(q, k, v, r, power, phi), dtype)
         results[dtype] = (o, torch.autograd.grad((o * grad_out.to(dtype)).sum(), xx)[0])
     (exact, exact_g), (plain, plain_g) = results[torch.float64], results[torch.float32]
-    check_2x(out, plain, exact, f"output ({phi}, p={power})", atol=1e-6)
-    check_2x(x.grad, plain_g, exact_g, f"input gradient ({phi}, p={power})", atol=1e-5 * exact_g.abs().max().item())
+    check_against_plain(out, plain, exact, f"output ({phi}, p={power})", atol=1e-6)
+    check_against_plain(x.grad, plain_g, exact_g, f"input gradient ({phi}, p={power})", atol=1e-5 * exact_g.abs().max().item())
 
 
 def test_dropout_weights_and_output_match_an_independent_computation():
@@ -383,10 +328,10 @@ def test_dropout_weights_and_output_match_an_independent_computation():
     # n = H*B*T*T = 12800 Bernoulli(p) draws: standard deviation of the fraction 0.004; allow 5 of them
     fraction = dropped.double().mean().item()
     assert abs(fraction - p) < 5 * math.sqrt(p * (1 - p) / dropped.numel()), fraction
-    v = split_heads(F.linear(x.double(), m.v_proj.weight.double(), m.v_proj.bias.double()))
+    v = split_heads(F.linear(x.double(), m.v_proj.weight.double(), m.v_proj.bias.double()), H)
     heads = torch.matmul(w.transpose(0, 1).double(), v).permute(2, 0, 1, 3).reshape(T, B, E)
     from_weights = F.linear(heads, m.out_proj.weight.double(), m.out_proj.bias.double())
-    assert err(out, from_weights) < 1e-5, "the fused output uses the returned (dropped) weights"
+    assert max_abs_error(out, from_weights) < 1e-5, "the fused output uses the returned (dropped) weights"
     torch.manual_seed(12)
     with torch.no_grad():
         _, w2 = m(x, x, x, need_head_weights=True)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from fourierformer_fairseq.ops.gaussian import gaussian_attention
+from helpers import random_qkv
 
 
 def _inputs():
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    q, k, v = random_qkv(1, 2, 3, 3, 4, 4, dtype=torch.float64)
     return q, k, v, torch.tensor(0.5, dtype=torch.float64)
 
 

@@ -6,6 +6,9 @@ j <= i), importing nothing of the package's arithmetic. Tolerances: in float64 t
 direct sum agree to rounding (1e-10 relative, norm-wise; measured about 1e-16); in float32 the
 FFT's norm-wise relative error is at most 10 times the same direct sum run plainly in float32,
 floored at float32's eps (the FFT's error grows like log n eps, the direct sum's like N eps per term).
+The contract it shares with the other attention kinds (fairseq's MultiheadAttention interface and
+what it refuses, incremental decoding of a model, beam search, reordering) is tested over every
+kind in tests/test_attention_kinds.py.
 """
 import os
 
@@ -19,12 +22,13 @@ from fairseq_helpers import (
     build_model,
     create_markov_lm_data,
     eval_lm_main,
-    eval_translation_batch,
     preprocess_lm_data,
     train_language_model,
     unigram_perplexity,
 )
 from fourierformer_fairseq.modules import GlobalFilterMixer
+from helpers import norm_relative_error as rel
+from helpers import padding_mask
 from fourierformer_fairseq.ops.global_filter import global_filter
 
 E, H = 8, 2
@@ -51,10 +55,6 @@ def direct_filter(x, taps, causal, key_padding_mask=None):
     return y
 
 
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def make(causal, seed=0, **kw):
     torch.manual_seed(seed)
     return GlobalFilterMixer(E, H, self_attention=True, causal=causal, max_positions=L, **kw).eval()
@@ -66,12 +66,6 @@ def module_reference(m, x, key_padding_mask=None):
     v = F.linear(x.double(), P["v_proj.weight"], P["v_proj.bias"])  # (T, B, E)
     y = direct_filter(v.permute(1, 2, 0), P["filter"], m.causal, key_padding_mask).permute(2, 0, 1)
     return F.linear(y, P["out_proj.weight"], P["out_proj.bias"])
-
-
-def padding_mask(lengths, T, left):
-    pos = torch.arange(T).unsqueeze(0)
-    n = torch.tensor(lengths).unsqueeze(1)
-    return pos < (T - n) if left else pos >= n
 
 
 # ============================================================================ the convolution
@@ -242,22 +236,6 @@ def test_the_module_under_autocast_filters_in_float32():
     assert rel(out.float(), exact) <= 0.05  # bfloat16's eps is 2^-7: the projections' rounding
 
 
-def test_reorder_incremental_state_follows_new_order():
-    m = make(causal=True).double()
-    x = torch.randn(6, 3, E, dtype=torch.float64)
-    order = torch.tensor([2, 0, 2])
-    s1, s2 = {}, {}
-    for t in range(3):
-        m(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=s1, need_weights=False)
-    m.reorder_incremental_state(s1, order)
-    xr = x[:, order]
-    for t in range(3):
-        m(xr[t:t + 1], xr[t:t + 1], xr[t:t + 1], incremental_state=s2, need_weights=False)
-    a = m(xr[3:4], xr[3:4], xr[3:4], incremental_state=s1, need_weights=False)[0]
-    b = m(xr[3:4], xr[3:4], xr[3:4], incremental_state=s2, need_weights=False)[0]
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
-
-
 def test_what_it_cannot_do_raises_clearly():
     m = make(causal=False)
     x = torch.randn(4, 1, E)
@@ -311,17 +289,6 @@ def test_gfnet_init_std_sets_the_filters_initial_taps(std):
     assert taps.numel() > 1000
     assert taps.std().item() == pytest.approx(0.02 if std is None else std, rel=0.05)
     assert abs(taps.mean().item()) < 0.1 * taps.std().item()
-
-
-def test_translation_model_incremental_decoding_equals_full_forward():
-    model, enc, prev = eval_translation_batch("gfnet_iwslt_de_en", [6, 3], [7, 7])
-    with torch.no_grad():
-        full = model.decoder(prev, encoder_out=enc)[0]
-        state = {}
-        steps = torch.cat([model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)[0]
-                           for t in range(prev.size(1))], 1)
-    # float32: the steps' direct sums against the full forward's FFT, through two decoder layers
-    torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from helpers import random_qkv
 from oracle import float64_mismatches, oracle_attention, oracle_mismatches
 
 from fourierformer_fairseq.ops import backend_unavailable_reason, fourier_attention
@@ -28,11 +29,8 @@ BACKENDS = [pytest.param(b, d, id=f"{b}_{str(d)[6:]}") for b, d in [("reference"
 
 
 def inputs(B=2, H=2, N=6, M=9, D=16, Dv=5, std=1.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(B, H, n, D, generator=g) * std for n in (N, M))
-    v = torch.randn(B, H, M, Dv, generator=g)
-    grad_out = torch.randn(B, H, N, Dv, generator=g)
-    return q, k, v, grad_out
+    """q, k (standard deviation std), v and the output gradient, float32."""
+    return random_qkv(B, H, N, M, D, Dv, seed=seed, scale=std, grad_out=True)
 
 
 def gradients(backend, dtype, q, k, v, radius, grad_out, **kwargs):

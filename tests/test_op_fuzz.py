@@ -27,7 +27,6 @@ is fuzzed against the oracle at float64 precision.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import subprocess
@@ -36,9 +35,10 @@ import sys
 import pytest
 import torch
 
-from oracle import additive_mask as oracle_additive_mask  # noqa: E402
-from oracle import float64_mismatches, lse_mismatches, oracle_gradients, oracle_mismatches  # noqa: E402
-from oracle import _log_abs_sinc_oracle, _radius_table, _scores  # noqa: E402
+from helpers import single_thread
+from oracle import additive_mask as oracle_additive_mask
+from oracle import float64_mismatches, lse_mismatches, oracle_gradients, oracle_mismatches
+from oracle import _log_abs_sinc_oracle, _radius_table, _scores
 
 
 def oracle_scores(q, k, radius, power):
@@ -199,18 +199,6 @@ def case_args(case):
 
 def oracle_kwargs(case):
     return case.get("oracle_kwargs", case["kwargs"])
-
-
-@contextlib.contextmanager
-def single_thread():
-    """One thread for the block (many small calls: threads would only add overhead), then the
-    count it found."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 N_CASES = 140

@@ -1,5 +1,7 @@
 """Performer (FAVOR+) attention: the estimator, causal prefix sums, padding, caching, redraws,
-checkpoints, the architectures, and the experimental fourier_rf kernel.
+checkpoints, the architectures, and the experimental fourier_rf kernel. The contract it shares
+with the other attention kinds (fairseq's MultiheadAttention interface, incremental decoding of a
+model, beam search, reordering) is tested over every kind in tests/test_attention_kinds.py.
 
 Every test is seeded. Tolerances: float32 comparisons of two summation orders of the same
 quantity use 1e-5 (a few hundred float32 ulps of O(1) values); statistical checks state the
@@ -21,10 +23,7 @@ from fairseq_helpers import (
     LM_DIMS,
     TRANSLATION_DIMS,
     build_model,
-    create_markov_lm_data,
     eval_lm_main,
-    preprocess_lm_data,
-    random_tokens,
     run_cli,
     train_language_model,
     unigram_perplexity,
@@ -33,6 +32,7 @@ from fairseq_helpers import (
 from fourierformer_fairseq.modules import PerformerMultiheadAttention
 from fourierformer_fairseq.ops import favor
 from fourierformer_fairseq.ops.reference import fourier_attention_reference
+from helpers import single_thread, split_heads
 
 E, H = 32, 2
 D = E // H
@@ -41,10 +41,8 @@ D = E // H
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """These tests run many tiny operations, which extra threads only slow down on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with single_thread():
+        yield
 
 
 PERFORMER_TWINS = {
@@ -60,24 +58,15 @@ def make(torch_seed=0, **kw):
     return PerformerMultiheadAttention(E, H, **kw).eval()
 
 
-def future_mask(T):
-    return torch.triu(torch.full((T, T), float("-inf")), 1)
-
-
-def split_heads(x):  # (T, B, E) -> (B, H, T, D)
-    T, B, _ = x.shape
-    return x.view(T, B, H, D).permute(1, 2, 0, 3)
-
-
 # ============================================================================ the module
 
 
-def test_a_multihead_attention():
+def test_default_features_buffers_and_the_fourier_rf_radius():
+    """Beyond the contract of every kind (tests/test_attention_kinds.py: the stock parameter names):
+    the default number of features, the feature buffers, and fourier_rf's learnable radius."""
     m = PerformerMultiheadAttention(E, H, self_attention=True)
-    assert isinstance(m, MultiheadAttention)
     assert m.num_features == round(D * math.log(D)) == 44  # the default m = round(d ln d)
     stock = MultiheadAttention(E, H, self_attention=True)
-    assert set(dict(m.named_parameters())) == set(dict(stock.named_parameters()))
     assert set(dict(m.named_buffers())) == {"projection", "feature_seed", "feature_draw"}
     assert m.projection.shape == (44, D) and m.projection.dtype == torch.float32
     rf = PerformerMultiheadAttention(E, H, self_attention=True, kernel="fourier_rf", radius_shape="head",
@@ -245,7 +234,7 @@ def test_causal_module_equals_quadratic_reference_from_the_same_features(kernel)
     out.square().sum().backward()
     grads = [p.grad.clone() for p in m.parameters()]
     m.zero_grad()
-    q, k, v = split_heads(m.q_proj(x2)), split_heads(m.k_proj(x2)), split_heads(m.v_proj(x2))
+    q, k, v = (split_heads(proj(x2), H) for proj in (m.q_proj, m.k_proj, m.v_proj))
     assert m.projection.dtype == torch.float32  # kept float32 by .double() too
     projection = m.projection.double()
     qf = favor.query_features(kernel, q, projection, m.radius)
@@ -367,25 +356,6 @@ def test_incremental_decoding_equals_full_with_a_constant_size_cache(kernel):
     torch.testing.assert_close(torch.cat([a, b]), full, rtol=1e-10, atol=1e-10)
 
 
-def test_reorder_incremental_state_follows_new_order():
-    """Beam search reorders the prefix sums: continuing after a reorder equals decoding the
-    reordered batch from the start."""
-    m = make(self_attention=True)
-    T, B = 6, 4
-    x = torch.randn(T, B, E)
-    order = torch.tensor([2, 2, 0, 3])
-    s1, s2 = {}, {}
-    for t in range(3):
-        m(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=s1)
-        m(x[t:t + 1, order], x[t:t + 1, order], x[t:t + 1, order], incremental_state=s2)
-    m.reorder_incremental_state(s1, order)
-    for t in range(3, T):
-        xt = x[t:t + 1, order]
-        a, _ = m(xt, xt, xt, incremental_state=s1)
-        b, _ = m(xt, xt, xt, incremental_state=s2)
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-
-
 def test_static_kv_cache_and_beamable_cross_attention():
     beam = 3
     plain = make(encoder_decoder_attention=True)
@@ -414,47 +384,6 @@ def test_static_kv_cache_and_beamable_cross_attention():
     a, _ = plain(q2, None, None, incremental_state=s1, static_kv=True)
     b, _ = beamable(q2, None, None, incremental_state=s2, static_kv=True)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_language_model_incremental_equals_full_forward():
-    torch.manual_seed(0)
-    model, _ = build_model("performer_lm_wiki103_small", dims=LM_DIMS, task="language_modeling")
-    model.eval()
-    d = model.decoder.dictionary
-    tokens = random_tokens(d, [9, 9], pad_left=False, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full, _ = model(tokens)
-        state = {}
-        steps = [model(tokens[:, : t + 1], incremental_state=state)[0] for t in range(tokens.size(1))]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("kernel", ["softmax", "fourier_rf"])
-def test_beam_search_scores_equal_full_forward_rescoring(kernel):
-    """fairseq's SequenceGenerator (prefix-sum cache, beam reordering, beamable encoder attention)
-    scores each hypothesis as a teacher-forced full forward pass does."""
-    from fairseq.sequence_generator import SequenceGenerator
-
-    torch.manual_seed(0)
-    features = "8" if kernel == "fourier_rf" else "0"
-    model, _ = build_model("performer_iwslt_de_en", extra=["--dropout", "0.0", "--performer-kernel", kernel,
-                                                           "--performer-features", features])
-    model.eval()
-    d = model.decoder.dictionary
-    src = random_tokens(d, [6, 4], pad_left=True, generator=torch.Generator().manual_seed(2))
-    model.prepare_for_inference_(type("Cfg", (), {"generation": type("G", (), {"beam": 3})()})())
-    generator = SequenceGenerator([model], d, beam_size=3, max_len_b=8)
-    with torch.no_grad():
-        hypos = generator.forward({"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}})
-        for i, sentence_hypos in enumerate(hypos):
-            for hypo in sentence_hypos:
-                tokens = hypo["tokens"].unsqueeze(0)
-                prev = torch.cat([tokens.new_full((1, 1), d.eos()), tokens[:, :-1]], dim=1)
-                s = src[i][src[i].ne(d.pad())].unsqueeze(0)
-                logits, _ = model(s, torch.tensor([s.size(1)]), prev)
-                lprobs = model.get_normalized_probs((logits, None), log_probs=True)
-                expected = lprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).squeeze(0)
-                torch.testing.assert_close(hypo["positional_scores"], expected, rtol=0, atol=1e-4)
 
 
 # ============================================================================ redraws and checkpoints
@@ -744,14 +673,6 @@ def test_fourier_rf_attention_approaches_the_fourier_op_and_learns_the_radius():
 
 
 # ============================================================================ end to end
-
-
-@pytest.fixture(scope="module")
-def lm_data(tmp_path_factory):
-    data_dir = str(tmp_path_factory.mktemp("performer_lm_data"))
-    create_markov_lm_data(data_dir)
-    preprocess_lm_data(data_dir)
-    return data_dir
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fairseq_helpers import eval_translation_batch
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
+from helpers import future_mask
 
 E, H = 12, 3
 TOL = dict(rtol=0, atol=1e-6, check_dtype=False)  # fairseq returns float32 weights
@@ -52,11 +53,6 @@ def pair(**kw):
     return stock, kind
 
 
-def future(T, S=None):
-    S = T if S is None else S
-    return torch.triu(torch.full((T, S), float("-inf"), dtype=torch.float64), 1 + S - T)
-
-
 @pytest.mark.parametrize("extra", [{}, {"add_bias_kv": True}, {"add_zero_attn": True}])
 def test_self_attention_with_padding_and_masks_equals_fairseq(extra):
     stock, kind = pair(self_attention=True, **extra)
@@ -81,7 +77,7 @@ def test_causal_is_said_and_equals_fairseqs_future_mask(extra):
     stock, kind = pair(self_attention=True, causal=True, **extra)
     T = 7
     x = torch.randn(T, 2, E, dtype=torch.float64)
-    a, _ = stock(x, x, x, attn_mask=future(T))
+    a, _ = stock(x, x, x, attn_mask=future_mask(T, dtype=torch.float64))
     b, _ = kind(x, x, x)  # no mask: causal=True from construction
     torch.testing.assert_close(b, a, **TOL)
     if extra.get("add_bias_kv"):

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from helpers import check_against_plain, future_mask, max_abs_error, split_heads
 from oracle import oracle_attention, plain_attention
 from repo import load
 
@@ -28,12 +29,7 @@ def projections(m, x):
     """(T, B, E) -> q, k, v as (B, H, T, D) float64, computed from the module's weights directly."""
     W = {n: (getattr(m, n).weight.double(), getattr(m, n).bias.double()) for n in ("q_proj", "k_proj", "v_proj")}
     xs = x.double()
-
-    def split(t):
-        T, B, _ = t.shape
-        return t.reshape(T, B, H, D).permute(1, 2, 0, 3)
-
-    return [split(xs @ w.T + b) for (w, b) in (W["q_proj"], W["k_proj"], W["v_proj"])]
+    return [split_heads(xs @ w.T + b, H) for (w, b) in (W["q_proj"], W["k_proj"], W["v_proj"])]
 
 
 def rms64(t):
@@ -85,12 +81,12 @@ def test_module_output_matches_the_oracle_with_and_without_qk_norm(causal, qk_no
     kpm[1, -3:] = True
     attn_mask = None
     if causal:
-        attn_mask = torch.triu(torch.full((T, T), float("-inf")), 1)
+        attn_mask = future_mask(T)
     out, _ = m(x, x, x, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=False)
     exact = expected_module_output(m, x, causal=causal, key_padding_mask=kpm, normalise=qk_norm == "rms")
     plain = expected_module_output(m, x, causal=causal, key_padding_mask=kpm, normalise=qk_norm == "rms", plain=True)
-    err, base = (out.double() - exact).abs().max().item(), (plain - exact).abs().max().item()
-    assert err <= 4 * base + 1e-5, f"module error {err:.2e} vs plain float32 {base:.2e}"
+    check_against_plain(out, plain, exact, "module output", atol=1e-5, factor=4)
+    err = max_abs_error(out, exact)
     if qk_norm == "rms":
         # the normalisation is not a no-op on these inputs
         unnormalised = expected_module_output(m, x, causal=causal, key_padding_mask=kpm, normalise=False)
@@ -103,7 +99,7 @@ def test_incremental_decoding_with_qk_norm_equals_full_causal():
     g = torch.Generator().manual_seed(2)
     T, B = 7, 2
     x = torch.randn(T, B, E, generator=g)
-    mask = torch.triu(torch.full((T, T), float("-inf")), 1)
+    mask = future_mask(T)
     full, _ = m(x, x, x, attn_mask=mask, need_weights=False)
     state = {}
     steps = [m(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)[0] for t in range(T)]

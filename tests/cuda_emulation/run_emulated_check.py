@@ -112,12 +112,15 @@ TESTS = os.path.dirname(HERE)
 ROOT = os.path.dirname(TESTS)
 CSRC = os.path.join(ROOT, "csrc")
 EMULATION = os.path.join(CSRC, "cuda", "emulation")
-sys.path.insert(0, ROOT)
+# the package of this checkout, and the tests' shared modules (helpers, oracle: torch only)
+sys.path[:0] = [ROOT, TESTS]
 # importing the package loads the real extension unless this is set: the emulated library
 # defines the same ops
 os.environ["FOURIERFORMER_DISABLE_EXTENSION"] = "1"
 
 from fourierformer_fairseq.ops.reference import fourier_attention_reference  # noqa: E402
+from helpers import random_qkv  # noqa: E402
+from oracle import lse_mismatches, oracle_mismatches  # noqa: E402
 
 
 print = functools.partial(print, flush=True)  # progress shows up at once, also through a pipe
@@ -179,9 +182,7 @@ def check_sincos(mod):
 
 def make_case(B, H, N, M, D, Dv, dtype, *, mask=None, kpm=False, causal=False, scale=1.0, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, N, D, generator=g, dtype=torch.float64) * scale
-    k = torch.randn(B, H, M, D, generator=g, dtype=torch.float64) * scale
-    v = torch.randn(B, H, M, Dv, generator=g, dtype=torch.float64)
+    q, k, v = random_qkv(B, H, N, M, D, Dv, generator=g, dtype=torch.float64, scale=scale)
     radius = (0.5 + torch.rand(H, D, generator=g, dtype=torch.float64))
     attn_mask = None
     if mask == "random":
@@ -467,9 +468,6 @@ def check_misaligned_tables():
     faults on such an address (a GPU's misaligned address; here a segmentation fault), so the op
     reads an aligned copy: out, lse, dk and dv as with the tables themselves bit for bit (dq and
     dradius to their atomics' order), and within the oracle's bound."""
-    sys.path.insert(0, TESTS)
-    from oracle import oracle_mismatches
-
     case = make_case(1, 2, 20, 36, 16, 8, torch.float32, causal=True, scale=0.7, seed=5)
     q, k, v, radius = case["q"], case["k"], case["v"], case["radius"].float()
     args = (q, k, v, radius, 4.0, None, None, True, 0.0, 0, 0.0)
@@ -604,9 +602,6 @@ def special_cases():
 
 
 def run_special():
-    sys.path.insert(0, TESTS)
-    from oracle import lse_mismatches, oracle_mismatches
-
     failures = 0
     for label, q, k, v, radius, kwargs in special_cases():
         t0 = time.time()
@@ -630,9 +625,6 @@ def run_special():
 
 def run_fuzz(count):
     """float32 cases against tests/oracle.py, with its bounds (oracle_mismatches, lse_mismatches)."""
-    sys.path.insert(0, TESTS)
-    from oracle import lse_mismatches, oracle_mismatches
-
     failures = 0
     for seed in range(count):
         t0 = time.time()
