@@ -72,7 +72,7 @@ def _float(x):
 
 
 def read_bleu_from_generate(path: str):
-    """The tokenised BLEU of a fairseq-generate output ('Generate test with beam=5: BLEU4 = 34.42, ...')."""
+    """The tokenised BLEU of a fairseq-generate output ('Generate test with beam=5: BLEU4 = 30.00, ...')."""
     if not os.path.exists(path):
         return None
     found = None
