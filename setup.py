@@ -59,10 +59,15 @@ def extension_modules():
     return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
 
 
+def package_constant(name: str) -> str:
+    """A string constant of fourierformer_fairseq/__init__.py (``NAME = "..."``), read without importing it."""
+    with open(os.path.join(ROOT, "fourierformer_fairseq", "__init__.py")) as fh:
+        return re.search(rf'^{name} = "([^"]+)"', fh.read(), re.M).group(1)
+
+
 def version() -> str:
     """The one version string: ``__version__`` in fourierformer_fairseq/__init__.py."""
-    with open(os.path.join(ROOT, "fourierformer_fairseq", "__init__.py")) as fh:
-        return re.search(r'^__version__ = "([^"]+)"', fh.read(), re.M).group(1)
+    return package_constant("__version__")
 
 
 ext_modules, cmdclass = extension_modules()
@@ -77,7 +82,7 @@ setup(
     # the op and the modules need torch only; fairseq and the recipes' tools are extras
     install_requires=["torch>=2.4"],
     extras_require={
-        "fairseq": ["fairseq-fixed==0.12.3.1"],
+        "fairseq": [package_constant("FAIRSEQ_REQUIREMENT")],  # the one pin
         "recipes": ["sacrebleu>=2.0", "sentencepiece", "sacremoses==0.2.0", "subword-nmt==0.3.8", "matplotlib>=3.5"],
         "test": ["pytest", "numpy"],
     },

@@ -11,6 +11,12 @@ import os
 
 __version__ = "0.1.0"
 
+#: the fairseq the plugin is built and tested with, its one pin: setup.py's ``fairseq`` extra,
+#: tools/install.sh and the GPU check's offline bundle (tools/offline_bundle.py) read it here.
+#: fairseq-fixed is fairseq main that builds and imports on Python 3.11 and 3.12 (fairseq 0.12.2
+#: from PyPI does neither).
+FAIRSEQ_REQUIREMENT = "fairseq-fixed==0.12.3.1"
+
 #: the folder to pass to fairseq's ``--user-dir`` from anywhere
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
 

@@ -12,10 +12,12 @@
 # build and nvcc is found, for the GPU's own architecture when one is present
 # (TORCH_CUDA_ARCH_LIST overrides; setup.py's default is "8.0;9.0").
 #
-# fairseq comes from `fairseq-fixed` (a maintained fork of fairseq main that builds and
-# imports on Python 3.11 and 3.12); fairseq 0.12.2 from PyPI does not.
+# fairseq: the plugin's one pin, FAIRSEQ_REQUIREMENT in fourierformer_fairseq/__init__.py (read
+# here as setup.py reads it, without importing the package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+FAIRSEQ_SPEC=$(sed -n 's/^FAIRSEQ_REQUIREMENT = "\(.*\)"$/\1/p' fourierformer_fairseq/__init__.py)
+[[ -n "$FAIRSEQ_SPEC" ]] || { echo "[install] no FAIRSEQ_REQUIREMENT in fourierformer_fairseq/__init__.py" >&2; exit 1; }
 PYTHON=${PYTHON:-python3}
 PIP_ARGS=(--disable-pip-version-check)
 if [[ -n "${WHEELS:-}" ]]; then
@@ -42,8 +44,8 @@ fi
 
 echo "[install] 1/4 torch ($TORCH_SPEC: $WHY) and build tools"
 pip_install "$TORCH_SPEC" "numpy" "cython" "setuptools>=64" "wheel" "ninja"
-echo "[install] 2/4 fairseq (fairseq-fixed 0.12.3.1; from source this compiles its extensions against this torch, ~4 min)"
-pip_install --no-build-isolation "fairseq-fixed==0.12.3.1" "$TORCH_SPEC"
+echo "[install] 2/4 fairseq ($FAIRSEQ_SPEC; from source this compiles its extensions against this torch, minutes)"
+pip_install --no-build-isolation "$FAIRSEQ_SPEC" "$TORCH_SPEC"
 echo "[install] 3/4 runtime and test dependencies"
 pip_install -r requirements.txt "$TORCH_SPEC"
 

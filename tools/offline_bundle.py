@@ -22,9 +22,11 @@ import tarfile
 import time
 import zipfile
 
+from fourierformer_fairseq import FAIRSEQ_REQUIREMENT
+
 # What the check installs, for a CPython 3.12 manylinux x86-64
 # machine that already has torch, sacrebleu, sentencepiece and pytest (and what they require)
-OFFLINE_ROOTS = ("fairseq-fixed==0.12.3.1", "sacremoses==0.2.0", "subword-nmt==0.3.8", "pytest-xdist", "ninja",
+OFFLINE_ROOTS = (FAIRSEQ_REQUIREMENT, "sacremoses==0.2.0", "subword-nmt==0.3.8", "pytest-xdist", "ninja",
                  "cython", "setuptools>=64", "wheel", "numpy", "sacrebleu>=2.0", "sentencepiece", "pytest")
 ON_THE_MACHINE = {  # never in the wheels folder: torch (a CUDA build is there) and what the image has
     "torch", "triton", "filelock", "typing-extensions", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",

@@ -91,7 +91,7 @@ fi
 
 "$PYTHON" -c "import sacremoses, subword_nmt" 2>/dev/null \
     || die "needs sacremoses and subword-nmt: pip install -r requirements.txt (or bash tools/install.sh)"
-command -v fairseq-preprocess >/dev/null || die "fairseq-preprocess not found: pip install fairseq (fairseq-fixed)"
+command -v fairseq-preprocess >/dev/null || die "fairseq-preprocess not found: bash tools/install.sh installs fairseq"
 
 TEXT="$OUT/text"
 mkdir -p "$TEXT"

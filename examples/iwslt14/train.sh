@@ -139,7 +139,7 @@ if [[ $PRINT == 1 ]]; then
     exit 0
 fi
 
-need fairseq-train "pip install fairseq-fixed==0.12.3.1"
+need fairseq-train "bash tools/install.sh installs fairseq"
 [[ -f "$DATA/dict.de.txt" && -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA: run examples/iwslt14/prepare.sh first"
 [[ -d "$USER_DIR" ]] || die "plugin folder $USER_DIR not found (set FOURIERFORMER_USER_DIR)"
 check_distributed "$GPUS"

@@ -54,7 +54,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#RUNS_ARGS[@]} -gt 0 ]] || { usage >&2; die "no RUN folder given"; }
 [[ $SMALL == 1 ]] && { STRIDE=8; BATCH=8; }
-need fairseq-eval-lm "pip install fairseq-fixed==0.12.3.1"
+need fairseq-eval-lm "bash tools/install.sh installs fairseq"
 [[ -f "$DATA/dict.txt" ]] || die "no binarised data in $DATA"
 DEVICE=()
 has_cuda || DEVICE=(--cpu)
