@@ -9,9 +9,10 @@ the quickstart and the tools that read runs (``analysis/``, ``benchmarks/``).
   (``examples/lib.sh``'s ``write_meta`` records them; ``analysis/tables/make_tables.py`` groups runs by them),
   and ``run_name_suffix``, the run-name suffix the recipes make of them (``examples/lib.sh``'s
   ``fourier_suffix`` runs this file: ``python fourierformer_fairseq/fairseq_runs.py run-suffix ARGS...``).
-- ``generate_hypotheses`` and ``detokenised_bleu``: the BLEU protocol of the translation recipes,
+- ``generate_hypotheses`` and ``detokenised_bleu``: the BLEU scoring of the translation recipes,
   sacreBLEU (lowercase) on the Moses-detokenised hypotheses of ``fairseq-generate``
-  (``examples/iwslt14/evaluate.sh``, ``examples/full_size/summarize.py``).
+  (``examples/iwslt14/evaluate.sh``, ``examples/full_size/summarize.py``); the options the
+  hypotheses are generated with are ``training_recipes.GENERATION``.
 
 Nothing here imports fairseq or torch.
 """
