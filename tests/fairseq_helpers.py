@@ -300,6 +300,22 @@ def dummy_dictionary(size: int = 20) -> Dictionary:
     return d
 
 
+def arch_task(arch: str):
+    """(dims, task) for a registered arch: LM_DIMS and language_modeling for a language model,
+    TRANSLATION_DIMS and translation otherwise."""
+    from fairseq.models import FairseqLanguageModel
+
+    if issubclass(ARCH_MODEL_REGISTRY[arch], FairseqLanguageModel):
+        return LM_DIMS, "language_modeling"
+    return TRANSLATION_DIMS, "translation"
+
+
+def parse_arch(arch: str, *extra: str):
+    """fairseq-train's options for ``arch`` (on its task, see arch_task) and ``extra``, without data."""
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(parser, ["unused-data-dir", "--task", arch_task(arch)[1], "--arch", arch, *extra])
+
+
 def build_model(arch: str, extra: Sequence[str] = (), dims: Sequence[str] = TRANSLATION_DIMS, task: str = "translation",
                 dictionary: Optional[Dictionary] = None):
     """A model of ``arch`` from command-line style options, on a dummy dictionary (no data)."""

@@ -15,6 +15,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq_helpers import (
     LM_DIMS,
     TRANSLATION_DIMS,
+    arch_task,
     build_model,
     eval_lm_main,
     eval_model,
@@ -22,6 +23,7 @@ from fairseq_helpers import (
     hypothesis_scores,
     loading_replaced_by,
     models_as_saved,
+    parse_arch,
     random_tokens,
     run_cli,
     token_bleu,
@@ -90,20 +92,13 @@ SPEC = {
 }
 
 
-def parsed_args(arch, extra=()):
-    from fairseq import options
-
-    task = "translation" if "iwslt" in arch else "language_modeling"
-    return options.parse_args_and_arch(options.get_training_parser(), ["unused", "--task", task, "--arch", arch, *extra])
-
-
 @pytest.mark.parametrize("arch", FOURIER_ARCHS)
 def test_arch_sizes_and_softmax_twin(arch):
-    args = parsed_args(arch)
+    args = parse_arch(arch)
     for key, value in SPEC[arch].items():
         assert getattr(args, key) == value, key
     assert args.fourier_phi == "power" and args.fourier_radius_shape == "scalar" and args.fourier_attention == "all"
-    twin = vars(parsed_args(SOFTMAX_TWINS[arch]))
+    twin = vars(parse_arch(SOFTMAX_TWINS[arch]))
     for key, value in vars(args).items():
         if not key.startswith("fourier_") and key not in ("arch", "_name"):
             assert twin.get(key) == value, f"{arch} and {SOFTMAX_TWINS[arch]} differ in {key}"
@@ -114,8 +109,7 @@ def test_arch_sizes_and_softmax_twin(arch):
 @pytest.mark.parametrize("arch", FOURIER_ARCHS)
 def test_fourier_model_and_twin_initialise_identically(arch):
     """Same sizes, same parameter names (plus one radius per attention), same initial weights under one seed."""
-    dims = TRANSLATION_DIMS if "iwslt" in arch else LM_DIMS
-    task = "translation" if "iwslt" in arch else "language_modeling"
+    dims, task = arch_task(arch)
     torch.manual_seed(3)
     fourier, _ = build_model(arch, dims=dims, task=task)
     torch.manual_seed(3)
@@ -232,15 +226,14 @@ def test_decoder_layers_mark_their_self_attention_causal(monkeypatch):
     ("fourierformer_iwslt_de_en", ["--fourier-power", "0"], "positive integer"),
 ])
 def test_bad_options_give_clear_errors(arch, extra, message):
-    dims = TRANSLATION_DIMS if "iwslt" in arch else LM_DIMS
-    task = "translation" if "iwslt" in arch else "language_modeling"
+    dims, task = arch_task(arch)
     with pytest.raises(ValueError, match=message):
         build_model(arch, extra=extra, dims=dims, task=task)
 
 
 def test_bad_choice_is_rejected_by_the_parser(capsys):
     with pytest.raises(SystemExit):
-        parsed_args("fourierformer_iwslt_de_en", ["--fourier-phi", "cosine"])
+        parse_arch("fourierformer_iwslt_de_en", "--fourier-phi", "cosine")
     assert "--fourier-phi: invalid choice" in capsys.readouterr().err
 
 

@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from fairseq_helpers import parse_arch
 from helpers import random_qkv
 from oracle import float64_mismatches, oracle_attention, oracle_mismatches
 
@@ -197,7 +198,7 @@ def test_module_at_the_published_settings_against_the_oracle(monkeypatch):
     from fourierformer_fairseq.models.attention_options import SITES
     from fourierformer_fairseq.modules import FourierMultiheadAttention
 
-    options = dict(FourierAttentionOptions.from_args(parse("fourierformer_iwslt_de_en", "--fourier-published"),
+    options = dict(FourierAttentionOptions.from_args(parse_arch("fourierformer_iwslt_de_en", "--fourier-published"),
                                                      SITES).kwargs, log_interval=1)
     calls = []
     op = fmha.fourier_attention
@@ -249,32 +250,22 @@ def test_module_refuses_bad_options(options, match):
         FourierMultiheadAttention(16, 2, self_attention=True, **options)
 
 
-def parse(arch, *extra):
-    from fairseq import options
-
-    import fourierformer_fairseq  # noqa: F401  (registers the archs)
-
-    task = "language_modeling" if "_lm_" in arch else "translation"
-    parser = options.get_training_parser()
-    return options.parse_args_and_arch(parser, ["/nonexistent", "--task", task, "--arch", arch, *extra])
-
-
 @pytest.mark.parametrize("arch,paper_r", [("fourierformer_iwslt_de_en", 1.0), ("fourierformer_lm_wiki103_small", 2.0)])
 def test_the_published_preset_and_its_overrides(arch, paper_r):
     from fourierformer_fairseq.models import FourierAttentionOptions
     from fourierformer_fairseq.models.attention_options import LM_SITES, SITES
 
     sites = LM_SITES if "_lm_" in arch else SITES
-    o = FourierAttentionOptions.from_args(parse(arch, "--fourier-published"), sites)
+    o = FourierAttentionOptions.from_args(parse_arch(arch, "--fourier-published"), sites)
     assert (o.qk_norm, o.radius_init, o.radius_shape, o.normaliser_eps, o.proj_init_std, o.bias) == (
         "none", paper_r, "scalar", 1e-6, 0.02, False)
     o = FourierAttentionOptions.from_args(
-        parse(arch, "--fourier-published", "--fourier-normaliser-eps", "1e-4", "--fourier-proj-bias"), sites)
+        parse_arch(arch, "--fourier-published", "--fourier-normaliser-eps", "1e-4", "--fourier-proj-bias"), sites)
     assert (o.normaliser_eps, o.bias, o.qk_norm) == (1e-4, True, "none")
-    o = FourierAttentionOptions.from_args(parse(arch, "--fourier-paper-exact", "--fourier-normaliser-eps", "1e-6"), sites)
+    o = FourierAttentionOptions.from_args(parse_arch(arch, "--fourier-paper-exact", "--fourier-normaliser-eps", "1e-6"), sites)
     assert (o.normaliser_eps, o.qk_norm, o.radius_init) == (1e-6, "none", paper_r)
     assert "proj_init_std" not in o.kwargs and "bias" not in o.kwargs
-    o = FourierAttentionOptions.from_args(parse(arch), sites)
+    o = FourierAttentionOptions.from_args(parse_arch(arch), sites)
     assert "normaliser_eps" not in o.kwargs and o.qk_norm == "rms"
     with pytest.raises(ValueError, match="--fourier-normaliser-eps must be a finite number >= 0"):
-        FourierAttentionOptions.from_args(parse(arch, "--fourier-normaliser-eps", "-1"), sites)
+        FourierAttentionOptions.from_args(parse_arch(arch, "--fourier-normaliser-eps", "-1"), sites)

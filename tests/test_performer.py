@@ -21,9 +21,10 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fairseq_helpers import (
     LM_DIMS,
-    TRANSLATION_DIMS,
+    arch_task,
     build_model,
     eval_lm_main,
+    parse_arch,
     run_cli,
     train_language_model,
     unigram_perplexity,
@@ -533,18 +534,10 @@ def test_bfloat16_autocast_computes_features_in_float32():
 # ============================================================================ architectures
 
 
-def arch_task(arch):
-    return (TRANSLATION_DIMS, "translation") if "iwslt" in arch else (LM_DIMS, "language_modeling")
-
-
 @pytest.mark.parametrize("arch", sorted(PERFORMER_TWINS))
 def test_arch_has_its_twins_shape_and_initialises_identically(arch):
-    from fairseq import options
-
     dims, task = arch_task(arch)
-    parse = lambda a: vars(options.parse_args_and_arch(options.get_training_parser(),  # noqa: E731
-                                                       ["unused", "--task", task, "--arch", a]))
-    ours, twin = parse(arch), parse(PERFORMER_TWINS[arch])
+    ours, twin = vars(parse_arch(arch)), vars(parse_arch(PERFORMER_TWINS[arch]))
     for key, value in twin.items():
         if key not in ("arch", "_name"):
             assert ours.get(key) == value, f"{arch} and {PERFORMER_TWINS[arch]} differ in {key}"

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from fairseq_helpers import parse_arch
 from helpers import check_against_plain, future_mask, max_abs_error, split_heads
 from oracle import oracle_attention, plain_attention
 from repo import load
@@ -200,15 +201,6 @@ def test_training_metrics_of_an_odd_power_log_the_radius_alone(power):
     assert logged == {"radius_dec0": pytest.approx(2.0)} and m.radius.grad is not None
 
 
-def parse(arch, *extra):
-    from fairseq import options
-    import fourierformer_fairseq  # noqa: F401  (registers the archs)
-
-    task = "language_modeling" if "_lm_" in arch else "translation"
-    parser = options.get_training_parser()
-    return options.parse_args_and_arch(parser, ["/nonexistent", "--task", task, "--arch", arch, *extra])
-
-
 @pytest.mark.parametrize("arch,power,paper_r", [("fourierformer_iwslt_de_en", 2, 1.0),
                                                 ("fourierformer_lm_wiki103_small", 4, 2.0),
                                                 ("fourierformer_lm_wiki103_medium", 4, 2.0)])
@@ -218,16 +210,16 @@ def test_arch_defaults_and_the_paper_exact_switch(arch, power, paper_r):
     from fourierformer_fairseq.models.fourier_attention_options import SITES
 
     sites = LM_SITES if "_lm_" in arch else SITES
-    o = FourierAttentionOptions.from_args(parse(arch), sites)
+    o = FourierAttentionOptions.from_args(parse_arch(arch), sites)
     assert (o.power, o.qk_norm, o.radius_init, o.kernel) == (power, "rms", None, "sinc")
-    o = FourierAttentionOptions.from_args(parse(arch, "--fourier-paper-exact"), sites)
+    o = FourierAttentionOptions.from_args(parse_arch(arch, "--fourier-paper-exact"), sites)
     assert (o.power, o.qk_norm, o.radius_init) == (power, "none", paper_r)
-    o = FourierAttentionOptions.from_args(parse(arch, "--fourier-paper-exact", "--fourier-radius-init", "0.3"), sites)
+    o = FourierAttentionOptions.from_args(parse_arch(arch, "--fourier-paper-exact", "--fourier-radius-init", "0.3"), sites)
     assert (o.qk_norm, o.radius_init) == ("none", 0.3)
     with pytest.raises(ValueError, match="--fourier-qk-norm must be one of"):
-        FourierAttentionOptions.from_args(parse(arch, "--fourier-qk-norm", "layer"), sites)
+        FourierAttentionOptions.from_args(parse_arch(arch, "--fourier-qk-norm", "layer"), sites)
     with pytest.raises(ValueError, match="--fourier-log-interval"):
-        FourierAttentionOptions.from_args(parse(arch, "--fourier-log-interval", "-1"), sites)
+        FourierAttentionOptions.from_args(parse_arch(arch, "--fourier-log-interval", "-1"), sites)
 
 
 def test_attention_scale_script_separates_the_paper_settings_from_the_defaults():
@@ -268,6 +260,6 @@ def test_options_saved_before_qk_norm_existed_rebuild_the_paper_formulation():
     from fourierformer_fairseq.models import FourierAttentionOptions
     from fourierformer_fairseq.models.fourier_attention_options import SITES
 
-    args = parse("fourierformer_iwslt_de_en", "--fourier-radius-init", "1.0")
+    args = parse_arch("fourierformer_iwslt_de_en", "--fourier-radius-init", "1.0")
     args.fourier_qk_norm = None  # what the saved options of an older checkpoint give
     assert FourierAttentionOptions.from_args(args, SITES).qk_norm == "none"
