@@ -300,6 +300,15 @@ def dummy_dictionary(size: int = 20) -> Dictionary:
     return d
 
 
+def plugin_archs() -> List[str]:
+    """Every arch name this plugin registers (on its own models or, for twins, on stock ones), sorted."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    return sorted(name for name, fn in ARCH_CONFIG_REGISTRY.items()
+                  if fn.__module__.startswith("fourierformer_fairseq")
+                  or ARCH_MODEL_REGISTRY[name].__module__.startswith("fourierformer_fairseq"))
+
+
 def arch_task(arch: str):
     """(dims, task) for a registered arch: LM_DIMS and language_modeling for a language model,
     TRANSLATION_DIMS and translation otherwise."""

@@ -13,9 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-from fairseq_helpers import LM_DIMS, TRANSLATION_DIMS, dummy_dictionary, random_tokens
+from fairseq_helpers import LM_DIMS, TRANSLATION_DIMS, arch_task, dummy_dictionary, plugin_archs, random_tokens
 
 FOURIER_PRESETS = [
     [], ["--fourier-published"], ["--fourier-paper-exact"], ["--fourier-kernel", "gaussian"],
@@ -51,12 +50,6 @@ def build(arch: str, options, dims, task: str, d):
     return models.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d))
 
 
-def plugin_archs() -> list[str]:
-    return sorted(name for name, fn in ARCH_CONFIG_REGISTRY.items()
-                  if fn.__module__.startswith("fourierformer_fairseq")
-                  or ARCH_MODEL_REGISTRY[name].__module__.startswith("fourierformer_fairseq"))
-
-
 def kind(arch: str) -> str:
     for name in ("performer", "gfnet", "fourier"):
         if arch.startswith(name):
@@ -70,7 +63,7 @@ def cases():
 
     out = []
     for arch in plugin_archs() + sorted(set(SOFTMAX_TWINS.values())):
-        translation = "iwslt" in arch or ARCH_MODEL_REGISTRY[arch].__name__.endswith("TransformerModel")
+        translation = arch_task(arch)[1] == "translation"
         presets = {"fourier": FOURIER_PRESETS, "performer": PERFORMER_PRESETS, "gfnet": GFNET_PRESETS}.get(kind(arch), [[]])
         presets = presets + (SITE_PRESETS.get(kind(arch), []) if translation else [])
         extras = TRANSLATION_EXTRA if translation else [[], ["--share-decoder-input-output-embed"]]
