@@ -45,7 +45,7 @@ peak resident set size of a fresh subprocess that runs the call once after a sma
 warm-up, inputs excluded, outputs and gradients included.
 The materialising implementations (published, reference) are reported as skipped rather
 than run when one of their (B, H, N, M, D) intermediates would exceed --memory-budget-gib.
-A full run takes about half an hour on a 2-core CPU, mostly in those two baselines;
+A full run on a small CPU takes most of its time in those two baselines;
 --shapes picks a subset of the shapes, --impls a subset of the implementations.
 """
 from __future__ import annotations
@@ -704,7 +704,7 @@ def main():
     parser.add_argument("--json", metavar="PATH", help="also write the table's rows as JSON (not with --scaling)")
     parser.add_argument("--memory-budget-gib", type=float, default=0.5,
                         help="skip the materialising implementations (published, reference) when one (B,H,N,M,D) "
-                             "intermediate exceeds this; their peak is about 9x that in forward+backward "
+                             "intermediate exceeds this; their peak is several times that in forward+backward "
                              "(default 0.5: N=1024 at B=1, H=8, D=16 runs, N=2048 is skipped)")
     parser.add_argument("--shapes", default="",
                         help="comma-separated substrings of shape names to run (e.g. 'causal,N=4096'; default all)")
