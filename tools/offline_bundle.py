@@ -135,8 +135,8 @@ def prepare_wheels(folder: str) -> list[str]:
 
 def pack_wheels(folder: str, archive: str) -> None:
     """folder's wheels in one tar.xz, each stored uncompressed inside (xz then compresses their
-    contents, about a third smaller than the wheels' own deflate: scipy's 33.7 MiB wheel packs
-    to 22.3 MiB); unpack_wheels gives back wheels pip installs (the same files, the same RECORD)."""
+    contents across the wheels, which packs smaller than the wheels' own deflate: the sizes in
+    docs/records/gpu-runs.md); unpack_wheels gives back wheels pip installs (the same files, the same RECORD)."""
     part = archive + ".part"
     with tarfile.open(part, "w:xz", preset=6) as tar:
         for path in sorted(glob.glob(os.path.join(folder, "*.whl"))):
