@@ -138,7 +138,7 @@ class AttentionKindDecoder(TransformerDecoderBase):
     One difference in training mode: fairseq's decoder always asks its last layer's encoder
     attention for its weights (``extra["attn"]``), which ordinary criteria discard. Fourier and
     random-feature attention have to materialise them outside their own computation (for Fourier
-    attention about 10x the cost of the attention itself), so in training, when the encoder
+    attention several times the cost of the attention itself), so in training, when the encoder
     attention is not softmax, they are computed only when the caller names an ``alignment_layer``
     (as fairseq's alignment models do); otherwise ``extra["attn"]`` is ``[None]``. In eval mode
     (validation, generation, ``--print-alignment``, analysis) the weights are returned exactly as stock.
