@@ -87,8 +87,8 @@ CPU_OP_TESTS = ("tests/test_fourier_attention_op.py", "tests/test_op_fuzz.py")
 DISTRIBUTED_TESTS = ("tests/test_distributed.py",)  # its tests marked cuda: three cases, side by side
 CPU_VARIANT = "avx512"  # the variant no CI host runs (tests/cpu_variants.py: FOURIERFORMER_CPU_ISA)
 
-# Time limits of the steps in seconds (each is also cut to what is left of --budget), each a few
-# times what the step took on a card (docs/records/gpu-runs.md).
+# Time limits of the steps in seconds (each is also cut to what is left of --budget),
+# sized from what the steps took on a card (docs/records/gpu-runs.md).
 # A dry run runs the same test selections on a CPU, far slower: its limits are this many times longer
 DRY_RUN_SCALE = 4
 STEP_SECONDS = {"install": 200, "tests": 200, "cpu": 200, "attention": 90, "table9": 120, "training": 100,
