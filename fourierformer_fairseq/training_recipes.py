@@ -92,20 +92,22 @@ LM_PROTOCOLS = {
 DEFAULT_LM_PROTOCOL = "published"
 
 # The translation recipes' generation protocol (fairseq-generate on the test set): fairseq's IWSLT'14
-# example's beam 5, length penalty 1, 128 sentences a batch and BPE removed; hypotheses of at most
-# 1.2 x the source + 10 tokens, the length limit the example validates with (fairseq's own default,
-# 200 tokens, lets a model that has barely trained decode for long; the limit binds only on a
-# hypothesis longer than 1.2 x its source + 10); and every sentence scored: with fairseq's default
-# --required-batch-size-multiple 8, fairseq-generate leaves out a last batch smaller than 8.
-# fairseq-train's --eval-bleu validates with the same beam and lengths (eval_bleu_args).
+# example's beam 5, length penalty 1, 128 sentences a batch, BPE removed and fairseq's default
+# length limit; and every sentence scored: with fairseq's default --required-batch-size-multiple 8,
+# fairseq-generate leaves out a last batch smaller than 8. fairseq-train's --eval-bleu validates
+# with the example's beam and its tighter limit, hypotheses of at most 1.2 x the source + 10 tokens
+# (VALIDATION_GENERATION: eval_bleu_args); the short runs (the small modes, the quickstart, the
+# full-size comparison and the GPU check), whose models have barely trained and would otherwise
+# decode for long, generate the test set with that limit too (validation_lengths).
 # examples/iwslt14/evaluate.sh, examples/full_size/compare.sh, tools/gpu_check.py and the quickstart
 # generate with it (training_recipes.py iwslt14 --generate prints it, --eval-bleu-args the JSON).
 GENERATION = {
     "iwslt14": (
-        ("--beam", "5"), ("--lenpen", "1.0"), ("--max-len-a", "1.2"), ("--max-len-b", "10"),
-        ("--batch-size", "128"), ("--remove-bpe", None), ("--required-batch-size-multiple", "1"),
+        ("--beam", "5"), ("--lenpen", "1.0"), ("--batch-size", "128"), ("--remove-bpe", None),
+        ("--required-batch-size-multiple", "1"),
     ),
 }
+VALIDATION_GENERATION = {"iwslt14": {"beam": 5, "max_len_a": 1.2, "max_len_b": 10}}
 # The vocabulary the published cutoffs are for: WikiText-103 as examples/wikitext103/prepare.sh
 # binarises it (fairseq's dictionary, its four special symbols included).
 WIKITEXT103_VOCAB = 267744
@@ -300,12 +302,18 @@ def generation_args(name: str = "iwslt14", set_options=None, drop=()) -> list:
 
 
 def eval_bleu_args(name: str = "iwslt14") -> str:
-    """fairseq-train's --eval-bleu-args: the generation protocol's beam and lengths, as JSON."""
+    """fairseq-train's --eval-bleu-args (VALIDATION_GENERATION), as JSON."""
     import json
 
-    values = dict(generation(name))
-    return json.dumps({"beam": int(values["--beam"]), "max_len_a": float(values["--max-len-a"]),
-                       "max_len_b": int(values["--max-len-b"])})
+    generation(name)  # an unknown recipe: the same error
+    return json.dumps(VALIDATION_GENERATION[name])
+
+
+def validation_lengths(name: str = "iwslt14") -> dict:
+    """The validation's length limit as fairseq-generate options (the short runs' test generation)."""
+    generation(name)
+    values = VALIDATION_GENERATION[name]
+    return {"--max-len-a": str(values["max_len_a"]), "--max-len-b": str(values["max_len_b"])}
 
 
 def _changed(options, set_options, drop, what: str) -> list:
@@ -414,8 +422,10 @@ def main(argv=None) -> int:
     p.add_argument("--generate", action="store_true",
                    help="print the recipe's fairseq-generate options (the generation protocol), one a line; "
                         "--set / --flag / --drop change them")
+    p.add_argument("--validation-lengths", action="store_true",
+                   help="with --generate: the validation's length limit added (the short runs' generation)")
     p.add_argument("--eval-bleu-args", action="store_true",
-                   help="print fairseq-train's --eval-bleu-args of the generation protocol (JSON)")
+                   help="print fairseq-train's --eval-bleu-args, the validation's generation (JSON)")
     p.add_argument("--table-runs", metavar="TABLE", help="print a paper table's runs, one a line: name, model, size "
                                                          "and the extra arguments, tab-separated")
     p.add_argument("--dry-run", metavar="TABLE", help="print a paper table's runs with their commands, updates, "
@@ -479,6 +489,8 @@ def main(argv=None) -> int:
         if args.eval_bleu_args:
             print(eval_bleu_args(args.name))
         elif args.generate:
+            if args.validation_lengths:
+                set_options = {**validation_lengths(args.name), **set_options}
             print("\n".join(generation_args(args.name, set_options, drop)))
         else:
             print("\n".join(recipe_args(args.name, set_options, drop, args.protocol, args.size)))

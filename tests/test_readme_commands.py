@@ -20,6 +20,7 @@ The README marks each code block a user runs with an HTML comment on the line be
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -330,7 +331,8 @@ def test_readme_generation_and_evaluate_sh_are_the_generation_protocol(blocks, t
     """The README's fairseq-generate line and the one examples/iwslt14/evaluate.sh runs (its
     --print-command) each parse to the settings of the generation protocol's home
     (training_recipes.GENERATION, on the same data, checkpoint and subset); the --eval-bleu-args of
-    the README's training line and of train.sh's are the protocol's beam and lengths."""
+    the README's training line and of train.sh's are the validation's (VALIDATION_GENERATION), whose
+    length limit evaluate.sh --small also generates with."""
     from fourierformer_fairseq.training_recipes import eval_bleu_args, generation_args
 
     data = "data-bin/iwslt14.tokenized.de-en"
@@ -347,6 +349,14 @@ def test_readme_generation_and_evaluate_sh_are_the_generation_protocol(blocks, t
         got = _generation_settings(argv)
         differ = {k: (got.get(k), home.get(k)) for k in set(got) | set(home) if got.get(k) != home.get(k)}
         assert not differ, f"{what} generates differently from training_recipes.GENERATION ({what}, home): {differ}"
+    # the small mode generates with the validation's length limit (the home's), the test set without it
+    assert (home["max_len_a"], home["max_len_b"]) == (0, 200), "GENERATION must keep fairseq's length limit"
+    proc = subprocess.run(["bash", str(ROOT / "examples" / "iwslt14" / "evaluate.sh"), "--print-command", "--small", "run"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    small = _generation_settings(fairseq_argv(proc.stdout.strip().splitlines()[0])[1])
+    limit = json.loads(eval_bleu_args("iwslt14"))
+    assert (small["max_len_a"], small["max_len_b"], small["beam"]) == (limit["max_len_a"], limit["max_len_b"], 2)
 
     (train,) = [fairseq_argv(c)[1] for c in shell_commands(blocks["iwslt-train"][1]) if fairseq_argv(c)]
     proc = subprocess.run(["bash", str(ROOT / "examples" / "iwslt14" / "train.sh"), "--print-command"], cwd=tmp_path,

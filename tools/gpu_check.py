@@ -77,7 +77,7 @@ from offline_bundle import (OFFLINE_ROOTS, folder_mib, pack_data, pack_wheels, p
                             unpack_data, unpack_wheels, verify_wheels)
 from fourierformer_fairseq.fairseq_runs import TIMED_OUT, fairseq_command, fairseq_log_records, run_logged
 from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes, generation_args, recipe, recipe_args,
-                                                    recipe_value, table_cost_lines)
+                                                    recipe_value, table_cost_lines, validation_lengths)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
@@ -564,7 +564,7 @@ def evaluate_pair(check: Check, args, task: str, precision: str, pair, runs: dic
             # and short hypotheses
             dry = {} if args.gpu else {"--batch-size": "64", "--max-len-a": "0", "--max-len-b": "6"}
             cmd = [*fairseq_command("fairseq-generate"), *common, "--gen-subset", "test",
-                   *generation_args("iwslt14", dry), "--quiet"]
+                   *generation_args("iwslt14", {**validation_lengths(), **dry}), "--quiet"]
         else:
             context = recipe_value("wikitext103", "--tokens-per-sample") if args.gpu else TINY["lm"]["--tokens-per-sample"]
             cmd = [*fairseq_command("fairseq-eval-lm"), *common, "--gen-subset", "valid", "--tokens-per-sample",

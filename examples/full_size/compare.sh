@@ -78,7 +78,7 @@ mkdir -p "$RUNS"
 # both stop at MAX_UPDATE or the wall-clock budget.
 mapfile -t RECIPE_MT < <(recipe iwslt14 --drop share-decoder-input-output-embed --drop max-epoch --drop clip-norm \
     --set warmup-updates 400 --flag share-all-embeddings --set required-batch-size-multiple 1)
-mapfile -t GENERATE < <(recipe iwslt14 --generate)  # the translation recipes' generation protocol
+mapfile -t GENERATE < <(recipe iwslt14 --generate --validation-lengths)  # the generation protocol, the short runs' length limit
 mapfile -t RECIPE_LM < <(recipe wikitext103 --protocol fairseq --set lr 1e-3 --set warmup-updates 200 \
     --drop update-freq --drop max-update)
 

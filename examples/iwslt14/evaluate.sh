@@ -39,7 +39,7 @@ Options:
   --lenpen X        length penalty (default: the protocol's)
   --batch-size N    sentences a batch (default: the protocol's)
   --subset NAME     test or valid (default: $SUBSET)
-  --small           small mode: average 2, beam 2, batch 64
+  --small           small mode: average 2, beam 2, batch 64, the validation's length limit
   --print-command   print each RUN's fairseq-generate command and stop (nothing is run)
   -h, --help        this help
 
@@ -62,7 +62,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ ${#RUNS_ARGS[@]} -gt 0 ]] || { usage >&2; die "no RUN folder given"; }
-[[ $SMALL == 1 ]] && { AVG=2; SETS=(--set beam 2 --set batch-size 64 "${SETS[@]}"); }
+[[ $SMALL == 1 ]] && { AVG=2; SETS=(--validation-lengths --set beam 2 --set batch-size 64 "${SETS[@]}"); }
 mapfile -t GENERATE < <(recipe iwslt14 --generate "${SETS[@]}")
 [[ ${#GENERATE[@]} -gt 0 ]] || die "no generation protocol (fourierformer_fairseq/training_recipes.py)"
 BEAM=$(printf '%s\n' "${GENERATE[@]}" | sed -n '/^--beam$/{n;p}')  # (for the messages and results.json)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, TextIO
 
 from ..fairseq_runs import fairseq_command, fairseq_log_records, run_logged, shell_line
-from ..training_recipes import generation, generation_args, recipe_args
+from ..training_recipes import generation, generation_args, recipe_args, validation_lengths
 from .corpus import SOURCE_LANG, TARGET_LANG, write_corpus
 
 MARKER = ".fourierformer-quickstart"
@@ -159,8 +159,9 @@ def generate_command(data_bin: str, checkpoint: str, cfg: QuickstartConfig) -> L
         data_bin, "--user-dir", user_dir(), "--task", "translation",
         "--source-lang", SOURCE_LANG, "--target-lang", TARGET_LANG,
         "--path", checkpoint, "--gen-subset", "test",
-        # the translation recipes' generation protocol at the quickstart's beam (its corpus has no BPE)
-        *generation_args("iwslt14", {"--beam": str(cfg.beam)}, drop=("--remove-bpe",)),
+        # the translation recipes' generation protocol with the short runs' length limit, at the
+        # quickstart's beam (its corpus has no BPE)
+        *generation_args("iwslt14", {**validation_lengths(), "--beam": str(cfg.beam)}, drop=("--remove-bpe",)),
         "--scoring", "sacrebleu", "--num-workers", "0",
     ]
 
