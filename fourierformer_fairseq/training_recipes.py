@@ -461,7 +461,6 @@ def main(argv=None) -> int:
             if spec["task"] == "wikitext103":
                 protocol = args.protocol or DEFAULT_LM_PROTOCOL
                 for run, model, size, extra, _, _ in spec["runs"]:
-                    arch = recipe("wikitext103", protocol, size)["arch"]
                     commands[run] = (lm_run_command(protocol, run, model, size, extra, args.seeds)
                                      + "\n    fairseq-train: " + " ".join(shlex.quote(a) for a in recipe_args(
                                          "wikitext103", protocol=protocol, size=size)))
@@ -488,6 +487,8 @@ def main(argv=None) -> int:
         drop = ["--" + opt.lstrip("-") for opt in args.drop]
         if args.eval_bleu_args:
             print(eval_bleu_args(args.name))
+        elif args.validation_lengths and not args.generate:
+            raise ValueError("--validation-lengths goes with --generate")
         elif args.generate:
             if args.validation_lengths:
                 set_options = {**validation_lengths(args.name), **set_options}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOMS = ("benchmarks", "tools", os.path.join("analysis", "tables"), os.path.join("analysis", "dynamics"))
@@ -20,6 +21,24 @@ def script(name: str) -> str:
     if len(found) != 1:
         raise FileNotFoundError(f"{fname}: {'in ' + ', '.join(found) if found else 'in none'} of {', '.join(ROOMS)}")
     return found[0]
+
+
+def tracked_texts(*paths: str):
+    """(path, text) of every file git tracks (below ``paths``, or all), paths relative to the
+    repository; binary files are passed over. Outside a git checkout: nothing (an empty list)."""
+    out = subprocess.run(["git", "ls-files", "-z", "--", *paths], cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        return []
+    found = []
+    for path in filter(None, out.stdout.split("\0")):
+        full = os.path.join(REPO, path)
+        if not os.path.isfile(full):
+            continue
+        try:
+            found.append((path, open(full, encoding="utf-8").read()))
+        except UnicodeDecodeError:  # a binary file
+            continue
+    return found
 
 
 def load(name: str):

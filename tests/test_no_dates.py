@@ -8,13 +8,11 @@ file and line.
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 import pytest
 
-from repo import REPO
+from repo import tracked_texts
 
 # where no date may appear: the product and its tools (every tracked text file below these)
 CHECKED = ("fourierformer_fairseq", "csrc", "benchmarks", "tools", "analysis", "examples", ".ci",
@@ -32,13 +30,6 @@ DATE = re.compile(
 def dated_lines(text: str) -> list[tuple[int, str]]:
     """(line number, the date found) for every line of text that carries a date."""
     return [(n, m.group(0)) for n, line in enumerate(text.splitlines(), 1) for m in [DATE.search(line)] if m]
-
-
-def checked_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z", "--", *CHECKED], cwd=REPO, capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"not a git checkout: {out.stderr.strip()}")
-    return [p for p in out.stdout.split("\0") if p and os.path.isfile(os.path.join(REPO, p))]
 
 
 @pytest.mark.parametrize("text, found", [
@@ -61,14 +52,10 @@ def test_the_finder_leaves_what_is_not_a_date(text):
 
 
 def test_no_date_outside_the_records():
-    files = checked_files()
-    assert any(f.startswith("fourierformer_fairseq/") for f in files) and "README.md" in files
-    found = []
-    for path in files:
-        try:
-            text = open(os.path.join(REPO, path), encoding="utf-8").read()
-        except UnicodeDecodeError:  # a binary file
-            continue
-        found += [f"{path}:{n}: {date!r}" for n, date in dated_lines(text)]
+    files = tracked_texts(*CHECKED)
+    if not files:
+        pytest.skip("not a git checkout")
+    assert any(p.startswith("fourierformer_fairseq/") for p, _ in files) and "README.md" in dict(files)
+    found = [f"{path}:{n}: {date!r}" for path, text in files for n, date in dated_lines(text)]
     assert not found, ("dates outside docs/records/ (move the measurement to its record and link it; "
                        "docs/records/README.md):\n  " + "\n  ".join(found))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from repo import load, script  # noqa: E402,F401  (test_gpu_check and test_published_init import load from here)
+from repo import load, script, tracked_texts  # noqa: E402
 
 
 def run(cmd, **kw):
@@ -134,14 +134,9 @@ def test_make_tables_empty(tmp_path):
 
 def _tracked_files():
     """The repository's tracked text files (relative paths), the dated records aside."""
-    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for path in out:
-        if path.startswith("docs/records/") or not os.path.isfile(os.path.join(REPO, path)):
-            continue
-        try:
-            yield path, open(os.path.join(REPO, path), encoding="utf-8").read()
-        except UnicodeDecodeError:
-            continue
+    files = [(path, text) for path, text in tracked_texts() if not path.startswith("docs/records/")]
+    assert files, "not a git checkout"
+    return files
 
 
 def test_the_fairseq_pin_has_one_home():
