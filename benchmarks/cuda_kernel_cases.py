@@ -29,7 +29,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import fourierformer_fairseq  # noqa: E402,F401  (registers the fourierformer ops)
+import fourierformer_fairseq.ops  # noqa: E402,F401  (loads the extension: registers the fourierformer ops)
 
 # name, (B, H, N, M, D, Dv), dtype, options; options: causal, kpm (key padding as a key bias),
 # mask (an additive float mask per head), dropout, eps (the null key), dup (queries equal to keys:

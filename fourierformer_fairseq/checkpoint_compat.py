@@ -24,12 +24,15 @@ restricted loader, and the checkpoints fairseq-train writes hold a few other obj
 ``allow_fairseq_checkpoints()`` adds exactly these to the allowlist with
 ``torch.serialization.add_safe_globals``. That is all it does: ``torch.load`` is not wrapped or
 patched, ``weights_only`` stays True, and any other class in a file is still refused.
-Importing ``fourierformer_fairseq`` (what ``--user-dir`` does) calls it once.
+Importing ``fourierformer_fairseq`` (what ``--user-dir`` does) calls it: where fairseq is installed
+but not yet imported, for all but the broadcast objects (their classes are fairseq's), and again,
+for those, once fairseq is imported (the package does not import fairseq itself).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import sys
 import typing
 from typing import List
 
@@ -40,7 +43,7 @@ _NUMPY_DTYPES = (
     "float16", "float32", "float64",
 )
 
-_allowed = False
+_allowed_with_fairseq = None  # None: nothing allowed yet; False: all but the broadcast objects; True: all
 
 
 def _numpy_globals() -> List[object]:
@@ -63,7 +66,10 @@ def _numpy_globals() -> List[object]:
 
 
 def _broadcast_globals() -> List[object]:
-    """The globals of a loaded checkpoint as fairseq broadcasts it to the other ranks."""
+    """The globals of a loaded checkpoint as fairseq broadcasts it to the other ranks (none before
+    fairseq is imported: this does not import it)."""
+    if "fairseq" not in sys.modules:
+        return []
     try:
         from fairseq.distributed.utils import _TensorPlaceholder
         from omegaconf import DictConfig, ListConfig
@@ -82,15 +88,17 @@ def fairseq_checkpoint_globals() -> List[object]:
 
 
 def allow_fairseq_checkpoints() -> None:
-    """Allowlist :func:`fairseq_checkpoint_globals` for ``torch.load(weights_only=True)``; idempotent."""
-    global _allowed
-    if _allowed:
+    """Allowlist :func:`fairseq_checkpoint_globals` for ``torch.load(weights_only=True)``; idempotent
+    (a call after fairseq's import adds the broadcast objects)."""
+    global _allowed_with_fairseq
+    with_fairseq = "fairseq" in sys.modules
+    if _allowed_with_fairseq is True or _allowed_with_fairseq is with_fairseq:
         return
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is None:  # torch < 2.4: torch.load does not default to weights_only
         return
     add_safe_globals(fairseq_checkpoint_globals())
-    _allowed = True
+    _allowed_with_fairseq = with_fairseq
 
 
 __all__ = ["allow_fairseq_checkpoints", "fairseq_checkpoint_globals"]

@@ -99,3 +99,68 @@ def test_what_rank_0_broadcasts_of_a_checkpoint_loads_on_the_other_ranks():
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0].isupper())
     assert lines["BEFORE"].startswith("refused")
     assert lines["AFTER"] == "3 [0.005] [1.0, 1.0]"
+
+
+def test_the_op_imports_and_runs_where_fairseq_cannot_be_imported(tmp_path):
+    """A fairseq that fails to import (first on the path) is never imported by the package or its op."""
+    fake = tmp_path / "fake" / "fairseq"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("this fairseq must not be imported")\n')
+    proc = run_python(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path / "fake")!r})
+        import torch
+        import fourierformer_fairseq.ops
+        from fourierformer_fairseq.ops import fourier_attention
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 5, 4, generator=g, requires_grad=True) for _ in range(3))
+        out = fourier_attention(q, k, v, torch.tensor(1.0))
+        out.sum().backward()
+        ok = bool(torch.isfinite(out).all()) and bool(torch.isfinite(q.grad).all())
+        print("RESULT", "fairseq" in sys.modules, tuple(out.shape), ok)
+    """)
+    assert proc.stdout.strip().splitlines()[-1] == "RESULT False (1, 2, 5, 4) True"
+
+
+def test_no_import_of_the_package_configures_logging():
+    """The root logger's level and handlers stay as they were: after importing the package or its op
+    (fairseq stays unimported), after a module of it that imports fairseq, and after the registration
+    that follows a user's own import of fairseq (which, stock, configures logging itself)."""
+    proc = run_python("""
+        import logging, sys
+        def state():
+            return (logging.root.level, list(logging.root.handlers))
+        before = state()
+        import fourierformer_fairseq, fourierformer_fairseq.ops
+        print("PACKAGE", state() == before, "fairseq" in sys.modules)
+        import fourierformer_fairseq.models
+        from fairseq.models import ARCH_MODEL_REGISTRY
+        print("MODELS", state() == before, "fourierformer_iwslt_de_en" in ARCH_MODEL_REGISTRY)
+    """)
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0].isupper())
+    assert lines == {"PACKAGE": "True False", "MODELS": "True True"}
+    proc = run_python("""
+        import logging
+        import fairseq  # stock fairseq configures the root logger on import
+        after_fairseq = (logging.root.level, list(logging.root.handlers))
+        import fourierformer_fairseq  # registers at once
+        from fairseq.models import ARCH_MODEL_REGISTRY
+        print("REGISTERED", (logging.root.level, list(logging.root.handlers)) == after_fairseq,
+              "fourierformer_lm_wiki103_small" in ARCH_MODEL_REGISTRY)
+    """)
+    assert proc.stdout.strip().splitlines()[-1] == "REGISTERED True True"
+
+
+def test_the_plugin_registers_when_fairseq_is_imported_after_it():
+    """import fourierformer_fairseq, then fairseq: the archs are registered and the broadcast objects
+    allowlisted once fairseq is imported."""
+    proc = run_python("""
+        import sys
+        import fourierformer_fairseq
+        assert "fairseq" not in sys.modules
+        from fairseq.models import ARCH_MODEL_REGISTRY
+        from fairseq.distributed.utils import _TensorPlaceholder
+        from torch.serialization import get_safe_globals
+        print("RESULT", "fourierformer_iwslt_de_en" in ARCH_MODEL_REGISTRY, _TensorPlaceholder in get_safe_globals())
+    """)
+    assert proc.stdout.strip().splitlines()[-1] == "RESULT True True"
