@@ -33,7 +33,7 @@ from fairseq_helpers import (
     validate_main,
     USER_DIR,
 )
-from fourierformer_fairseq.models import FOURIER_ARCHS, SOFTMAX_TWINS
+from fourierformer_fairseq.models import FOURIER_ARCHS, SITES, SOFTMAX_TWINS
 from fourierformer_fairseq.modules import FourierMultiheadAttention
 
 TRANSLATION_ARCHS = ["fourierformer_iwslt_de_en", "transformer_iwslt_de_en", "performer_iwslt_de_en", "gfnet_iwslt_de_en"]
@@ -211,7 +211,6 @@ def test_decoder_layers_mark_their_self_attention_causal(monkeypatch):
 
 
 @pytest.mark.parametrize("arch,extra,message", [
-    ("fourierformer_iwslt_de_en", ["--fourier-attention", "encoder,attic"], "subset of encoder,decoder,cross"),
     ("fourierformer_lm_wiki103_small", ["--fourier-attention", "cross"], "has no decoder encoder-decoder attention"),
     ("fourierformer_iwslt_de_en", ["--fourier-radius-init", "-1"], "must be positive"),
     ("fourierformer_iwslt_de_en", ["--fourier-power", "0"], "positive integer"),
@@ -222,10 +221,27 @@ def test_bad_options_give_clear_errors(arch, extra, message):
         build_model(arch, extra=extra, dims=dims, task=task)
 
 
-def test_bad_choice_is_rejected_by_the_parser(capsys):
+@pytest.mark.parametrize("arch", ["fourierformer_iwslt_de_en", "fourierformer_lm_wiki103_small"])
+@pytest.mark.parametrize("flag,value", [("--fourier-phi", "cosine"), ("--fourier-qk-norm", "layer"),
+                                        ("--fourier-attention", "encoder,attic"), ("--fourier-attention", "cross,encoder")])
+def test_bad_choice_is_rejected_by_the_parser(arch, flag, value, capsys):
+    """Refused at parse time, before fairseq prints its config, with the values it takes."""
     with pytest.raises(SystemExit):
-        parse_arch("fourierformer_iwslt_de_en", "--fourier-phi", "cosine")
-    assert "--fourier-phi: invalid choice" in capsys.readouterr().err
+        parse_arch(arch, flag, value)
+    assert f"{flag}: invalid choice: {value!r}" in capsys.readouterr().err
+
+
+def test_every_spelling_of_the_sites_the_parser_takes_selects_them():
+    from fourierformer_fairseq.models.attention_options import site_choices
+    from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionOptions
+
+    spellings = [choice.value for choice in site_choices()]
+    assert spellings[:2] == ["all", "none"] and len(spellings) == 2 + 7
+    for spelling in spellings:
+        sites = FourierAttentionOptions.from_args(parse_arch("fourierformer_iwslt_de_en", "--fourier-attention",
+                                                             spelling)).sites
+        expected = {"all": set(SITES), "none": set()}.get(spelling, set(spelling.split(",")))
+        assert sites == expected, spelling
 
 
 # ============================================================================ decoding

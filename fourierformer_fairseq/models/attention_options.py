@@ -19,10 +19,11 @@ module exists).
 """
 
 import enum
+import itertools
 from dataclasses import field, fields
 from typing import Any, ClassVar, Dict, FrozenSet, Sequence, Type
 
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.utils import safe_getattr
@@ -46,6 +47,13 @@ def site_tag(module_name: str) -> str:
     if module_name.split(".")[0] == "encoder":
         return "enc"
     return "cross" if module_name.split(".")[-1] == "encoder_attn" else "dec"
+
+
+def site_choices(sites: Sequence[str] = SITES):
+    """The values of a kind's sites option, for its field's type (the parser refuses any other): all,
+    none, and every non-empty subset of ``sites``, comma-separated in their order."""
+    subsets = [",".join(c) for n in range(1, len(sites) + 1) for c in itertools.combinations(sites, n)]
+    return ChoiceEnum(["all", "none"] + subsets)
 
 
 def parse_sites(spec, available: Sequence[str], flag: str, supported: Sequence[str] = SITES) -> FrozenSet[str]:
@@ -149,7 +157,7 @@ class AttentionOptions:
         except OptionError as error:
             raise ValueError(error.render(cls.flags())) from None
         default_sites = next(f.default for f in fields(cls.config_class) if f.name == cls.sites_field)
-        sites = parse_sites(safe_getattr(args, cls.sites_field, default_sites), available,
+        sites = parse_sites(_plain(safe_getattr(args, cls.sites_field, default_sites)), available,
                             flag="--" + cls.sites_field.replace("_", "-"), supported=cls.supported_sites)
         return cls(sites, kwargs)
 
@@ -192,4 +200,4 @@ class AttentionOptions:
         """Finishes a built model; nothing by default."""
 
 
-__all__ = ["LM_SITES", "SITES", "AttentionOptions", "kwarg_field", "parse_sites", "site_tag"]
+__all__ = ["LM_SITES", "SITES", "AttentionOptions", "kwarg_field", "parse_sites", "site_choices", "site_tag"]

@@ -21,10 +21,10 @@ from typing import Any, Dict, Optional
 from fairseq.dataclass import ChoiceEnum
 from fairseq.utils import safe_getattr
 
-from fourierformer_fairseq.modules.fourier_multihead_attention import KERNELS, FourierMultiheadAttention
+from fourierformer_fairseq.modules.fourier_multihead_attention import KERNELS, QK_NORMS, FourierMultiheadAttention
 from fourierformer_fairseq.ops.inputs import PHIS
 
-from .attention_options import SITES, AttentionOptions, kwarg_field, parse_sites, site_tag
+from .attention_options import SITES, AttentionOptions, kwarg_field, parse_sites, site_choices, site_tag
 from .kernel_options import FourierKernelConfig
 
 
@@ -34,7 +34,7 @@ class FourierAttentionConfig(FourierKernelConfig):
 
     fourier_phi: ChoiceEnum(PHIS) = kwarg_field(
         "phi", "power", "phi applied to sinc: power (x^p, the paper's), abs, relu or sigmoid")
-    fourier_qk_norm: Optional[str] = kwarg_field(
+    fourier_qk_norm: Optional[ChoiceEnum(QK_NORMS)] = kwarg_field(
         "qk_norm", None, "rms: divide q and k by their RMS over the head dim before scoring "
                          "(default); none: the paper's (default with --fourier-paper-exact)")
     fourier_kernel: ChoiceEnum(KERNELS) = kwarg_field(
@@ -61,9 +61,9 @@ class FourierAttentionConfig(FourierKernelConfig):
                                          "high lr collapses its encoder early: use the defaults there, or a "
                                          "larger --fourier-proj-init-std (docs/published-model.md, "
                                          "'At small width')"})
-    fourier_attention: str = field(
+    fourier_attention: site_choices() = field(
         default="all", metadata={"help": "comma-separated attentions that are Fourier, from encoder,decoder,cross "
-                                         "(or all / none); the others stay softmax"})
+                                         "in this order (or all / none); the others stay softmax"})
     fourier_log_interval: int = kwarg_field(
         "log_interval", 0, "every N updates, log each Fourier layer's radius (radius_<layer>) and the mean "
                            "attention entropy per site (entropy_<site>, nats) through fairseq's metrics; 0: off")

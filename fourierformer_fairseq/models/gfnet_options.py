@@ -12,7 +12,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from fourierformer_fairseq.modules.global_filter_mixer import GlobalFilterMixer
 
-from .attention_options import AttentionOptions, kwarg_field
+from .attention_options import AttentionOptions, kwarg_field, site_choices
 
 
 @dataclass
@@ -21,10 +21,10 @@ class GlobalFilterConfig(FairseqDataclass):
 
     gfnet_init_std: float = kwarg_field(
         "init_std", 0.02, "standard deviation of the global filter's initial time-domain taps (GFNet's 0.02)")
-    gfnet_attention: str = field(
+    gfnet_attention: site_choices() = field(
         default="all", metadata={"help": "comma-separated self-attentions replaced by the global filter, from "
-                                         "encoder,decoder (or all / none); the others, and encoder-decoder "
-                                         "attention, stay softmax"})
+                                         "encoder,decoder in this order (or all / none); the others, and "
+                                         "encoder-decoder attention, stay softmax"})
 
 
 class GlobalFilterOptions(AttentionOptions):

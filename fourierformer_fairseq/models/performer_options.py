@@ -18,7 +18,7 @@ from fairseq.utils import safe_getattr
 from fourierformer_fairseq.modules.performer_multihead_attention import PerformerMultiheadAttention
 from fourierformer_fairseq.ops.favor import FEATURE_TYPES, KERNELS, feature_seed
 
-from .attention_options import SITES, AttentionOptions, kwarg_field
+from .attention_options import SITES, AttentionOptions, kwarg_field, site_choices
 from .kernel_options import FourierKernelConfig
 
 
@@ -38,9 +38,9 @@ class PerformerConfig(FourierKernelConfig):
                                  "(identically on every worker); 0: never")
     performer_feature_type: ChoiceEnum(FEATURE_TYPES) = kwarg_field(
         "feature_type", "orthogonal", "orthogonal (block-orthogonal rows, FAVOR+) or iid Gaussian rows")
-    performer_attention: str = field(
+    performer_attention: site_choices() = field(
         default="all", metadata={"help": "comma-separated attentions that are Performer, from encoder,decoder,cross "
-                                         "(or all / none); the others stay softmax"})
+                                         "in this order (or all / none); the others stay softmax"})
 
 
 class PerformerAttentionOptions(AttentionOptions):
