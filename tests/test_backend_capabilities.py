@@ -151,3 +151,17 @@ def test_info_reports_the_declarations():
         expected = backend.not_supported_reasons()
         assert ("unavailable: " + "; ".join(expected) if expected else "available") in line
         assert backend.describe() in text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_python_number_radius_is_a_fixed_radius_on_every_backend(dtype):
+    """fourier_attention(q, k, v, 0.9): as a tensor radius 0.9 of the inputs' precision, on each backend
+    that runs here; anything else that is not a tensor is refused by name."""
+    q, k, v, r, kw = inputs(dtype=dtype)
+    backends = ["reference"] + (["cpu"] if LOADED else [])
+    for backend in backends:
+        torch.testing.assert_close(fourier_attention(q, k, v, 0.9, backend=backend),
+                                   fourier_attention(q, k, v, r, backend=backend), rtol=0, atol=0, msg=backend)
+        assert prepare_inputs(q, k, v, 0.9).radius_hd.dtype == dtype
+    with pytest.raises(TypeError, match="radius must be a tensor or a Python number, got str"):
+        fourier_attention(q, k, v, "0.9")

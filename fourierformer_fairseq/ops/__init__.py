@@ -95,7 +95,7 @@ def fourier_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    radius: torch.Tensor,
+    radius: torch.Tensor | float,
     *,
     power: int = 4,
     phi: str = "power",
@@ -111,7 +111,8 @@ def fourier_attention(
 
     Args:
         q: (B, H, N, D) queries; k: (B, H, M, D) keys; v: (B, H, M, Dv) values.
-        radius: R, learnable: a scalar, (H, 1) per head, (D,) or (H, D) per feature.
+        radius: R, learnable: a scalar, (H, 1) per head, (D,) or (H, D) per feature; or a Python
+            number (a fixed R, no gradient).
         power: p of phi(x) = x^p (phi="power"). Even p: log domain, fused kernels.
             Odd p: direct normalisation on the reference backend (diverges, as in the paper).
         phi: "power", or "abs", "relu", "sigmoid" (reference backend; the paper's Table 7).

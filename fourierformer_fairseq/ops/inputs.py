@@ -125,6 +125,11 @@ def prepare_inputs(
         raise ValueError(f"v has shape {tuple(v.shape)}; expected (B, H, M, Dv) = ({B}, {H}, {M}, Dv)")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if isinstance(radius, (int, float)) and not isinstance(radius, bool):  # a fixed radius (no gradient)
+        radius = torch.tensor(float(radius), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32,
+                              device=q.device)
+    elif not isinstance(radius, torch.Tensor):
+        raise TypeError(f"radius must be a tensor or a Python number, got {type(radius).__name__}")
     if not (q.device == k.device == v.device == radius.device):
         raise ValueError(f"q, k, v, radius must be on one device, got {q.device}, {k.device}, {v.device}, {radius.device}")
     if phi not in PHIS:
