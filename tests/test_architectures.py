@@ -421,3 +421,20 @@ def test_language_model_checkpoint_in_fresh_fairseq_eval_lm(lm_data, tmp_path):
     # printed with 4 decimals: half a unit of rounding, plus float32 noise from other thread counts
     assert abs(float(found.group(1)) - float(before["loss"])) <= 5e-5 + 1e-5, (found.group(0), before)
     assert float(before["perplexity"]) < lm_threshold(lm_data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["fourierformer_iwslt_de_en", "gfnet_iwslt_de_en", "fourierformer_lm_wiki103_small",
+                                  "softmax_lm_wiki103_small"])
+def test_checkpoints_record_the_plugin_version(arch, translation_data, lm_data, tmp_path):
+    """cfg.model of a checkpoint of each model family of the plugin says which version trained it."""
+    import fourierformer_fairseq
+
+    save_dir = str(tmp_path)
+    if "_lm_" in arch:
+        train_language_model(lm_data, save_dir, arch, ["--max-update", "2"])
+    else:
+        train_translation_model(translation_data, save_dir, arch, ["--max-update", "2"])
+    model_cfg = torch.load(os.path.join(save_dir, "checkpoint_last.pt"))["cfg"]["model"]
+    version = model_cfg["fourierformer_version"] if isinstance(model_cfg, dict) else model_cfg.fourierformer_version
+    assert version == fourierformer_fairseq.__version__

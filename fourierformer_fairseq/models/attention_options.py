@@ -20,7 +20,7 @@ module exists).
 
 import enum
 import itertools
-from dataclasses import field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Dict, FrozenSet, Sequence, Type
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -28,6 +28,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.utils import safe_getattr
 
+from fourierformer_fairseq import __version__
 from fourierformer_fairseq.modules.option_checks import OptionError
 
 SITES = ("encoder", "decoder", "cross")
@@ -39,6 +40,16 @@ SITE_HELP = {
     "decoder": "decoder (causal) self-attention",
     "cross": "decoder encoder-decoder attention",
 }
+
+
+@dataclass
+class PluginVersionConfig(FairseqDataclass):
+    """What every model of the plugin records in its checkpoints' ``cfg.model`` (the language models'
+    config inherits it, the translation models add it to their parser)."""
+
+    fourierformer_version: str = field(
+        default=__version__, metadata={"help": "the fourierformer-fairseq version that trained the model, "
+                                               "recorded in its checkpoints (set by the plugin; not to be given)"})
 
 
 def site_tag(module_name: str) -> str:
@@ -200,4 +211,4 @@ class AttentionOptions:
         """Finishes a built model; nothing by default."""
 
 
-__all__ = ["LM_SITES", "SITES", "AttentionOptions", "kwarg_field", "parse_sites", "site_choices", "site_tag"]
+__all__ = ["LM_SITES", "SITES", "AttentionOptions", "PluginVersionConfig", "kwarg_field", "parse_sites", "site_choices", "site_tag"]

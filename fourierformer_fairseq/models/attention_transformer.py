@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Type
 from torch import Tensor
 
 from fairseq import options
+from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
 from fairseq.models.transformer.transformer_legacy import TransformerModel
@@ -30,7 +31,7 @@ from fairseq.utils import safe_getattr
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 
 from . import lm_options
-from .attention_options import LM_SITES, SITES, AttentionOptions
+from .attention_options import LM_SITES, SITES, AttentionOptions, PluginVersionConfig
 
 
 def paper_lm_sizes(args, embed_dim: int, context: int) -> None:
@@ -217,6 +218,7 @@ class AttentionKindTransformerModel(TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         cls.options_class.add_args(parser)
+        gen_parser_from_dataclass(parser, PluginVersionConfig())  # recorded in the checkpoints' cfg.model
 
     @classmethod
     def build_model(cls, args, task):

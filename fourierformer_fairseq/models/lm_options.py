@@ -35,6 +35,8 @@ from fairseq.utils import safe_getattr
 
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 
+from .attention_options import PluginVersionConfig
+
 LM_INITS = ("fairseq", "published")
 LM_LAYERNORMS = ("pre", "post")
 #: the published code's ``--init_std``: every Linear and embedding weight N(0, std), LayerNorm weights N(1, std)
@@ -42,7 +44,7 @@ PUBLISHED_INIT_STD = 0.02
 
 
 @dataclass
-class LanguageModelConfig(TransformerLanguageModelConfig):
+class LanguageModelConfig(TransformerLanguageModelConfig, PluginVersionConfig):
     """``transformer_lm``'s options plus the published model's LayerNorm placement, init and attention biases."""
 
     lm_layernorm: ChoiceEnum(LM_LAYERNORMS) = field(
