@@ -30,7 +30,9 @@ TABLE is one of
            vector at 2; the published attention), and our defaults (automatic radius: a scalar, per head,
            per head and feature) beside them; small LM
   table9   training / inference ms per sample and peak memory, small LMs, same batch
-The runs of each table: python fourierformer_fairseq/training_recipes.py --table-runs TABLE.
+The runs of each table: python fourierformer_fairseq/training_recipes.py --table-runs TABLE. A run that
+diverges (fairseq-train stops on a NaN or an overflow) is recorded as not converged (RUN/not_converged.json,
+with the update it stopped at) and the table goes on: make_tables.py prints "not converge" for it.
 Tables 1, 6, 7 and 8 train under the WikiText-103 recipe's --protocol: published (the default, the
 published code's training: comparable with the paper's numbers) or fairseq.
   e4       Appendix E.4: Fourier density estimators and Nadaraya-Watson regression
@@ -43,8 +45,10 @@ Options:
   --wikitext-raw PATH  offline wikitext-103-v1.zip or folder (default: download)
   --data-root DIR      (default: $DATA_ROOT)      --runs DIR (default: $RUNS)
   --protocol P         published (default) or fairseq: the WikiText-103 training of tables 1, 6, 7, 8
-  --dry-run            train nothing: print every run of each table (3 seeds: --seeds), its command,
-                       updates, tokens and GPU-hours on 1, 2 and 8 GPUs, and the total
+  --dry-run            train nothing: print each distinct run of the tables once (the tables that share
+                       it), its seeds' fairseq-train commands, its attention backend, updates, tokens
+                       and GPU-hours on 1, 2 and 8 GPUs (or why unknown), and the totals
+                       (examples/paper_runs.py)
   --timings FILE       the step times the GPU-hours come from (default: the dated record,
                        docs/records/step_times.json)
   --small              every step in its small mode (the whole path in minutes on a CPU)
@@ -72,22 +76,35 @@ done
 [[ ${#TABLES[@]} -gt 0 ]] || { usage >&2; die "name at least one TABLE"; }
 
 EX="$REPO_ROOT/examples"
+IWSLT_DATA="$DATA_ROOT/iwslt14.tokenized.de-en"
+WIKI_DATA="$DATA_ROOT/wikitext-103"
 if [[ $DRY == 1 ]]; then
+    # each distinct run once (examples/paper_runs.py), its seeds' fairseq-train commands as its recipe
+    # prints them (--print-command), its backend and cost
+    TRAINED=() COMMANDS=$(mktemp)
+    trap 'rm -f "$COMMANDS"' EXIT
     for T in "${TABLES[@]}"; do
-        case "$T" in
-            table9|e4) echo "$T: trains nothing" ;;
-            *) recipe --dry-run "$T" --seeds "$(wc -w <<< "$SEEDS")" ${PROTOCOL:+--protocol "$PROTOCOL"} \
-                   ${TIMINGS:+--timings "$TIMINGS"} ;;
-        esac
+        case "$T" in table9|e4) echo "$T: trains nothing" ;; *) TRAINED+=("$T") ;; esac
     done
+    [[ ${#TRAINED[@]} -gt 0 ]] || exit 0
+    while IFS=$'\t' read -r -a fields; do
+        task="${fields[0]}" name="${fields[1]}" model="${fields[2]}" size="${fields[3]}" extra=("${fields[@]:4}")
+        if [[ $task == wikitext103 ]]; then
+            "$EX/wikitext103/train.sh" --print-command ${PROTOCOL:+--protocol "$PROTOCOL"} --model "$model" --size "$size" \
+                --seeds "$SEEDS" --data "$WIKI_DATA" --runs "$RUNS/wikitext103" --name "$name" -- "${extra[@]}"
+        else
+            "$EX/iwslt14/train.sh" --print-command --model "$model" --seeds "$SEEDS" --data "$IWSLT_DATA" \
+                --runs "$RUNS/iwslt14" --name "$name" -- "${extra[@]}"
+        fi | sed "s/^/$name\t/" >> "$COMMANDS"
+    done < <("$PYTHON" "$EX/paper_runs.py" plan "${TRAINED[@]}")
+    "$PYTHON" "$EX/paper_runs.py" dry-run "${TRAINED[@]}" --seeds "$(wc -w <<< "$SEEDS")" \
+        ${PROTOCOL:+--protocol "$PROTOCOL"} ${TIMINGS:+--timings "$TIMINGS"} --commands "$COMMANDS"
     exit 0
 fi
 PROTO=()
 [[ -n "$PROTOCOL" ]] && PROTO=(--protocol "$PROTOCOL")
 SM=()
 [[ $SMALL == 1 ]] && SM=(--small)
-IWSLT_DATA="$DATA_ROOT/iwslt14.tokenized.de-en"
-WIKI_DATA="$DATA_ROOT/wikitext-103"
 mkdir -p "$RUNS"
 
 prep_iwslt() {
@@ -106,8 +123,13 @@ lm() {
     for seed in $SEEDS; do
         local run="$RUNS/wikitext103/${name}_seed$seed"
         [[ -f "$run/results-lm.json" ]] && { say "$run already evaluated"; continue; }
-        "$EX/wikitext103/train.sh" "${PROTO[@]}" --model "$model" --size "$size" --seeds "$seed" --data "$WIKI_DATA" \
-            --runs "$RUNS/wikitext103" --name "$name" "${SM[@]}" -- "$@"
+        [[ -f "$run/not_converged.json" ]] && { say "$run did not converge (recorded in $run/not_converged.json)"; continue; }
+        if ! "$EX/wikitext103/train.sh" "${PROTO[@]}" --model "$model" --size "$size" --seeds "$seed" --data "$WIKI_DATA" \
+            --runs "$RUNS/wikitext103" --name "$name" "${SM[@]}" -- "$@"; then
+            # a divergence (NaN or overflow) is the row's result: recorded, and the table goes on
+            "$PYTHON" "$EX/paper_runs.py" diverged "$run" || die "training $run failed (not a divergence): see $run/train.log"
+            continue
+        fi
         "$EX/wikitext103/evaluate.sh" --data "$WIKI_DATA" "${SM[@]}" "$run"
     done
 }

@@ -11,7 +11,6 @@ of each architecture is ``fourierformer_fairseq.models.SOFTMAX_TWINS``.
     python fourierformer_fairseq/training_recipes.py wikitext103 --shell     # NAME=value lines for a shell
     python fourierformer_fairseq/training_recipes.py wikitext103 --protocol fairseq --size medium
     python fourierformer_fairseq/training_recipes.py --table-runs table7     # a paper table's runs
-    python fourierformer_fairseq/training_recipes.py --dry-run table1        # their commands, tokens, GPU-hours
     python fourierformer_fairseq/training_recipes.py iwslt14 --generate      # fairseq-generate's options
 
 This file imports nothing of the package (nor fairseq or torch), so a shell can run it as a file.
@@ -182,7 +181,7 @@ def lm_recipe(protocol: str = None, size: str = "small") -> dict:
 # The IWSLT'14 recipe stops after epochs, not updates. Its training set, as fairseq's
 # prepare-iwslt14.sh makes it, is 160,239 sentence pairs; at 4,096 tokens a batch fairseq makes
 # about 1,100 updates an epoch of it (an estimate, not measured here: about 27 BPE tokens a
-# sentence with padding, 150 sentences a batch). Only the GPU-hour estimates use it.
+# sentence with padding, 150 sentences a batch). Only the dry run's GPU-hours use it (examples/paper_runs.py).
 IWSLT14_UPDATES_PER_EPOCH_ESTIMATE = 1100
 
 # The runs of each paper table, as examples/reproduce.sh trains them (per seed) and
@@ -241,14 +240,6 @@ PAPER_TABLES = {
 PAPER_TABLES["table6"] = {"task": "wikitext103",  # head redundancy of table 1's small models
                           "runs": tuple(r for r in PAPER_TABLES["table1"]["runs"] if r[2] == "small")}
 PAPER_SEEDS = 3
-
-# Measured step times the dry run's GPU-hours are computed from (a dated record, with its machine,
-# kernels and shape; examples/reproduce.sh --timings FILE takes another one, e.g. the GPU check's).
-STEP_TIMES_RECORD = "docs/records/step_times.json"
-# Multi-GPU scaling assumed until it is measured: data-parallel efficiency by GPU count (1.0:
-# linear, the same GPU-hours on any count).
-ASSUMED_SCALING_EFFICIENCY = {1: 1.0, 2: 1.0, 8: 1.0}
-
 
 def table_runs(table: str):
     try:
@@ -347,66 +338,8 @@ def tokens_per_update(name: str, protocol: str = None, size: str = None) -> int:
     return int(values["--batch-size"]) * int(values["--update-freq"]) * int(values["--tokens-per-sample"])
 
 
-def step_times(path: str = None) -> dict:
-    """The step-time record (STEP_TIMES_RECORD, relative to the repository, or path)."""
-    import json
-    import os
-
-    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), STEP_TIMES_RECORD)
-    with open(path) as fh:
-        return json.load(fh)
-
-
-def run_cost(name: str, model: str, protocol: str, size, timings: dict) -> dict:
-    """One run's updates, tokens and GPU-hours on one GPU: its tokens x the record's ms per token of the
-    model kind (a translation run: of the IWSLT model; a language model: of the small LM, whatever the size)."""
-    updates = updates_per_run(name, protocol, size)
-    tokens = updates * tokens_per_update(name, protocol, size)
-    kind = "fourier" if model != "softmax" else "softmax"
-    entry = timings["iwslt14" if name == "iwslt14" else "wikitext103"]
-    ms_per_token = entry["ms_per_sequence"][kind] / entry["tokens_per_sequence"]
-    return {"updates": updates, "tokens": tokens, "gpu_hours": tokens * ms_per_token / 3.6e6}
-
-
-def table_cost_lines(table: str, protocol: str = None, timings: dict = None, seeds: int = PAPER_SEEDS,
-                     commands: dict = None) -> list:
-    """What reproduce.sh --dry-run prints for a table: every run (its command when given: {run name: text}),
-    its updates, tokens and GPU-hours on 1, 2 and 8 GPUs (ASSUMED_SCALING_EFFICIENCY), then the total.
-    A run another table of the same call already trains is counted once (by name)."""
-    spec = table_runs(table)
-    protocol = (protocol or DEFAULT_LM_PROTOCOL) if spec["task"] == "wikitext103" else None
-    timings = timings or step_times()
-    lines, total, seen = [], 0.0, set()
-    counts = sorted(ASSUMED_SCALING_EFFICIENCY)
-    for run, model, size, extra, label, _ in spec["runs"]:
-        if run in seen:
-            continue
-        seen.add(run)
-        c = run_cost(spec["task"], model, protocol, size, timings)
-        hours = [c["gpu_hours"] / ASSUMED_SCALING_EFFICIENCY[n] for n in counts]
-        total += seeds * c["gpu_hours"]
-        what = f"{spec['task']} {size + ' ' if size else ''}{run}" + (f" ({protocol} protocol)" if protocol else "")
-        lines.append(f"{table} {what}: {label}; {seeds} seeds x {c['updates']:,} updates = "
-                     f"{seeds * c['tokens'] / 1e9:.2f}G tokens; a seed "
-                     + ", ".join(f"{h:.1f} GPU-h on {n} GPU{'s' if n > 1 else ''} ({h / n:.1f} h)" for n, h in zip(counts, hours)))
-        if commands and run in commands:
-            lines.append(f"  {commands[run]}")
-    eff = ", ".join(f"{n}: {ASSUMED_SCALING_EFFICIENCY[n]:g}" for n in counts)
-    lines.append(f"{table} total: {total:.0f} GPU-hours on 1 GPU, "
-                 + ", ".join(f"{total / ASSUMED_SCALING_EFFICIENCY[n] / n:.0f} h on {n}" for n in counts)
-                 + f" (wall-clock); assumed multi-GPU efficiency {eff} (not measured)")
-    return lines
-
-
 def _shell_name(option: str) -> str:
     return "R_" + option.lstrip("-").replace("-", "_").upper()
-
-
-def lm_run_command(protocol: str, run: str, model: str, size: str, extra, seeds: int) -> str:
-    """The train.sh command reproduce.sh runs for one LM run of a table (all its seeds)."""
-    seeds_text = " ".join(str(i) for i in range(1, seeds + 1))
-    return (f"examples/wikitext103/train.sh --protocol {protocol} --model {model} --size {size} --name {run} "
-            f"--seeds {shlex.quote(seeds_text)}" + (" -- " + " ".join(shlex.quote(a) for a in extra) if extra else ""))
 
 
 def main(argv=None) -> int:
@@ -428,10 +361,6 @@ def main(argv=None) -> int:
                    help="print fairseq-train's --eval-bleu-args, the validation's generation (JSON)")
     p.add_argument("--table-runs", metavar="TABLE", help="print a paper table's runs, one a line: name, model, size "
                                                          "and the extra arguments, tab-separated")
-    p.add_argument("--dry-run", metavar="TABLE", help="print a paper table's runs with their commands, updates, "
-                                                      "tokens and GPU-hours, and the total")
-    p.add_argument("--timings", help=f"the step-time record the GPU-hours come from (default {STEP_TIMES_RECORD})")
-    p.add_argument("--seeds", type=int, default=PAPER_SEEDS, help="seeds a run (--dry-run)")
     p.add_argument("--scaled-cutoffs", type=int, metavar="VOCAB",
                    help="print the published cutoffs scaled to a vocabulary of VOCAB words")
     p.add_argument("--cutoffs-for", metavar="DATA",
@@ -453,21 +382,6 @@ def main(argv=None) -> int:
         if args.table_runs:
             for run, model, size, extra, _, _ in table_runs(args.table_runs)["runs"]:
                 print("\t".join([run, model, size or "-", *extra]))
-            return 0
-        if args.dry_run:
-            spec = table_runs(args.dry_run)
-            timings = step_times(args.timings)
-            commands = {}
-            if spec["task"] == "wikitext103":
-                protocol = args.protocol or DEFAULT_LM_PROTOCOL
-                for run, model, size, extra, _, _ in spec["runs"]:
-                    commands[run] = (lm_run_command(protocol, run, model, size, extra, args.seeds)
-                                     + "\n    fairseq-train: " + " ".join(shlex.quote(a) for a in recipe_args(
-                                         "wikitext103", protocol=protocol, size=size)))
-            note = timings.get("note", "")
-            print(f"# GPU-hours: estimates from {args.timings or STEP_TIMES_RECORD} (measured {timings['date']}, "
-                  f"{timings['machine']}; {timings['kernels']}){': ' + note if note else ''}")
-            print("\n".join(table_cost_lines(args.dry_run, args.protocol, timings, args.seeds, commands)))
             return 0
         if not args.name:
             p.error("name a recipe")

@@ -189,24 +189,30 @@ def test_verify_wheels_refuses_torch_in_the_folder(bundle, tmp_path):
     assert any("torch is in" in p for p in bundle.verify_wheels(str(tmp_path)))
 
 
-def test_gpu_hours_are_the_recipes_tokens_times_the_measured_ms_per_token(gc):
-    ms = {"fourierformer_iwslt_de_en": 120.0, "transformer_iwslt_de_en": 100.0,
-          "fourierformer_lm_wiki103_small": 32.0, "softmax_lm_wiki103_small": 16.0}
-    results = {(task, "fp16"): {arch: {"ms_per_update": ms[arch]} for arch in ms
-                                if (task == "mt") == ("iwslt" in arch)} for task in ("mt", "lm")}
-    timings = gc.check_step_times(results, "fp16")
-    # an LM update of the check is one pass of 16 sequences of the recipe's context
-    assert timings["wikitext103"]["ms_per_sequence"] == {"fourier": 2.0, "softmax": 1.0}
-    assert timings["wikitext103"]["tokens_per_sequence"] == int(training_recipes.recipe_value("wikitext103", "--tokens-per-sample"))
-    lines = gc.gpu_hours(results, "fp16")
-    t1 = next(l for l in lines if l.startswith("table1 total:"))
-    assert t1 == training_recipes.table_cost_lines("table1", None, timings)[-1]
-    # by hand: table 5 = 3 seeds x the IWSLT'14 updates x (120 + 100) ms
-    seeds, mt_updates = training_recipes.PAPER_SEEDS, training_recipes.updates_per_run("iwslt14")
-    t5 = next(l for l in lines if l.startswith("table5 total:"))
-    assert f"table5 total: {seeds * mt_updates * (120.0 + 100.0) / 3.6e6:.0f} GPU-hours" in t5
-    # another precision's runs are not used: nothing measured, said so
-    assert all("not measured here" in l for l in gc.gpu_hours(results, "amp"))
+@pytest.mark.slow
+def test_step_times_of_the_protocols_own_passes_are_the_record_the_dry_run_reads(gc, tmp_path):
+    """The steptimes step's code path on the CPU (tiny layers, the protocol's pass): an entry for each size,
+    attention (the twin, the fused published attention, a reference row while one is not fused) and
+    precision, at the protocol's sequences a pass and context; the record it makes costs every run of the
+    LM tables whose attention it measured, as updates x ms a pass x --update-freq."""
+    entries = gc.protocol_step_times("cpu", tiny=True, warmup=0, steps=1)
+    attentions = [a for a, _, _ in gc.step_time_models()]
+    assert {(e["size"], e["attention"], e["precision"]) for e in entries} == {
+        (size, a, p) for size in ("small", "medium") for a in attentions for p in gc.STEP_TIME_PRECISIONS}
+    assert all(e.get("ms_per_pass", 0) > 0 for e in entries), [e for e in entries if "error" in e]
+    small = next(e for e in entries if e["size"] == "small" and e["attention"] == "fused" and e["precision"] == "fp32")
+    assert (small["sequences_per_pass"], small["tokens_per_sequence"]) == (16, 256)
+    record = gc.step_time_record(entries, gpu=False)
+    path = tmp_path / "step_times.json"
+    path.write_text(json.dumps(record))
+    pr = gc.paper_runs()
+    lines = pr.dry_run_lines(["table1", "table7"], record=pr.step_times(str(path)), record_path=str(path), seeds=1)
+    # every run's cost but the Gaussian kernel's (its own op, which the step does not measure)
+    unknown = [lines[i - 1] for i, l in enumerate(lines) if "cost unknown" in l and not l.startswith(("table", "all"))]
+    assert unknown and all("gaussian" in l for l in unknown), unknown
+    run = lines[lines.index(next(l for l in lines if l.startswith("wikitext103 small published_small "))) + 1]
+    assert f"a seed {500000 * small['ms_per_pass'] * 6 / 3.6e6:.1f} GPU-h on 1 GPU" in run
+
 
 def test_rows_are_written_as_they_come_and_a_step_past_its_limit_is_stopped(gc, tmp_path):
     check = gc.Check(str(tmp_path), budget=100)

@@ -249,32 +249,60 @@ def test_scaled_cutoffs_and_warmup():
 
 # --------------------------------------------------------------------------- the dry run
 def test_dry_run_gpu_hours_recomputed_from_their_inputs():
-    timings = {"wikitext103": {"tokens_per_sequence": 256, "ms_per_sequence": {"fourier": 10.0, "softmax": 5.0}},
-               "iwslt14": {"tokens_per_sequence": 64, "ms_per_sequence": {"fourier": 2.0, "softmax": 1.0}}}
-    lines = tr.table_cost_lines("table1", "published", timings, seeds=3)
-    total = lines[-1]
-    # small: 500k updates x 96 x 256 tokens; medium: 400k x 56 x 384; ms per token = ms per sequence / 256
-    small = 500000 * 96 * 256 / 256 / 3.6e6
-    medium = 400000 * 56 * 384 / 256 / 3.6e6
-    want = 3 * (small * 5.0 + small * 10.0 * 2 + medium * 5.0 + medium * 10.0 * 2)
+    """Each run's GPU-hours are its updates x the step time of what it executes (the protocol's pass x
+    --update-freq); a run the record does not hold (here: the reference backend) is of unknown cost, not
+    costed at another's speed; a run shared by tables is counted once in their total."""
+    pr = load_paper_runs()
+    record = {"step_times": [
+        {"task": "wikitext103", "protocol": "published", "size": size, "attention": att, "precision": "fp32",
+         "sequences_per_pass": seqs, "tokens_per_sequence": ctx, "ms_per_pass": ms}
+        for size, seqs, ctx in (("small", 16, 256), ("medium", 8, 384))
+        for att, ms in (("softmax", 100.0), ("fused", 200.0))]}
+    lines = pr.dry_run_lines(["table1", "table7"], "published", record=record, seeds=3)
+    small, medium = 500000 * 6 * 200.0 / 3.6e6, 400000 * 7 * 200.0 / 3.6e6  # a Fourier seed, GPU-hours
+    run = lines[lines.index(next(l for l in lines if l.startswith("wikitext103 small published_small "))) + 1]
+    assert f"a seed {small:.1f} GPU-h on 1 GPU" in run and f"{3 * 500000 * 96 * 256 / 1e9:.2f}G tokens" in run
+    assert "in table1, table7" in next(l for l in lines if l.startswith("wikitext103 small published_small "))
+    x3 = next(l for l in lines if l.startswith("wikitext103 small published_small_power3 "))
+    assert "the slow reference backend" in x3
+    assert "cost unknown" in lines[lines.index(x3) + 1]
     import re
-    hours = float(re.match(r"table1 total: ([0-9.]+) GPU-hours on 1 GPU", total).group(1))
-    assert abs(hours - want) <= 0.51
-    assert abs(float(re.search(r"([0-9.]+) h on 8", total).group(1)) - want / 8) <= 0.51 and "not measured" in total
-    run = next(l for l in lines if "published_small" in l)
-    assert f"{small * 10.0:.1f} GPU-h on 1 GPU" in run and f"{3 * 500000 * 96 * 256 / 1e9:.2f}G tokens" in run
-    # table 7 names every paper row
-    runs = [r[0] for r in tr.table_runs("table7")["runs"]]
-    assert len(runs) == 10 and len({r[5] for r in tr.table_runs("table7")["runs"] if r[5]}) == 8
+
+    def total(name):
+        line = next(l for l in lines if l.startswith(name))
+        return float(re.search(r"total: ([0-9.]+) GPU-hours", line).group(1)), line
+
+    t1, _ = total("table1 total")
+    assert abs(t1 - 3 * (small / 2 + small * 2 + medium / 2 + medium * 2)) <= 0.51
+    t7, line7 = total("table7 total")
+    fused7 = [r for r in tr.table_runs("table7")["runs"] if pr.attention_backend(r[3], 16)[0] == "fused"]
+    assert abs(t7 - 3 * small * len(fused7)) <= 0.51 and f"{len(fused7)} of 10 runs" in line7
+    both, _ = total("all 2 tables")
+    assert abs(both - (t1 + t7 - 3 * small * 2)) <= 1.1  # published_small and fourier_small once
 
 
-def test_reproduce_dry_run_prints_every_run_and_trains_nothing(tmp_path):
+def load_paper_runs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("paper_runs", os.path.join(REPO, "examples", "paper_runs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_reproduce_dry_run_prints_every_run_once_with_its_command_and_trains_nothing(tmp_path):
     r = subprocess.run(["bash", os.path.join(REPO, "examples", "reproduce.sh"), "--dry-run", "--runs", str(tmp_path / "r"),
-                        "table8", "table1"], capture_output=True, text=True, cwd=REPO)
+                        "--seeds", "1", "table5", "table6"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
-    for run, *_ in tr.table_runs("table8")["runs"] + tr.table_runs("table1")["runs"]:
-        assert f" {run} (published protocol)" in r.stdout and f"--name {run} " in r.stdout
-    assert r.stdout.count("total:") == 2 and "docs/records/step_times.json" in r.stdout
+    for table in ("table5", "table6"):
+        for run, model, size, extra, *_ in tr.table_runs(table)["runs"]:
+            head = next(l for l in r.stdout.splitlines() if f" {run}" in l and l.startswith(tr.table_runs(table)["task"]))
+            i = r.stdout.splitlines().index(head)
+            cmd = next(l for l in r.stdout.splitlines()[i:] if l.strip().startswith("fairseq-train "))
+            assert f"--save-dir {tmp_path / 'r'}" in cmd and "--arch " in cmd and "--seed 1 " in cmd
+            assert all(a in cmd.split() for a in extra)
+    assert "data-bin/wikitext-103 " in r.stdout and "data-bin/iwslt14.tokenized.de-en " in r.stdout
+    assert r.stdout.count("total:") == 3 and "docs/records/step_times.json" in r.stdout
     assert not (tmp_path / "r").exists()
 
 

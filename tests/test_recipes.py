@@ -550,6 +550,53 @@ def test_reproduce_small_tables_offline(iwslt_runs, wiki_runs, tmp_path):
         assert twin_hr["mean"] < 1e-5 * hr["mean"], (model, twin_hr["mean"], hr["mean"])
 
 
+@pytest.mark.slow
+def test_reproduce_table_survives_a_diverging_row(wiki_data, tmp_path):
+    """A row whose training goes NaN (x^3 at a learning rate of 1e30, through a fairseq-train on PATH that
+    adds it to that row's command) is recorded as not converged, with the update it stopped at, and the
+    table goes on: the row after it (|x|) trains and is evaluated, and the table says "not converge"
+    beside the paper's "not converge". The rows before are evaluated runs reproduce.sh reuses."""
+    from fourierformer_fairseq.fairseq_runs import options_given
+    from fourierformer_fairseq.training_recipes import table_runs
+
+    assert wiki_data["prepare"].returncode == 0, wiki_data["prepare"].stderr[-3000:]
+    runs = tmp_path / "runs"
+    trained = ("published_small_power3", "published_small_phiabs")
+    for i, (name, model, size, extra, *_) in enumerate(table_runs("table7")["runs"]):
+        if name in trained:
+            continue
+        folder = runs / "wikitext103" / f"{name}_seed1"
+        folder.mkdir(parents=True)
+        meta = {"task": "wikitext103", "model": model, "size": size, "seed": 1, "protocol": "published", "name": name,
+                "data": str(wiki_data["data"]), "extra_args": list(extra), "fourier": options_given(list(extra))}
+        (folder / "meta.json").write_text(json.dumps(meta))
+        (folder / "results-lm.json").write_text(json.dumps({"valid_ppl": 40.0 + i}))
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    stub = stubs / "fairseq-train"
+    stub.write_text("#!/usr/bin/env bash\n"
+                    'if [[ " $* " == *" --fourier-power 3 "* ]]; then set -- "$@" --lr 1e30; fi\n'
+                    f'exec {shutil.which("fairseq-train")} "$@"\n')
+    stub.chmod(0o755)
+    env = dict(os.environ, PATH=f"{stubs}{os.pathsep}{os.environ['PATH']}")
+    r = run(["bash", os.path.join(REPO, "examples", "reproduce.sh"), "--small", "--seeds", "1",
+             "--data-root", str(wiki_data["data"].parent), "--runs", str(runs), "table7"], env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    diverged = runs / "wikitext103" / "published_small_power3_seed1"
+    record = json.loads((diverged / "not_converged.json").read_text())
+    assert "gradients are Nan/Inf" in record["error"] and record["source"] == "checkpoints/crash.pt"
+    assert 1 <= record["stopped_at_update"] <= 40 and not (diverged / "results-lm.json").exists()
+    after = json.loads((runs / "wikitext103" / "published_small_phiabs_seed1" / "results-lm.json").read_text())
+    assert after["valid_ppl"] > 0
+    table = (runs / "table7.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| phi x^3 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    said = f"not converge (stopped at update {record['stopped_at_update']:,})"
+    assert cells[2] == cells[3] == said and cells[5] == cells[6] == "not converge", row
+    assert f"| phi |x| | paper | {after['valid_ppl']:.2f} |" in table
+    assert "without evaluation results" not in table
+
+
 # --------------------------------------------------------------------------- full-size comparison
 FULL = os.path.join(REPO, "examples", "full_size")
 

@@ -2,7 +2,7 @@
 """The GPU check: everything a user does on a GPU, in one run of under ten minutes, with one table.
 
     bash tools/gpu_check.sh [--out DIR] [--offline DIR | --wheels DIR --data-bin DIR] [--raw DIR]
-                              [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,train,distributed,sanitize]
+                              [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,steptimes,train,distributed,sanitize]
     bash tools/gpu_check.sh --dry-run [--offline DIR]   # without a GPU: every step but the GPU's
     python tools/gpu_check.py --prepare-offline DIR     # with a network: the wheels and data for --offline DIR
 
@@ -27,12 +27,15 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
              its kernels
   table9     benchmarks/benchmark_model.py: training ms per sequence and peak memory, Fourier against its
              softmax twin, the LM and the IWSLT model, fp32, fp16 and bf16
+  steptimes  the WikiText-103 protocol's own models at its pass (both sizes; the softmax twin, the published
+             attention on the fused kernels, a Table 7 row on the reference backend while one is not fused;
+             fp32 and bf16): one training pass each, written to OUT/step_times.json, the record
+             examples/reproduce.sh --dry-run --timings reads, and what the LM tables cost from it
   train      stock fairseq-train, the recipes of fourierformer_fairseq/training_recipes.py at full size
              for --updates updates: the IWSLT'14 architecture on Multi30k and the WikiText-103 small LM
              on WikiText-2, Fourier and its softmax twin; the --fp16 set and the --amp set side by side
              (fairseq's --bf16 means a TPU, so bfloat16 is checked by the tests and Table 9); then the
              --fp16 runs are evaluated: fairseq-generate --fp16 (beam 5, BLEU) and fairseq-eval-lm --fp16
-  GPU-hours  from the --fp16 runs' ms per update: what each of the paper's tables costs on this card
   distributed  two ranks of stock fairseq-train on the GPU(s) for each attention kind (a translation
              model each, 12 updates): NCCL where there are two GPUs, else gloo with both on the one,
              under fairseq's GPU default --ddp-backend pytorch_ddp; every parameter and buffer, the
@@ -61,6 +64,7 @@ from __future__ import annotations
 import argparse
 import glob
 import importlib
+import importlib.util
 import json
 import lzma
 import os
@@ -77,11 +81,11 @@ from offline_bundle import (OFFLINE_ROOTS, folder_mib, pack_data, pack_wheels, p
                             unpack_data, unpack_wheels, verify_wheels)
 from fourierformer_fairseq.fairseq_runs import TIMED_OUT, fairseq_command, fairseq_log_records, run_logged
 from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes, generation_args, recipe, recipe_args,
-                                                    recipe_value, table_cost_lines, validation_lengths)
+                                                    recipe_value, validation_lengths)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
-STEPS = ("install", "tests", "cpu", "attention", "table9", "train", "distributed", "sanitize")
+STEPS = ("install", "tests", "cpu", "attention", "table9", "steptimes", "train", "distributed", "sanitize")
 CUDA_TESTS = ("tests/test_cuda_kernels.py", "tests/test_cuda_fuzz.py", "tests/test_cuda_module.py")
 CPU_OP_TESTS = ("tests/test_fourier_attention_op.py", "tests/test_op_fuzz.py")
 DISTRIBUTED_TESTS = ("tests/test_distributed.py",)  # its tests marked cuda: three cases, side by side
@@ -91,7 +95,7 @@ CPU_VARIANT = "avx512"  # the variant no CI host runs (tests/cpu_variants.py: FO
 # sized from what the steps took on a card (docs/records/gpu-runs.md).
 # A dry run runs the same test selections on a CPU, far slower: its limits are this many times longer
 DRY_RUN_SCALE = 4
-STEP_SECONDS = {"install": 200, "tests": 200, "cpu": 200, "attention": 90, "table9": 120, "training": 100,
+STEP_SECONDS = {"install": 200, "tests": 200, "cpu": 200, "attention": 90, "table9": 120, "steptimes": 120, "training": 100,
                 "evaluate": 60, "distributed": 60, "sanitize": 150}
 
 # The trained tasks: the recipe (training_recipes.py) and the data-bin folder of each
@@ -594,44 +598,155 @@ def step_train(check: Check, args) -> dict:
     return results
 
 
-def check_step_times(results: dict, precision: str, args=None) -> dict:
-    """The check's measured ms per update as a step-time record (training_recipes.step_times' format):
-    an LM update of the check is one pass of --batch-size sequences of --tokens-per-sample tokens, a
-    translation update one batch of --max-tokens tokens (counted as one "sequence" of that length)."""
-    out = {}
-    for (task, prec), runs in results.items():
-        if prec != precision:
-            continue
-        name = TASKS[task][0]
-        fourier = recipe(name)["arch"]
-        changes = {**CHECK_CHANGES[task][0], **(TINY[task] if args is not None and not args.gpu else {})}
-        if name == "wikitext103":
-            per_update = int(changes.get("--batch-size", recipe_value(name, "--batch-size")))
-            tokens = int(changes.get("--tokens-per-sample", recipe_value(name, "--tokens-per-sample")))
-        else:
-            per_update, tokens = 1, int(changes.get("--max-tokens", recipe_value(name, "--max-tokens")))
-        entry = out.setdefault(name, {"tokens_per_sequence": tokens, "ms_per_sequence": {}})
-        for arch, r in runs.items():
-            if r.get("ms_per_update"):
-                entry["ms_per_sequence"]["fourier" if arch == fourier else "softmax"] = r["ms_per_update"] / per_update
+def paper_runs():
+    """examples/paper_runs.py (the tables' runs and their cost), imported from its file."""
+    spec = importlib.util.spec_from_file_location("paper_runs", os.path.join(REPO, "examples", "paper_runs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# The steptimes step: the WikiText-103 protocol's own models (both sizes; the softmax twin, the published
+# attention on the fused kernels and, while a Table 7 row's phi is not fused, that row's attention on the
+# reference backend) at the protocol's pass (its sequences a pass and context, adaptive input and
+# softmax over WikiText-103's vocabulary), one training pass each (forward, adaptive_loss, backward,
+# clip, Adam), the median of STEP_TIME_STEPS after STEP_TIME_WARMUP; fp32 (what the protocols train) and
+# bf16 (the model in bfloat16). A dry run builds them with STEP_TIME_TINY's layers at the same pass.
+STEP_TIME_PRECISIONS = ("fp32", "bf16")
+STEP_TIME_WARMUP, STEP_TIME_STEPS = 2, 5
+STEP_TIME_TINY = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+                  "--decoder-attention-heads", "4"]
+
+
+def step_time_models(protocol: str = None) -> list:
+    """(attention, model, extra arguments) of what the protocol's runs execute: the softmax twin, the
+    published attention (fused), and the first Table 7 row whose attention the fused kernels do not take."""
+    pr = paper_runs()
+    out = [("softmax", "softmax", ()), ("fused", "fourier", ("--fourier-published",))]
+    for _, run, model, size, extra, _, _ in pr.distinct_runs(["table7"]):
+        if model == "fourier" and pr.attention_backend(extra, pr.head_dim(size))[0] == "reference":
+            out.append(("reference", "fourier", tuple(extra)))
+            break
     return out
 
 
-def gpu_hours(results: dict, precision: str, args=None) -> list[str]:
-    """What each paper table's training costs on this card (training_recipes.table_cost_lines: every run
-    of it, PAPER_SEEDS seeds, the recipe's tokens x the measured ms per token of its model kind); a
-    table whose kinds were not both measured is said so, not guessed."""
-    timings = check_step_times(results, precision, args)
-    lines = []
-    for table, spec in PAPER_TABLES.items():
-        if table == "table6":  # table 1's small models
-            continue
-        measured = timings.get(spec["task"], {}).get("ms_per_sequence", {})
-        if set(measured) != {"fourier", "softmax"}:
-            lines.append(f"{table}: not measured here ({spec['task']}: {', '.join(sorted(measured)) or 'no run'})")
-            continue
-        lines.append(table_cost_lines(table, None, timings)[-1])
-    return lines
+def time_lm_pass(protocol: str, size: str, model: str, extra, precision: str, device: str, tiny: bool,
+                 warmup: int = STEP_TIME_WARMUP, steps: int = STEP_TIME_STEPS) -> float:
+    """ms of one training pass of the protocol's LM (its sequences a pass, its context), built by fairseq from
+    the recipe's options and WikiText-103's vocabulary."""
+    import torch
+    from fairseq import options, tasks
+    from fairseq.data import Dictionary
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fourierformer_fairseq.training_recipes import WIKITEXT103_VOCAB
+
+    arch = recipe("wikitext103", protocol, size)["arch"]
+    arch = softmax_twin(arch) if model == "softmax" else arch
+    argv = ["unused-data", "--user-dir", USER_DIR, "--arch", arch, *recipe_args("wikitext103", protocol=protocol, size=size),
+            *(STEP_TIME_TINY if tiny else []), *extra] + (["--cpu"] if device == "cpu" else [])
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    dictionary = Dictionary()
+    for i in range(WIKITEXT103_VOCAB - len(dictionary)):
+        dictionary.add_symbol(f"w{i}")
+    task = tasks.get_task("language_modeling")(cfg.task, dictionary, dictionary)
+    torch.manual_seed(1)
+    # bf16: the model in bfloat16, as benchmarks/benchmark_model.py measures it
+    net = task.build_model(cfg.model).to(device=device, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    criterion = task.build_criterion(cfg.criterion).to(device)
+    net.train()
+    opt = torch.optim.Adam(net.parameters(), lr=float(cfg.optimization.lr[0]), betas=(0.9, 0.999))
+    seqs, context = int(cfg.dataset.batch_size), int(cfg.task.tokens_per_sample)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (seqs, context + 1), generator=g).to(device)
+    sample = {"net_input": {"src_tokens": tokens[:, :-1], "src_lengths": torch.full((seqs,), context, device=device)},
+              "target": tokens[:, 1:].contiguous(), "ntokens": seqs * context, "nsentences": seqs, "id": torch.arange(seqs)}
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss, _, _ = criterion(net, sample)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), float(cfg.optimization.clip_norm))
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+def protocol_step_times(device: str, tiny: bool, protocol: str = None, sizes=None, precisions=STEP_TIME_PRECISIONS,
+                        warmup: int = STEP_TIME_WARMUP, steps: int = STEP_TIME_STEPS) -> list:
+    """The step-time entries of the protocol's runs (examples/paper_runs.py reads them): one per size,
+    attention and precision; a model that does not fit or fails gets its error instead of a time."""
+    from fourierformer_fairseq.training_recipes import DEFAULT_LM_PROTOCOL, LM_SIZES
+
+    protocol = protocol or DEFAULT_LM_PROTOCOL
+    pr = paper_runs()
+    entries = []
+    for size in sizes or LM_SIZES:
+        seqs, context, _ = pr.lm_pass(protocol, size)
+        for attention, model, extra in step_time_models(protocol):
+            for precision in precisions:
+                entry = {"task": "wikitext103", "protocol": protocol, "size": size, "attention": attention,
+                         "precision": precision, "sequences_per_pass": seqs, "tokens_per_sequence": context,
+                         "extra": list(extra)}
+                try:
+                    entry["ms_per_pass"] = round(time_lm_pass(protocol, size, model, extra, precision, device, tiny,
+                                                              warmup, steps), 3)
+                except (RuntimeError, ValueError) as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
+                    entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                entries.append(entry)
+    return entries
+
+
+def step_steptimes(check: Check, args) -> None:
+    """The protocol's step times (protocol_step_times) as a record, OUT/step_times.json, the one
+    examples/reproduce.sh --dry-run --timings reads; and what the paper's LM tables cost from it."""
+    t0 = time.perf_counter()
+    out = os.path.join(check.out, "step_times.json")
+    device = "cuda" if args.gpu else "cpu"
+    script = ("import json, sys; sys.path.insert(0, 'tools'); import gpu_check as g; "
+              f"json.dump(g.protocol_step_times({device!r}, {not args.gpu}), open(sys.argv[1], 'w'))")
+    rc, text = check.run("steptimes", [sys.executable, "-c", script, out + ".entries"], STEP_SECONDS["steptimes"])
+    if rc != 0 or not os.path.exists(out + ".entries"):
+        check.record("steptimes", "FAIL", time.perf_counter() - t0, failure(rc, text))
+        return
+    entries = json.load(open(out + ".entries"))
+    os.remove(out + ".entries")
+    record = step_time_record(entries, args.gpu)
+    with open(out, "w") as fh:
+        json.dump(record, fh, indent=1)
+    failed = [f"{e['size']} {e['attention']} {e['precision']}: {e['error']}" for e in entries if "error" in e]
+    pr = paper_runs()
+    totals = [line for line in pr.dry_run_lines(["table1", "table7", "table8"], record=record, record_path=out)
+              if " total: " in line]
+    check.record("steptimes", "PASS", time.perf_counter() - t0,
+                 f"{len(entries) - len(failed)} of {len(entries)} measured ({out})"
+                 + (f"; not measured: {'; '.join(failed)}" if failed else "") + "; " + "; ".join(totals))
+
+
+def step_time_record(entries: list, gpu: bool) -> dict:
+    """The record's head (when, where, what) over the entries."""
+    card = "a CPU (dry run: tiny layers at the protocol's pass, not a budget)"
+    if gpu:
+        import torch
+
+        card = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    return {"date": time.strftime("%Y-%m-%d"), "machine": f"{card}, {platform.node() or 'this machine'}",
+            "kernels": "this checkout's", "command": "python tools/gpu_check.py --steps steptimes",
+            "note": "measured by the GPU check at the protocol's own pass (tools/gpu_check.py: protocol_step_times)",
+            "step_times": entries}
 
 
 # ------------------------------------------------------------------------------------- data (the wheels: offline_bundle.py)
@@ -772,25 +887,14 @@ def main(argv=None) -> int:
             step_attention(check, args)
         if "table9" in steps:
             step_table9(check, args)
+        if "steptimes" in steps:
+            step_steptimes(check, args)
         if "train" in steps:
             t0 = time.perf_counter()
             ok, what = prepare_data(args, check.out)
             check.record("data", "PASS" if ok else "FAIL", time.perf_counter() - t0, what)
             if ok:
                 results = step_train(check, args)
-                precision = "fp16" if args.gpu else "fp32"
-                lines = gpu_hours(results, precision, args)
-                timings = check_step_times(results, precision, args)
-                if timings:  # the record examples/reproduce.sh --dry-run --timings reads
-                    timings.update({"date": time.strftime("%Y-%m-%d"), "machine": platform.node() or "this machine",
-                                    "kernels": "this checkout's", "precision": precision,
-                                    "note": "measured by the GPU check at its own batch (one pass an update)"})
-                    with open(os.path.join(check.out, "step_times.json"), "w") as fh:
-                        json.dump(timings, fh, indent=1)
-                if lines:
-                    card = "this card" if args.gpu else "this CPU (dry run: tiny models, not a budget)"
-                    check.record("GPU-hours", "INFO", 0, f"the paper's tables on {card}, --{precision} ms/update: "
-                                 + "; ".join(lines))
         if "distributed" in steps:
             step_distributed(check, args, workers)
         if "sanitize" in steps:

@@ -103,6 +103,9 @@ def read_run(folder: str) -> dict | None:
     run["fourier"] = {k: v for k, v in given.items() if k not in NOT_SETTINGS}
     if "radius_init" in run["fourier"]:
         run["fourier"]["radius_init"] = _float(run["fourier"]["radius_init"])
+    nc = os.path.join(folder, "not_converged.json")  # examples/paper_runs.py: a diverged training
+    if os.path.exists(nc):
+        run["not_converged"] = json.load(open(nc))
     if task == "iwslt14":
         res_path = os.path.join(folder, "results-test.json")
         if os.path.exists(res_path):
@@ -164,6 +167,24 @@ def fmt_paper(x, digits=2):
     return f"{x:.{digits}f}"
 
 
+def not_converged_note(runs) -> str:
+    """'' where every run converged; else the paper's words, "not converge", with the update each diverged
+    run stopped at (examples/paper_runs.py writes it), after the converged seeds' mean where there are some."""
+    stopped = [r["not_converged"].get("stopped_at_update", "?") for r in runs if r.get("not_converged")]
+    if not stopped:
+        return ""
+    where = ", ".join(f"{u:,}" if isinstance(u, int) else str(u) for u in stopped)
+    text = f"not converge (stopped at update {where})"
+    if len(stopped) == len(runs):
+        return text
+    return f" ({len(stopped)} of {len(runs)} seeds {text})"
+
+
+def ppl_cell(stats, note: str) -> str:
+    """Our mean ± std, with not_converged_note's words (alone where no seed converged)."""
+    return note if note and stats[0] is None else fmt(stats[0], stats[1]) + note
+
+
 def table_md(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -222,13 +243,14 @@ def table1(runs, paper) -> str | None:
     for (data, protocol, model, size, label), rs in sorted(
             groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][3], 9), kv[0][2] != "softmax", kv[0][2], kv[0][4])):
         v, t = mean_std([r["valid_ppl"] for r in rs]), mean_std([r["test_ppl"] for r in rs])
+        diverged = not_converged_note(rs)
         row = table_row_of(rs[0], "table1")
         # the paper's number only beside its own row, trained as the paper trained it
         p = (paper.get("table1_wikitext103", {}).get(row[5], {})
              if row and row[5] and protocol == "published" else {})
         name = row[4] if row else f"{model} {size}{label}"
         strides = sorted({str(r.get("eval_stride")) for r in rs if r.get("eval_stride") is not None})
-        rows.append([name, data, protocol, fmt(v[0], v[1]), fmt(t[0], t[1]), str(max(v[2], t[2])),
+        rows.append([name, data, protocol, ppl_cell(v, diverged), ppl_cell(t, diverged), str(len(rs)),
                      fmt_paper(p.get("valid_ppl")), fmt_paper(p.get("test_ppl")), ",".join(strides) or DASH])
     return "### Table 1: WikiText-103 perplexity (lower is better)\n\n" + table_md(
         ["model", "data", "protocol", "valid PPL (ours)", "test PPL (ours)", "seeds", "valid PPL (paper)",
@@ -275,8 +297,10 @@ def ablation(runs, table: str, title: str, paper_key: str, paper) -> str | None:
                 continue
             p = paper.get(paper_key, {}).get(paper_row, {}) if paper_row and protocol == "published" else {}
             v, t = mean_std([r["valid_ppl"] for r in rs]), mean_std([r["test_ppl"] for r in rs])
-            rows.append([label, "paper" if paper_row else "ours", fmt(v[0], v[1]), fmt(t[0], t[1]),
-                         str(max(v[2], t[2])), fmt_paper(p.get("valid_ppl")), fmt_paper(p.get("test_ppl"))])
+            diverged = not_converged_note(rs)
+            rows.append([label, "paper" if paper_row else "ours", ppl_cell(v, diverged),
+                         ppl_cell(t, diverged), str(len(rs)), fmt_paper(p.get("valid_ppl")),
+                         fmt_paper(p.get("test_ppl"))])
         size = PAPER_TABLES[table]["runs"][0][2]
         parts.append(f"### {title}, WikiText-103 {size} ({data}, {protocol} protocol)\n\n" + table_md(
             ["setting", "row", "valid PPL (ours)", "test PPL (ours)", "seeds", "valid PPL (paper)",
@@ -342,8 +366,9 @@ def main(argv=None) -> int:
               table9(args.benchmark, paper)):
         if t:
             parts.append(t)
-    missing = [r["folder"] for r in runs if (r.get("task") == "iwslt14" and r.get("bleu") is None)
-               or (r.get("task") == "wikitext103" and r.get("valid_ppl") is None and r.get("test_ppl") is None)]
+    missing = [r["folder"] for r in runs if r.get("not_converged") is None and (
+               (r.get("task") == "iwslt14" and r.get("bleu") is None)
+               or (r.get("task") == "wikitext103" and r.get("valid_ppl") is None and r.get("test_ppl") is None))]
     if missing:
         parts.append("Runs without evaluation results (run evaluate.sh on them): " + ", ".join(f"`{m}`" for m in missing))
     if len(parts) == 1:
