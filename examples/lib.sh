@@ -208,3 +208,44 @@ print_commands() {
 
 # run_log RUN: this copy's log file (see distributed_options)
 run_log() { if [[ "${DIST_COPY:-0}" == 0 ]]; then echo "$1/train.log"; else echo "$1/train.copy${DIST_COPY}.log"; fi; }
+
+# device_for PRINT CPU: sets DEVICE (fairseq's device option). --cpu when asked (CPU=1, a recipe's --cpu);
+#   else a command only printed (PRINT=1, --print-command) is the command for a GPU machine, whatever this
+#   machine has (it is printed on a login node and run in a GPU job), and a run here adds --cpu where
+#   torch sees no GPU. A printed command is announced (on stderr) as for a GPU machine or a CPU.
+device_for() {
+    DEVICE=()
+    if [[ "$2" == 1 ]]; then
+        DEVICE=(--cpu)
+    elif [[ "$1" != 1 ]]; then
+        has_cuda || DEVICE=(--cpu)
+    fi
+    if [[ "$1" == 1 ]]; then
+        if [[ "$2" == 1 ]]; then say "commands for a CPU (--cpu)"; else say "commands for a GPU machine (--cpu for a CPU)"; fi
+    fi
+}
+
+# trained RUN: succeeds, printing why, when RUN/checkpoints/checkpoint_last.pt already holds the training
+#   that CMD (command_of's fairseq-train command) asks for: its --max-update updates or --max-epoch epochs.
+#   Stock fairseq-train would resume it anyway, train one more update and rewrite its checkpoints.
+trained() {
+    "$PYTHON" "$REPO_ROOT/fourierformer_fairseq/fairseq_runs.py" trained "$1/checkpoints/checkpoint_last.pt" "${CMD[@]:1}"
+}
+
+# the console's share of fairseq-train's output (all of it goes to the log): the progress every
+# --log-interval updates (train_inner), each epoch's summary and validation, the end, and errors
+CONSOLE_LINES='[|] train_inner [|]|[|] train [|]|valid on|done training|Error|error:|Traceback'
+
+# train_logged LOG: runs CMD, its output appended to LOG after a line that marks the start of this run
+#   (the date, the recipe and the command; a resumed run's log keeps its first part), and
+#   CONSOLE_LINES of it on the console; returns fairseq-train's exit status
+train_logged() {
+    local log="$1" rc
+    printf '==== %s %s: %s\n' "$(date -u '+%F %T UTC')" "$(basename "$(dirname "$0")")/$(basename "$0")" \
+        "$(printf '%q ' "${CMD[@]}")" >> "$log"
+    set +e
+    "${CMD[@]}" 2>&1 | tee -a "$log" | grep --line-buffered -E "$CONSOLE_LINES" >&2
+    rc=${PIPESTATUS[0]}
+    set -e
+    return "$rc"
+}

@@ -9,12 +9,15 @@ the quickstart and the tools that read runs (``analysis/``, ``benchmarks/``).
   (``examples/lib.sh``'s ``write_meta`` records them; ``analysis/tables/make_tables.py`` groups runs by them),
   and ``run_name_suffix``, the run-name suffix the recipes make of them (``examples/lib.sh``'s
   ``fourier_suffix`` runs this file: ``python fourierformer_fairseq/fairseq_runs.py run-suffix ARGS...``).
+- ``training_done``: whether a run's ``checkpoint_last.pt`` already holds the training a fairseq-train
+  command asks for (the recipes' ``trained``: ``python fourierformer_fairseq/fairseq_runs.py trained
+  CHECKPOINT ARGS...``), as stock fairseq-train would resume it and train one more update.
 - ``generate_hypotheses`` and ``detokenised_bleu``: the BLEU scoring of the translation recipes,
   sacreBLEU (lowercase) on the Moses-detokenised hypotheses of ``fairseq-generate``
   (``examples/iwslt14/evaluate.sh``, ``examples/full_size/summarize.py``); the options the
   hypotheses are generated with are ``training_recipes.GENERATION``.
 
-Nothing here imports fairseq or torch.
+Nothing here imports fairseq, nor torch but ``training_done`` (to read the checkpoint).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import sys
 import threading
 
 __all__ = ["fairseq_command", "run_logged", "shell_line", "fairseq_log_records", "options_given",
-           "run_name_suffix", "generate_hypotheses", "detokenised_bleu"]
+           "run_name_suffix", "training_done", "generate_hypotheses", "detokenised_bleu"]
 
 # "... | INFO | train_inner | {...}": the progress bar's tag, then the interval's metrics
 _LOG_RECORD = re.compile(r"\|\s*(train_inner|train|valid)\s*\|\s*(\{.*\})\s*$")
@@ -133,6 +136,40 @@ def run_name_suffix(extra_args) -> str:
     return "".join("_" + p for p in parts).replace("-", "_")
 
 
+def _last_int_option(args, flag: str) -> int:
+    """The value of the last ``flag N`` / ``flag=N`` among fairseq-train arguments (argparse's rule); 0 if absent."""
+    value = "0"
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a[len(flag) + 1:]
+    return int(value)
+
+
+def training_done(checkpoint: str, train_args) -> str:
+    """Why the fairseq-train command ``train_args`` has nothing left to train from ``checkpoint`` (its
+    ``checkpoint_last.pt``): its ``--max-update`` updates are done, or its ``--max-epoch`` epochs; ''
+    when there is training left (or no checkpoint). fairseq's saved iterator names the epoch to run
+    next, so the epochs done are one fewer."""
+    if not os.path.exists(checkpoint):
+        return ""
+    import torch
+
+    from fourierformer_fairseq.checkpoint_compat import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    state = torch.load(checkpoint, map_location="cpu", mmap=True)  # weights_only where torch defaults to it
+    updates = int(state["optimizer_history"][-1]["num_updates"])
+    epochs = int(state["extra_state"]["train_iterator"]["epoch"]) - 1
+    max_update, max_epoch = _last_int_option(train_args, "--max-update"), _last_int_option(train_args, "--max-epoch")
+    if max_update > 0 and updates >= max_update:
+        return f"{updates} updates done, --max-update {max_update}"
+    if max_epoch > 0 and epochs >= max_epoch:
+        return f"{epochs} epochs done ({updates} updates), --max-epoch {max_epoch}"
+    return ""
+
+
 def generate_hypotheses(lines) -> dict:
     """{sentence id: hypothesis} from fairseq-generate's output (its "H-<id>\\tscore\\ttext" lines)."""
     hyps = {}
@@ -158,13 +195,21 @@ def detokenised_bleu(hypotheses, references, lang: str = "en"):
 
 
 def main(argv=None) -> int:
-    """``fairseq_runs.py run-suffix ARGS...``: print run_name_suffix(ARGS) (for the recipes' shells)."""
+    """For the recipes' shells: ``fairseq_runs.py run-suffix ARGS...`` prints run_name_suffix(ARGS);
+    ``fairseq_runs.py trained CHECKPOINT ARGS...`` prints training_done(CHECKPOINT, ARGS) and exits 0
+    when it is not '' (nothing left to train), 1 otherwise."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] != "run-suffix":
-        print("usage: fairseq_runs.py run-suffix [FAIRSEQ-TRAIN ARGUMENTS...]", file=sys.stderr)
-        return 2
-    print(run_name_suffix(argv[1:]))
-    return 0
+    if argv and argv[0] == "run-suffix":
+        print(run_name_suffix(argv[1:]))
+        return 0
+    if len(argv) >= 2 and argv[0] == "trained":
+        why = training_done(argv[1], argv[2:])
+        if why:
+            print(why)
+        return 0 if why else 1
+    print("usage: fairseq_runs.py run-suffix [FAIRSEQ-TRAIN ARGUMENTS...]\n"
+          "       fairseq_runs.py trained CHECKPOINT [FAIRSEQ-TRAIN ARGUMENTS...]", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

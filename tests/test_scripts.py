@@ -212,6 +212,21 @@ def test_average_checkpoints(tmp_path):
     assert st["model"]["w"].dtype == torch.float32
 
 
+@pytest.mark.parametrize("flag,asked", [("--num-epoch-checkpoints", "5"), ("--num-update-checkpoints", "1")])
+def test_average_checkpoints_refuses_fewer_checkpoints_than_asked(tmp_path, flag, asked):
+    """Four epoch checkpoints and none by update: asking for more than there are exits non-zero, naming
+    what it found, and writes nothing."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for e in range(1, 5):
+        torch.save({"model": {"w": torch.full((2,), float(e))}}, ck / f"checkpoint{e}.pt")
+    out = tmp_path / "avg.pt"
+    r = run([sys.executable, script("average_checkpoints"), "--inputs", str(ck), flag, asked, "--output", str(out)])
+    assert r.returncode == 1 and not out.exists(), r.stderr
+    found = "4 (checkpoint1.pt, checkpoint2.pt, checkpoint3.pt, checkpoint4.pt)" if "epoch" in flag else "0 (none)"
+    assert f"asked for the last {asked} " in r.stderr and f"found {found}" in r.stderr, r.stderr
+
+
 # --------------------------------------------------------------------------- fourier_estimators
 def test_fourier_density_integrates_to_one():
     fe = load("fourier_estimators")

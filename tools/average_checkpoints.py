@@ -5,7 +5,7 @@
     python tools/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
 
 With a folder, the last N checkpointN.pt (by epoch) or checkpoint_E_U.pt (by update, with
---num-update-checkpoints) are averaged. The output keeps the newest input's other state
+--num-update-checkpoints) are averaged; fewer than N there is an error (exit status 1). The output keeps the newest input's other state
 (cfg, optimizer history) and the averaged "model" weights; floating tensors are averaged
 in float64 and cast back, other tensors are taken from the newest input.
 """
@@ -28,11 +28,10 @@ def last_checkpoints(folder: str, n: int, by_update: bool) -> list[str]:
         if m:
             found.append((int(m.group(1)), os.path.join(folder, name)))
     found.sort()
-    if not found:
+    if len(found) < n:  # (an average of fewer than asked would pass for the one asked for)
         kind = "checkpoint_E_U.pt" if by_update else "checkpointN.pt"
-        raise SystemExit(f"average_checkpoints: no {kind} files in {folder}")
-    if len(found) < n:
-        print(f"average_checkpoints: only {len(found)} checkpoints in {folder}, averaging those (asked {n})", file=sys.stderr)
+        names = ", ".join(os.path.basename(p) for _, p in found) or "none"
+        raise SystemExit(f"average_checkpoints: asked for the last {n} {kind} in {folder}, found {len(found)} ({names})")
     return [p for _, p in found[-n:]]
 
 

@@ -6,6 +6,7 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/lib.sh"
 
 DATA="data-bin/iwslt14.tokenized.de-en"
 AVG=10
+AVG_GIVEN=""
 AVG_BY=epochs
 # fairseq-generate's options: the generation protocol (fourierformer_fairseq/training_recipes.py:
 # GENERATION) with what --beam, --lenpen, --batch-size and --small change (--set OPTION VALUE)
@@ -13,6 +14,7 @@ SETS=()
 SUBSET=test
 SMALL=0
 PRINT=0
+CPU=0
 RUNS_ARGS=()
 
 usage() {
@@ -32,15 +34,19 @@ For each RUN folder written by train.sh (RUN/checkpoints/):
 
 Options:
   --data DIR        binarised data (default: $DATA)
-  --avg N           checkpoints to average (default: $AVG; 0 = checkpoint_best.pt)
+  --avg N           checkpoints to average (default: $AVG; 0 = checkpoint_best.pt, e.g. for a
+                    --max-update run, which may keep no epoch checkpoints)
   --avg-by epochs|updates   average the last N epoch checkpoints (checkpointE.pt, default) or
                     the last N update checkpoints (checkpoint_E_U.pt, --save-interval-updates)
   --beam N          beam size (default: the protocol's)
   --lenpen X        length penalty (default: the protocol's)
   --batch-size N    sentences a batch (default: the protocol's)
   --subset NAME     test or valid (default: $SUBSET)
-  --small           small mode: average 2, beam 2, batch 64, the validation's length limit
-  --print-command   print each RUN's fairseq-generate command and stop (nothing is run)
+  --small           small mode: average 2 (unless --avg says otherwise), beam 2, batch 64, the
+                    validation's length limit
+  --cpu             generate on the CPU (default: the GPU where torch sees one, else the CPU)
+  --print-command   print each RUN's fairseq-generate command and stop (nothing is run): the
+                    command for a GPU machine, or with --cpu for a CPU
   -h, --help        this help
 
 Example: examples/iwslt14/evaluate.sh runs/iwslt14/fourier_seed*
@@ -50,22 +56,24 @@ EOF
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --data) DATA="${2:?}"; shift 2 ;;
-        --avg) AVG="${2:?}"; shift 2 ;;
+        --avg) AVG="${2:?}"; AVG_GIVEN=1; shift 2 ;;
         --avg-by) AVG_BY="${2:?}"; shift 2 ;;
         --beam|--lenpen|--batch-size) SETS+=(--set "${1#--}" "${2:?}"); shift 2 ;;
         --subset) SUBSET="${2:?}"; shift 2 ;;
         --small) SMALL=1; shift ;;
         --print-command) PRINT=1; shift ;;
+        --cpu) CPU=1; shift ;;
         -h|--help) usage; exit 0 ;;
         -*) usage >&2; die "unknown option '$1'" ;;
         *) RUNS_ARGS+=("$1"); shift ;;
     esac
 done
 [[ ${#RUNS_ARGS[@]} -gt 0 ]] || { usage >&2; die "no RUN folder given"; }
-[[ $SMALL == 1 ]] && { AVG=2; SETS=(--validation-lengths --set beam 2 --set batch-size 64 "${SETS[@]}"); }
+[[ $SMALL == 1 ]] && { [[ -n $AVG_GIVEN ]] || AVG=2; SETS=(--validation-lengths --set beam 2 --set batch-size 64 "${SETS[@]}"); }
 mapfile -t GENERATE < <(recipe iwslt14 --generate "${SETS[@]}")
 [[ ${#GENERATE[@]} -gt 0 ]] || die "no generation protocol (fourierformer_fairseq/training_recipes.py)"
 BEAM=$(printf '%s\n' "${GENERATE[@]}" | sed -n '/^--beam$/{n;p}')  # (for the messages and results.json)
+device_for "$PRINT" "$CPU"
 if [[ $PRINT == 0 ]]; then
     need fairseq-generate "bash tools/install.sh installs fairseq"
     [[ -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA"
@@ -76,8 +84,6 @@ for RUN in "${RUNS_ARGS[@]}"; do
     MODEL="$CK/checkpoint_best.pt"
     (( AVG > 0 )) && MODEL="$CK/checkpoint_avg$AVG.pt"
     OUTF="$RUN/generate-$SUBSET.txt"
-    DEVICE=()
-    has_cuda || DEVICE=(--cpu)
     CMD=(fairseq-generate "$DATA" --user-dir "$USER_DIR" --path "$MODEL" --gen-subset "$SUBSET" "${GENERATE[@]}"
          "${DEVICE[@]}")
     if [[ $PRINT == 1 ]]; then
@@ -92,7 +98,9 @@ for RUN in "${RUNS_ARGS[@]}"; do
             *) die "--avg-by must be epochs or updates" ;;
         esac
         say "$RUN: averaging the last $AVG $AVG_BY checkpoints"
-        "$PYTHON" "$REPO_ROOT/tools/average_checkpoints.py" --inputs "$CK" "$FLAG" "$AVG" --output "$MODEL" >&2
+        "$PYTHON" "$REPO_ROOT/tools/average_checkpoints.py" --inputs "$CK" "$FLAG" "$AVG" --output "$MODEL" >&2 \
+            || die "$RUN: no $AVG $AVG_BY checkpoints to average (a --max-update run may stop before it saves" \
+                   "any epoch checkpoint): pass --avg 0 to evaluate checkpoint_best.pt, or a smaller --avg"
     fi
     [[ -f "$MODEL" ]] || die "no checkpoint $MODEL"
     say "$RUN: fairseq-generate --beam $BEAM on $SUBSET -> $OUTF"

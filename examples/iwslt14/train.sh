@@ -18,6 +18,7 @@ SMALL=0
 MAX_TOKENS=$R_MAX_TOKENS
 GPUS=1
 PRINT=0
+CPU=0
 LR=$R_LR
 WARMUP=""
 EXTRA=()
@@ -30,7 +31,11 @@ Trains on IWSLT'14 De-En (prepared by examples/iwslt14/prepare.sh) with fairseq'
 recipe: Adam $R_ADAM_BETAS, lr $R_LR, $R_LR_SCHEDULER with $R_WARMUP_UPDATES warm-up updates, dropout $R_DROPOUT,
 weight decay $R_WEIGHT_DECAY, label smoothing $R_LABEL_SMOOTHING, $R_MAX_TOKENS tokens a batch, shared decoder in/out
 embeddings, BLEU (beam 5) on valid for the best checkpoint. One run per seed:
-RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/.
+RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/. A run is resumed from its
+checkpoint_last.pt, its log appended to (each run's start marked); a run that already holds the
+training asked for (--max-epoch / --max-update) is skipped, with a word: raise the limit to train
+it further, or remove its checkpoints/ to train it anew. The console shows fairseq's progress every
+50 updates, each epoch's summary and validation; train.log has everything.
 
 On N GPUs (--gpus N, all machines together) the update keeps its $R_MAX_TOKENS tokens: each GPU's batch
 is --max-tokens $R_MAX_TOKENS/N (N must divide $R_MAX_TOKENS; a smaller cap packs its sentences less tightly,
@@ -56,7 +61,9 @@ Options:
   --warmup N               warm-up updates (default: $R_WARMUP_UPDATES)
   --no-eval-bleu           pick the best checkpoint by valid loss (no beam search each epoch)
   --small                  small mode: a 1-layer, 32-dim model, 3 epochs (minutes on a CPU)
-  --print-command          print each seed's fairseq-train command and stop (nothing is checked or run)
+  --cpu                    train on the CPU (default: the GPU where torch sees one, else the CPU)
+  --print-command          print each seed's fairseq-train command and stop (nothing is checked or run):
+                           the command for a GPU machine, or with --cpu for a CPU
   -h, --help               this help
 Anything after -- goes to fairseq-train, e.g. -- --fourier-phi abs --fourier-radius-init 2.0
 
@@ -83,6 +90,7 @@ while [[ $# -gt 0 ]]; do
         --warmup) WARMUP="${2:?}"; shift 2 ;;
         --gpus) GPUS="${2:?}"; shift 2 ;;
         --print-command) PRINT=1; shift ;;
+        --cpu) CPU=1; shift ;;
         --no-eval-bleu) EVAL_BLEU=0; shift ;;
         --small) SMALL=1; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -133,7 +141,7 @@ command_of() {  # command_of SEED RUN: the fairseq-train command of a seed, one 
         --seed "$1" --save-dir "$2/checkpoints" --keep-last-epochs "$KEEP_LAST" \
         --log-format simple --log-interval 50 "${EXTRA[@]}")
 }
-DEVICE=()
+device_for "$PRINT" "$CPU"
 if [[ $PRINT == 1 ]]; then
     print_commands
     exit 0
@@ -143,12 +151,16 @@ need fairseq-train "bash tools/install.sh installs fairseq"
 [[ -f "$DATA/dict.de.txt" && -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA: run examples/iwslt14/prepare.sh first"
 [[ -d "$USER_DIR" ]] || die "plugin folder $USER_DIR not found (set FOURIERFORMER_USER_DIR)"
 check_distributed "$GPUS"
-has_cuda || DEVICE=(--cpu)
 (( GPUS > 1 )) && say "$GPUS GPUs ($DIST_LAUNCH): $SPLIT_PER_PASS tokens a GPU, $MAX_TOKENS an update"
 
 for SEED in $SEEDS; do
     RUN="$RUNS/${NAME}_seed${SEED}"
     LOG=$(run_log "$RUN")
+    command_of "$SEED" "$RUN"
+    if why=$(trained "$RUN"); then
+        say "seed $SEED: $RUN is trained ($why): skipped (raise --max-epoch or --max-update to train it further)"
+        continue
+    fi
     mkdir -p "$RUN/checkpoints"
     if [[ $DIST_COPY == 0 ]]; then
         write_meta "$RUN/meta.json" task=iwslt14 model="$MODEL" arch="$ARCH" seed="$SEED" name="$NAME" \
@@ -156,12 +168,6 @@ for SEED in $SEEDS; do
     fi
     say "training $ARCH seed $SEED -> $RUN (log: $LOG)"
     start=$(date +%s)
-    command_of "$SEED" "$RUN"
-    set +e
-    "${CMD[@]}" 2>&1 | tee "$LOG" \
-        | grep --line-buffered -E "valid on|done training|Error|error:|Traceback" >&2
-    rc=${PIPESTATUS[0]}
-    set -e
-    [[ $rc == 0 ]] || die "fairseq-train failed for seed $SEED (exit $rc); see $LOG"
+    train_logged "$LOG" || die "fairseq-train failed for seed $SEED (exit $?); see $LOG"
     say "seed $SEED done in $(( $(date +%s) - start ))s: $RUN"
 done

@@ -11,6 +11,8 @@ CONTEXT=""
 STRIDE=1
 BATCH=1
 SMALL=0
+PRINT=0
+CPU=0
 RUNS_ARGS=()
 
 usage() {
@@ -33,6 +35,9 @@ Options:
                       docs/published-model.md; larger is faster and scores each token with less context)
   --batch-size N      (default: $BATCH)
   --small             small mode: stride 8, batch 8
+  --cpu               evaluate on the CPU (default: the GPU where torch sees one, else the CPU)
+  --print-command     print each RUN's fairseq-eval-lm commands and stop (nothing is run): the
+                      commands for a GPU machine, or with --cpu for a CPU
   -h, --help          this help
 
 Example: examples/wikitext103/evaluate.sh runs/wikitext103/fourier_small_seed*
@@ -48,6 +53,8 @@ while [[ $# -gt 0 ]]; do
         --stride) STRIDE="${2:?}"; shift 2 ;;
         --batch-size) BATCH="${2:?}"; shift 2 ;;
         --small) SMALL=1; shift ;;
+        --print-command) PRINT=1; shift ;;
+        --cpu) CPU=1; shift ;;
         -h|--help) usage; exit 0 ;;
         -*) usage >&2; die "unknown option '$1'" ;;
         *) RUNS_ARGS+=("$1"); shift ;;
@@ -55,14 +62,15 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#RUNS_ARGS[@]} -gt 0 ]] || { usage >&2; die "no RUN folder given"; }
 [[ $SMALL == 1 ]] && { STRIDE=8; BATCH=8; }
-need fairseq-eval-lm "bash tools/install.sh installs fairseq"
-[[ -f "$DATA/dict.txt" ]] || die "no binarised data in $DATA"
-DEVICE=()
-has_cuda || DEVICE=(--cpu)
+device_for "$PRINT" "$CPU"
+if [[ $PRINT == 0 ]]; then
+    need fairseq-eval-lm "bash tools/install.sh installs fairseq"
+    [[ -f "$DATA/dict.txt" ]] || die "no binarised data in $DATA"
+fi
 
 for RUN in "${RUNS_ARGS[@]}"; do
     MODEL="$RUN/checkpoints/$CKPT"
-    [[ -f "$MODEL" ]] || die "no checkpoint $MODEL"
+    [[ $PRINT == 1 || -f "$MODEL" ]] || die "no checkpoint $MODEL"
     ctx="$CONTEXT"
     if [[ -z "$ctx" ]]; then
         ctx=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1])).get('context', ''))" "$RUN/meta.json" 2>/dev/null || true)
@@ -71,19 +79,24 @@ for RUN in "${RUNS_ARGS[@]}"; do
     (( STRIDE >= 1 && STRIDE <= ctx )) || die "--stride must be in 1..$ctx"
     WINDOW=$(( ctx - STRIDE ))
     for SUB in $SUBSETS; do
+        # --required-batch-size-multiple 1: fairseq's default (8) can leave windows out of the batches
+        CMD=(fairseq-eval-lm "$DATA" --user-dir "$USER_DIR" --path "$MODEL" --gen-subset "$SUB"
+             --batch-size "$BATCH" --tokens-per-sample "$ctx" --context-window "$WINDOW"
+             --sample-break-mode none --required-batch-size-multiple 1 "${DEVICE[@]}")
+        if [[ $PRINT == 1 ]]; then
+            printf '%q ' "${CMD[@]}"; echo
+            continue
+        fi
         if ! ls "$DATA/$SUB".* >/dev/null 2>&1; then
             say "$RUN: no $SUB split in $DATA, skipped"
             continue
         fi
         LOG="$RUN/eval-$SUB.log"
         say "$RUN: fairseq-eval-lm on $SUB (window $ctx, context $WINDOW, batch $BATCH) -> $LOG"
-        # --required-batch-size-multiple 1: fairseq's default (8) can leave windows out of the batches
-        fairseq-eval-lm "$DATA" --user-dir "$USER_DIR" --path "$MODEL" --gen-subset "$SUB" \
-            --batch-size "$BATCH" --tokens-per-sample "$ctx" --context-window "$WINDOW" \
-            --sample-break-mode none --required-batch-size-multiple 1 "${DEVICE[@]}" > "$LOG" 2>&1 \
-            || { tail -20 "$LOG" >&2; die "fairseq-eval-lm failed for $RUN on $SUB"; }
+        "${CMD[@]}" > "$LOG" 2>&1 || { tail -20 "$LOG" >&2; die "fairseq-eval-lm failed for $RUN on $SUB"; }
         grep -E "Loss \(base 2\)|Evaluated" "$LOG" | sed 's/^.*eval_lm | /  /' >&2 || true
     done
+    [[ $PRINT == 1 ]] && continue
     "$PYTHON" - "$RUN" "$ctx" "$STRIDE" "$BATCH" "$MODEL" $SUBSETS <<'PY'
 import json, os, re, sys
 run, ctx, stride, batch, model, *subsets = sys.argv[1:]

@@ -18,6 +18,7 @@ WARMUP=""
 CONTEXT=""
 SMALL=0
 PRINT=0
+CPU=0
 GPUS=1
 KEEP=5
 SAVE_EVERY=5000
@@ -47,7 +48,11 @@ updates, clip-norm $R_CLIP_NORM, dropout $R_DROPOUT, weight decay $R_WEIGHT_DECA
 ($R_BATCH_SIZE a pass, the rest by --update-freq), $R_MAX_UPDATE updates. On data with another vocabulary than
 WikiText-103's (dict.txt), the published cutoffs are scaled to it in proportion (and printed); with
 --max-update and no --warmup, the warm-up is scaled in proportion too. One run per seed:
-RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/.
+RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/. A run is resumed from its
+checkpoint_last.pt, its log appended to (each run's start marked); a run that already holds its
+--max-update updates is skipped, with a word: raise --max-update to train it further, or remove
+its checkpoints/ to train it anew. The console shows fairseq's progress every 100 updates and
+validation; train.log has everything.
 
 On N GPUs (--gpus N, all machines together) the update keeps the protocol's sequences: each GPU
 takes an equal share, in passes of at most --max-seqs sequences (N must divide the sequences an
@@ -74,7 +79,9 @@ Options:
   --lr X / --warmup N      (defaults: the protocol's)
   --save-every N           checkpoint every N updates, the last $KEEP kept (default: $SAVE_EVERY)
   --small                  small mode: a 2-layer, 32-dim model, context 32, 40 updates
-  --print-command          print each seed's fairseq-train command and stop (nothing is checked or run)
+  --cpu                    train on the CPU (default: the GPU where torch sees one, else the CPU)
+  --print-command          print each seed's fairseq-train command and stop (nothing is checked or run):
+                           the command for a GPU machine, or with --cpu for a CPU
   -h, --help               this help
 Anything after -- goes to fairseq-train (e.g. -- --adaptive-input ... for the softmax twins,
 or -- --fourier-phi abs / --fourier-radius-init 1.0 / --fourier-radius-shape head).
@@ -104,6 +111,7 @@ while [[ $# -gt 0 ]]; do
         --save-every) SAVE_EVERY="${2:?}"; shift 2 ;;
         --small) SMALL=1; shift ;;
         --print-command) PRINT=1; shift ;;
+        --cpu) CPU=1; shift ;;
         --gpus) GPUS="${2:?}"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         --) shift; EXTRA=("$@"); break ;;
@@ -151,8 +159,7 @@ if [[ -n "$CUTOFFS" ]]; then
     SETS+=(--set adaptive-input-cutoff "$CUTOFFS" --set adaptive-softmax-cutoff "$CUTOFFS")
 fi
 mapfile -t RECIPE < <(recipe wikitext103 ${PROTOCOL:+--protocol "$PROTOCOL"} --size "$SIZE" "${SETS[@]}")
-DEVICE=()
-has_cuda || DEVICE=(--cpu)
+device_for "$PRINT" "$CPU"
 
 command_of() {  # command_of SEED RUN: the fairseq-train command of a seed, one argument an element of CMD
     CMD=(fairseq-train "$DATA" --user-dir "$USER_DIR" --arch "$ARCH" "${DIMS[@]}" "${RECIPE[@]}"
@@ -174,6 +181,11 @@ check_distributed "$GPUS"
 for SEED in $SEEDS; do
     RUN="$RUNS/${NAME}_seed${SEED}"
     LOG=$(run_log "$RUN")
+    command_of "$SEED" "$RUN"
+    if why=$(trained "$RUN"); then
+        say "seed $SEED: $RUN is trained ($why): skipped (raise --max-update to train it further)"
+        continue
+    fi
     mkdir -p "$RUN/checkpoints"
     if [[ $DIST_COPY == 0 ]]; then
         write_meta "$RUN/meta.json" task=wikitext103 model="$MODEL" size="$SIZE" arch="$ARCH" seed="$SEED" \
@@ -182,12 +194,6 @@ for SEED in $SEEDS; do
     fi
     say "training $ARCH ($R_PROTOCOL_NAME protocol, context $CONTEXT, $BATCH seqs/update, $MAX_UPDATE updates) seed $SEED -> $RUN (log: $LOG)"
     start=$(date +%s)
-    command_of "$SEED" "$RUN"
-    set +e
-    "${CMD[@]}" 2>&1 | tee "$LOG" \
-        | grep --line-buffered -E "valid on|done training|Error|error:|Traceback" >&2
-    rc=${PIPESTATUS[0]}
-    set -e
-    [[ $rc == 0 ]] || die "fairseq-train failed for seed $SEED (exit $rc); see $LOG"
+    train_logged "$LOG" || die "fairseq-train failed for seed $SEED (exit $?); see $LOG"
     say "seed $SEED done in $(( $(date +%s) - start ))s: $RUN"
 done
