@@ -183,6 +183,33 @@ def test_training_metrics_are_logged_at_the_interval_and_match_the_weights():
         assert not dict(agg.get_smoothed_values())  # never in evaluation
 
 
+def test_the_lines_between_the_metrics_intervals_leave_them_out():
+    """fairseq's loop, with --log-interval 1 below --fourier-log-interval 3: the update's passes inside one
+    named aggregator, its smoothed values printed and the aggregator reset after each update. The
+    lines of the updates that log the metrics have them; the others leave them out (not None)."""
+    from fairseq.logging import metrics
+
+    torch.manual_seed(0)
+    m = FourierMultiheadAttention(E, H, self_attention=True, power=2, log_interval=3, radius_init=0.5).train()
+    m.log_name = "enc2"
+    x = torch.randn(6, 2, E, generator=torch.Generator().manual_seed(5))
+    lines = []
+    for update in range(1, 8):
+        with metrics.aggregate("test_interval_lines", new_root=True):
+            m.set_num_updates(update)
+            m(x, x, x, need_weights=False)
+            metrics.log_scalar("loss", 1.0)
+        lines.append(dict(metrics.get_smoothed_values("test_interval_lines")))
+        metrics.reset_meters("test_interval_lines")
+    for update, line in enumerate(lines, 1):
+        assert line["loss"] == 1.0
+        diagnostics = {k: v for k, v in line.items() if k != "loss"}
+        if update % 3 == 0:
+            assert set(diagnostics) == {"radius_enc2", "entropy_enc"} and None not in diagnostics.values(), line
+        else:
+            assert diagnostics == {}, (update, line)
+
+
 @pytest.mark.parametrize("power", [1, 3])
 def test_training_metrics_of_an_odd_power_log_the_radius_alone(power):
     """Odd powers (Table 7's x and x^3) have signed weights: no entropy, and logging must not stop the training."""

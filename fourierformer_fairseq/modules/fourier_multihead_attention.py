@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
+from fourierformer_fairseq.modules.interval_metrics import forget_unlogged
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 from fourierformer_fairseq.modules.option_checks import (
     OptionError,
@@ -177,6 +178,8 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
         """Called through the model by fairseq's task before every training pass (``update_num``: the
         updates done so far) and when a checkpoint is loaded."""
         self._log_this_update = self.log_interval > 0 and num_updates % self.log_interval == 0
+        if self.log_interval > 0:  # the metrics of _log_metrics: on fairseq's lines of their intervals only
+            forget_unlogged(("radius_", "entropy_", "nullkey_"))
 
     def _log_metrics(self, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> None:
         """The radius of this layer and the mean entropy of its attention rows, over every rank.
