@@ -1,7 +1,11 @@
 """The weights_only allowlist (checkpoint_compat) and the plugin's import guard, each in a fresh process."""
+import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
+from repo import REPO
 
 SAVE_FAIRSEQ_LIKE_STATE = """
 import argparse, datetime, zipfile, numpy as np, torch
@@ -164,3 +168,23 @@ def test_the_plugin_registers_when_fairseq_is_imported_after_it():
         print("RESULT", "fourierformer_iwslt_de_en" in ARCH_MODEL_REGISTRY, _TensorPlaceholder in get_safe_globals())
     """)
     assert proc.stdout.strip().splitlines()[-1] == "RESULT True True"
+
+
+@pytest.mark.slow
+def test_the_readme_names_what_a_forgotten_user_dir_gives(translation_data, tmp_path):
+    """fairseq-generate on a checkpoint of the stock softmax twin, without --user-dir: torch's loader
+    refuses it with the message that the README's troubleshooting quotes; with it, it runs."""
+    from fairseq_helpers import USER_DIR, run_cli, train_translation_model
+
+    train_translation_model(translation_data, str(tmp_path), "transformer_iwslt_de_en", ["--max-update", "2"])
+    args = [translation_data, "--path", str(tmp_path / "checkpoint_last.pt"), "--gen-subset", "valid", "--beam", "1",
+            "--max-len-b", "5", "--source-lang", "in", "--target-lang", "out", "--cpu"]
+    exe = os.path.join(os.path.dirname(sys.executable), "fairseq-generate")
+    proc = subprocess.run([exe if os.path.exists(exe) else "fairseq-generate", *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode != 0
+    quoted = "Weights only load failed"
+    assert quoted in proc.stderr and "argparse.Namespace" in proc.stderr, proc.stderr[-3000:]
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        assert f"{quoted} ... argparse.Namespace" in fh.read()
+    assert "H-0" in run_cli("fairseq-generate", ["--user-dir", USER_DIR, *args]).stdout
