@@ -126,18 +126,22 @@ def test_the_op_imports_and_runs_where_fairseq_cannot_be_imported(tmp_path):
     assert proc.stdout.strip().splitlines()[-1] == "RESULT False (1, 2, 5, 4) True"
 
 
-def test_no_import_of_the_package_configures_logging():
+@pytest.mark.parametrize("module", ["fourierformer_fairseq.models", "fourierformer_fairseq.models.fourierformer_lm",
+                                    "fourierformer_fairseq.modules.fourier_multihead_attention",
+                                    "fourierformer_fairseq.usage_doc"])
+def test_no_import_of_the_package_configures_logging(module):
     """The root logger's level and handlers stay as they were: after importing the package or its op
-    (fairseq stays unimported), after a module of it that imports fairseq, and after the registration
-    that follows a user's own import of fairseq (which, stock, configures logging itself)."""
-    proc = run_python("""
+    (fairseq stays unimported), after a module of it that imports fairseq (which registers the plugin
+    as it is imported), and after the registration that follows a user's own import of fairseq
+    (which, stock, configures logging itself)."""
+    proc = run_python(f"""
         import logging, sys
         def state():
             return (logging.root.level, list(logging.root.handlers))
         before = state()
         import fourierformer_fairseq, fourierformer_fairseq.ops
         print("PACKAGE", state() == before, "fairseq" in sys.modules)
-        import fourierformer_fairseq.models
+        import {module}
         from fairseq.models import ARCH_MODEL_REGISTRY
         print("MODELS", state() == before, "fourierformer_iwslt_de_en" in ARCH_MODEL_REGISTRY)
     """)
@@ -168,6 +172,23 @@ def test_the_plugin_registers_when_fairseq_is_imported_after_it():
         print("RESULT", "fourierformer_iwslt_de_en" in ARCH_MODEL_REGISTRY, _TensorPlaceholder in get_safe_globals())
     """)
     assert proc.stdout.strip().splitlines()[-1] == "RESULT True True"
+
+
+@pytest.mark.parametrize("first", ["fourierformer_fairseq.modules", "fourierformer_fairseq.models",
+                                   "fourierformer_fairseq.modules.fourier_multihead_attention",
+                                   "fourierformer_fairseq.models.fourierformer_lm"])
+def test_a_subpackage_imported_first_registers_the_plugin(first):
+    """A fresh process whose first import is one of the plugin's fairseq-facing modules (which imports
+    fairseq, whose import registers the plugin, which imports those modules again) ends with the
+    plugin registered, not in a circular import."""
+    proc = run_python(f"""
+        import importlib
+        importlib.import_module({first!r})
+        from fairseq.models import ARCH_MODEL_REGISTRY
+        from fourierformer_fairseq.modules import FourierMultiheadAttention
+        print("RESULT", "fourierformer_iwslt_de_en" in ARCH_MODEL_REGISTRY)
+    """)
+    assert proc.stdout.strip().splitlines()[-1:] == ["RESULT True"], proc.stderr[-2000:]
 
 
 @pytest.mark.slow
