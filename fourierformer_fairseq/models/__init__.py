@@ -5,10 +5,6 @@ Translation: model ``fourierformer``, arch ``fourierformer_iwslt_de_en`` (twin: 
 ``fourierformer_lm_wiki103_small`` / ``_medium`` (twins ``softmax_lm_wiki103_small`` / ``_medium``
 on ``softmax_lm``: stock ``transformer_lm`` with the plugin's LM options).
 """
-# fairseq before any module of this folder: its import registers the plugin (fourierformer_fairseq's
-# import hook), which imports this folder's modules, so none of them may be half-imported then
-import fairseq  # noqa: F401,I001
-
 # fairseq first: its import ends with the plugin's registration (fourierformer_fairseq/__init__.py),
 # which imports this package's modules; imported from inside one of them, it would meet them half made
 import fairseq  # noqa: F401  (isort: skip)
