@@ -82,6 +82,11 @@ struct Params {
   // the tiled backward's main pass: each key tile's features split over main_splits blocks of
   // split_features features (the last may have fewer; main_pass_splits in backward_tiled.cuh)
   int main_splits, split_features;
+  // the decoding forward (forward_decode.cuh): the partials of its key chunks, decode_splits per
+  // (batch, head) slice, (B*H, decode_splits, N) maxima and sums, then (B*H, decode_splits, N, Dv)
+  // unnormalised outputs
+  float* decode_partials;
+  int decode_splits;
 };
 
 // Shared memory of each kernel, in elements of acc_t.

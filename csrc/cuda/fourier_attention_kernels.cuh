@@ -12,6 +12,11 @@
 //                       step (no sin, cos or branch; the renormalisation in the exponent bits),
 //                       the rare exact path for |x| < 2^-14, online softmax
 //                       in log2 units (ex2.approx) and P V with 4 (8) threads per row.
+//   forward_decode.cuh  calls of at most kDecodeMaxRows query rows (decoding): a block per chunk
+//                       of kDecKeys keys and every row of a (batch, head) slice, one key per
+//                       thread, the tiled
+//                       forward's element step and scores; the chunks' (max, sum, P V) partials
+//                       merged by a second kernel with the log-sum-exp rule.
 //   backward_tiled.cuh  a pre-pass (Delta and c from its own P), then a key-stationary main pass
 //                       on the same score tiles that computes g(x) once per element from the
 //                       tables and feeds dk, dv and dq, and a small kernel that writes dq;
@@ -45,6 +50,7 @@
 #include "common.cuh"
 #include "forward_simple.cuh"
 #include "forward_tiled.cuh"
+#include "forward_decode.cuh"
 #include "tables.cuh"
 #include "backward.cuh"
 #include "backward_tiled.cuh"

@@ -155,7 +155,34 @@ at::Tensor tables_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at:
   return tables;
 }
 
-// float64: the simple path; float32, float16, bfloat16: the tables, then the tiled forward.
+// The decoding forward (forward_decode.cuh): the key chunks' partials, then their merge. p's tables
+// are carved.
+template <typename scalar_t, typename Launcher>
+void launch_decode(const AttentionShape& sh, Params<scalar_t, float>& p, const at::TensorOptions& options,
+                   const Launcher& launch) {
+  const int64_t splits = decode_splits(sh.M);
+  const int64_t blocks = sh.B * sh.H * splits;
+  TORCH_CHECK(blocks <= INT_MAX, "fourier_attention (cuda): too many (batch, head, key chunk) blocks: ", blocks);
+  // (kept alive until both kernels are queued: the caching allocator orders reuse on the stream)
+  const at::Tensor partials =
+      at::empty({decode_partial_floats(sh.B * sh.H, sh.N, sh.M, sh.Dv)}, options.dtype(at::kFloat));
+  p.decode_partials = partials.data_ptr<float>();
+  p.decode_splits = (int)splits;
+  const int rows = decode_rows(sh.N);
+  const size_t smem = sizeof(float) * decode_smem_floats(p.Dp, rows);
+  if (rows == 1)
+    launch(forward_decode_kernel<scalar_t, 1>, blocks, kDecThreads, smem, p);
+  else if (rows == 2)
+    launch(forward_decode_kernel<scalar_t, 2>, blocks, kDecThreads, smem, p);
+  else if (rows == 4)
+    launch(forward_decode_kernel<scalar_t, 4>, blocks, kDecThreads, smem, p);
+  else
+    launch(forward_decode_kernel<scalar_t, 8>, blocks, kDecThreads, smem, p);
+  launch(forward_combine_kernel<scalar_t>, sh.B * sh.H, kCombineThreads, 0, p);
+}
+
+// float64: the simple path; float32, float16, bfloat16: the tables, then the decoding forward for
+// few query rows (decode_forward, forward_decode.cuh), else the tiled forward.
 template <typename scalar_t, typename acc_t, typename Launcher>
 void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const at::TensorOptions& options,
                     const Launcher& launch, const at::Tensor& given_tables) {
@@ -163,6 +190,11 @@ void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const 
     launch(forward_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,
            sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
   } else {
+    if (decode_forward(sh.N)) {
+      const at::Tensor tables = build_tables(sh, p, options, launch, given_tables);
+      launch_decode(sh, p, options, launch);
+      return;
+    }
     const size_t smem = sizeof(float) * tiled_forward_smem_floats(p.Dv);
     if (smem > launch.smem_optin) {  // (Dv > 128 on GPUs with 99 KiB per block: the simple kernel)
       launch(forward_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,

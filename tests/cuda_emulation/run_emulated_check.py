@@ -120,7 +120,7 @@ os.environ["FOURIERFORMER_DISABLE_EXTENSION"] = "1"
 
 from fourierformer_fairseq.ops.reference import fourier_attention_reference  # noqa: E402
 from helpers import random_qkv  # noqa: E402
-from oracle import lse_mismatches, oracle_mismatches  # noqa: E402
+from oracle import lse_mismatches, oracle_attention, oracle_mismatches  # noqa: E402
 
 
 print = functools.partial(print, flush=True)  # progress shows up at once, also through a pipe
@@ -399,12 +399,16 @@ def check_block_order():
     writing one word, or a block reading what another of the same launch writes), dq and dradius
     (summed over blocks by atomics) to float rounding. float32 with the backward split on a small
     grid (D 100: the pre-pass in halves, four main-pass splits; D 40: two), several query and key
-    tiles with remainders, causal, key padding, dropout; float64 (the simple kernels)."""
+    tiles with remainders, causal, key padding, dropout; float64 (the simple kernels); the decoding
+    forward (several key chunks)."""
     cases = (("f32 D100 Dv12 N37 M70", make_case(2, 1, 37, 70, 100, 12, torch.float32, causal=True, kpm=True,
                                                 scale=0.4, seed=100), 0.2),
              ("f32 D40 Dv20 N65 M130", make_case(1, 2, 65, 130, 40, 20, torch.float32, causal=True, kpm=True,
                                                  scale=0.5, seed=40), 0.0),
-             ("f64 D59 Dv33 N37 M45", make_case(1, 2, 37, 45, 59, 33, torch.float64, mask="random"), 0.3))
+             ("f64 D59 Dv33 N37 M45", make_case(1, 2, 37, 45, 59, 33, torch.float64, mask="random"), 0.3),
+             # the decoding forward: partials of three key chunks per slice, merged by a second kernel
+             ("f32 decoding D16 Dv12 N5 M130", make_case(2, 2, 5, 130, 16, 12, torch.float32, causal=True, kpm=True,
+                                                         scale=0.5, seed=5), 0.2))
     for label, case, dropout_p in cases:
         args = op_args(case, 4, dropout_p, 5)
         B, H, N, _ = case["q"].shape
@@ -489,6 +493,93 @@ def check_misaligned_tables():
     bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, power=4, causal=True)
     assert not bad, f"misaligned tables: {'; '.join(bad)}"
     print("  ok  tables as a misaligned view: read from an aligned copy, the same results, within the oracle's bound")
+
+
+# The decoding forward (csrc/cuda/forward_decode.cuh), which the launcher runs for calls of at most
+# kDecodeMaxRows = 8 query rows per (batch, head) slice: its keys in chunks of kDecKeys = 64, one block
+# each, merged by a second kernel. (B, H, N, M, D, Dv, dtype, options): M of one key, of one chunk
+# exactly, one key past a chunk, several chunks with a remainder (130, 200, 300); D 16, 64 and 128;
+# every register-row instance (N 1, 2, 3 - 4, 5 - 8); masks (-inf at random, a float mask per head),
+# causal, key padding with a batch whose keys are all padding, rows that see no key (the full_row mask:
+# rows 0 and N - 1), the null key, exact duplicates (the rare path, also for keys past a chunk's start).
+DECODING_CASES = [
+    (2, 2, 1, 1, 16, 16, torch.float32, {}),
+    (3, 2, 1, 30, 128, 128, torch.float32, {}),
+    (2, 2, 2, 64, 64, 64, torch.float32, dict(causal=True)),
+    (2, 2, 3, 65, 16, 7, torch.float32, dict(kpm=True)),
+    (2, 1, 4, 130, 64, 33, torch.float32, dict(mask="random")),
+    (1, 2, 5, 300, 128, 100, torch.float32, dict(mask="float", causal=True)),
+    (2, 2, 8, 200, 16, 16, torch.float32, dict(mask="full_row")),
+    (2, 1, 6, 129, 64, 20, torch.float32, dict(kpm=True, normaliser_eps=1e-3)),
+    (1, 1, 7, 300, 16, 16, torch.float32, dict(duplicates=True, causal=True)),
+]
+DECODING_CASES_FULL = [  # (not --quick: as the tiled kernels' float16 and bfloat16 cases)
+    (2, 2, 1, 130, 64, 64, torch.float16, dict(kpm=True)),
+    (1, 2, 5, 70, 16, 16, torch.bfloat16, dict(mask="random", causal=True)),
+    (2, 2, 8, 300, 128, 128, torch.float32, dict(causal=True, kpm=True, normaliser_eps=1e-6)),
+]
+# float16 and bfloat16: the inputs rounded to them are the oracle's too; out within the tiled cases'
+# tolerances (run_cases: the result's rounding to the dtype)
+HALF_TOLERANCE = {torch.float16: dict(rtol=2e-2, atol=2e-3), torch.bfloat16: dict(rtol=5e-2, atol=1e-2)}
+
+
+def decoding_case(B, H, N, M, D, Dv, dtype, options, seed):
+    """make_case's case at a decoding shape, with options as DECODING_CASES names them."""
+    case = make_case(B, H, N, M, D, Dv, dtype, mask=options.get("mask"), kpm=options.get("kpm", False),
+                     causal=options.get("causal", False), scale=0.5, seed=seed)
+    if options.get("duplicates"):  # queries equal to keys, some in the last chunk
+        g = torch.Generator().manual_seed(seed)
+        picks = torch.randint(M, (N,), generator=g)
+        picks[-1] = M - 1
+        case["q"] = case["k"][:, :, picks].clone()
+    return case
+
+
+def check_decoding(quick):
+    """The decoding forward against the float64 oracle (tests/oracle.py): out (float32 within
+    oracle_mismatches' bound) and lse (lse_mismatches': the null key's scaling and the backward read
+    it), rows that see no key 0 with lse +inf; the forward with the tables built once
+    (fourier_attention_tables) as with its own, bit for bit; then forward and backward against the
+    reference with dropout (run_case: the backward's P from the decoding forward's lse)."""
+    cases = DECODING_CASES + ([] if quick else DECODING_CASES_FULL)
+    for n, (B, H, N, M, D, Dv, dtype, options) in enumerate(cases):
+        t0 = time.time()
+        case = decoding_case(B, H, N, M, D, Dv, dtype, options, seed=100 + n)
+        eps = options.get("normaliser_eps", 0.0)
+        args = op_args(case, 4, 0.0, 0, eps)
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+        tables = torch.ops.fourierformer.fourier_attention_tables(*args[:2], args[3])
+        out_t, lse_t = torch.ops.fourierformer.fourier_attention_forward(*args, tables)
+        label = (f"decoding {str(dtype).split('.')[-1]} B{B} H{H} N{N} M{M} D{D} Dv{Dv} "
+                 f"{' '.join(f'{k}={v}' for k, v in options.items())}")
+        bad = [] if torch.equal(out, out_t) and torch.equal(lse, lse_t) else ["out or lse differ with given tables"]
+        q, k, v = (case[x].double() for x in ("q", "k", "v"))
+        kwargs = dict(power=4, attn_mask=case["attn_mask"], key_padding_mask=case["key_padding"],
+                      causal=case["causal"], normaliser_eps=eps)
+        if dtype == torch.float32:
+            bad += oracle_mismatches((out, None, None, None, None), q, k, v, case["radius"], torch.zeros_like(out),
+                                     **kwargs)
+        else:
+            want = oracle_attention(q, k, v, case["radius"], **kwargs)
+            err = (out.double() - want).abs().max().item()
+            tol = HALF_TOLERANCE[dtype]
+            if not err <= tol["atol"] + tol["rtol"] * want.abs().max().item():
+                bad.append(f"out: error {err:.3e}")
+        bad += lse_mismatches(lse, q, k, case["radius"], **kwargs)
+        dead = torch.isinf(lse)
+        if not (out[dead] == 0).all():
+            bad.append("a row that sees no key is not 0")
+        if options.get("mask") == "full_row" and not dead[:, :, [0, -1]].all():
+            bad.append("the rows that see no key have a finite lse")
+        print(f"  {'ok ' if not bad else 'BAD'} {label:74s} ({time.time() - t0:.1f}s) {'; '.join(bad)}")
+        if bad:
+            raise AssertionError(f"{label}: {'; '.join(bad)}")
+    f32 = dict(rtol=2e-4, atol=2e-5)
+    run_case("f32 decoding N3 M130 causal kpm dropout", make_case(2, 1, 3, 130, 16, 12, torch.float32, causal=True,
+                                                                  kpm=True, scale=0.5, seed=7), 4, 0.2, **f32)
+    run_case("f32 decoding N8 M70 D64 null key mask", make_case(1, 2, 8, 70, 64, 9, torch.float32, mask="random",
+                                                                scale=0.5, seed=8), 4, 0.0, normaliser_eps=1e-4,
+             **f32)
 
 
 def check_empty_shapes():
@@ -737,7 +828,7 @@ def run_checks(mod, args):
         # the published normaliser (the simple float64 kernels; float32's tiled ones in run_special)
         ("f64 null key causal kpm dropout", make_case(2, 1, 5, 40, 8, 12, torch.float64, causal=True, kpm=True), 4,
          0.2, dict(f64, normaliser_eps=1e-3)),
-        ("f32 null key D129 Dv200 (simple kernels)", make_case(1, 1, 5, 7, 129, 200, torch.float32, scale=0.3), 2,
+        ("f32 null key D129 Dv200 (decoding forward, simple backward)", make_case(1, 1, 5, 7, 129, 200, torch.float32, scale=0.3), 2,
          0.0, dict(f32, normaliser_eps=0.5)),
     ]
     if not args.quick:
@@ -757,6 +848,7 @@ def run_checks(mod, args):
     check_grid_splits(f32)
     check_block_order()
     check_shared_tables()
+    check_decoding(args.quick)
     if run_special():
         sys.exit(1)
     if args.fuzz and run_fuzz(args.fuzz):
