@@ -34,8 +34,8 @@ embeddings, BLEU (beam 5) on valid for the best checkpoint. One run per seed:
 RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/. A run is resumed from its
 checkpoint_last.pt, its log appended to (each run's start marked); a run that already holds the
 training asked for (--max-epoch / --max-update) is skipped, with a word: raise the limit to train
-it further, or remove its checkpoints/ to train it anew. The console shows fairseq's progress every
-50 updates, each epoch's summary and validation; train.log has everything.
+it further, or remove its checkpoints/ to train it anew. The console shows fairseq's progress lines
+(every --log-interval updates), each epoch's summary and validation; train.log has everything.
 
 On N GPUs (--gpus N, all machines together) the update keeps its $R_MAX_TOKENS tokens: each GPU's batch
 is --max-tokens $R_MAX_TOKENS/N (N must divide $R_MAX_TOKENS; a smaller cap packs its sentences less tightly,

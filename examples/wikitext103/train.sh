@@ -51,8 +51,8 @@ WikiText-103's (dict.txt), the published cutoffs are scaled to it in proportion 
 RUNS/NAME_seedS/ holds train.log, meta.json and checkpoints/. A run is resumed from its
 checkpoint_last.pt, its log appended to (each run's start marked); a run that already holds its
 --max-update updates is skipped, with a word: raise --max-update to train it further, or remove
-its checkpoints/ to train it anew. The console shows fairseq's progress every 100 updates and
-validation; train.log has everything.
+its checkpoints/ to train it anew. The console shows fairseq's progress lines (every
+--log-interval updates) and validation; train.log has everything.
 
 On N GPUs (--gpus N, all machines together) the update keeps the protocol's sequences: each GPU
 takes an equal share, in passes of at most --max-seqs sequences (N must divide the sequences an
