@@ -11,7 +11,8 @@ launch, per the launcher (csrc/cuda/fourier_attention_launch.h): the table kerne
 at each of its value-column widths (Dv up to 16, 64, 128 and above); the tiled backward's pre-pass
 (whole and in two halves), its main pass at each value-column width (Dv up to 4, 8, 16, 32, 64, 128),
 with the score cache and without (FOURIERFORMER_SCORE_CACHE_MB=0), split over blocks on a small grid
-and whole (FOURIERFORMER_GRID_SPLITS=1), and its dq finish; the simple kernels (float64, and float32
+and whole (FOURIERFORMER_GRID_SPLITS=1), and its dq finish; the decoding forward (few query rows) at
+each of its register-row counts, over several key chunks, and the kernel that merges them; the simple kernels (float64, and float32
 above the tiled backward's head dims); float16 and bfloat16 inputs; masks, key padding, causal,
 dropout, the null key, exact duplicates (the rare path), N and M off the tiles and off multiples of
 4, several query and key tiles. It checks only that the outputs are finite where they must be (the
@@ -51,7 +52,13 @@ CASES = [
      dict(causal=True, dup=True)),
     ("Dv 16, D 16, a large grid (no splits)", (4, 8, 300, 300, 16, 16), torch.float32, dict()),
     ("Dv 160, D 64: the widest tiled forward, the simple backward", (1, 1, 9, 40, 64, 160), torch.float32, dict()),
-    ("D 129, Dv 200: the simple kernels", (1, 1, 5, 7, 129, 200), torch.float32, dict(eps=0.5)),
+    ("D 129, Dv 200: the decoding forward, the simple backward", (1, 1, 5, 7, 129, 200), torch.float32,
+     dict(eps=0.5)),
+    ("decoding, 1 row: three key chunks, key padding", (4, 2, 1, 130, 64, 64), torch.float32, dict(kpm=True)),
+    ("decoding, 2 rows: causal, dropout", (2, 2, 2, 70, 16, 16), torch.float32, dict(causal=True, dropout=0.2)),
+    ("decoding, 4 rows: mask, null key, D 128", (1, 2, 4, 64, 128, 128), torch.float32, dict(mask=True, eps=1e-6)),
+    ("decoding, 8 rows: duplicates, causal", (2, 1, 8, 200, 32, 20), torch.float32, dict(dup=True, causal=True)),
+    ("decoding, bfloat16", (2, 2, 5, 40, 16, 16), torch.bfloat16, dict(kpm=True)),
     ("float64: the simple kernels", (2, 1, 37, 45, 59, 33), torch.float64, dict(mask=True, dropout=0.3)),
     ("float16", (1, 2, 17, 40, 16, 16), torch.float16, dict(kpm=True)),
     ("bfloat16", (1, 2, 17, 40, 40, 20), torch.bfloat16, dict(causal=True)),

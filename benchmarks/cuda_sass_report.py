@@ -9,7 +9,9 @@
 For each head dim (D = Dv) it compiles, from the kernel headers alone (csrc/cuda/*.cuh, no torch
 or ATen header), the float32 kernel instances that the launcher (csrc/cuda/fourier_attention_launch.h)
 runs at that shape: the table kernel, the tiled forward (forward_threads(Dv) threads per block: two
-halves of kFwdThreads when Dv > 64), the tiled backward's pre-pass, main pass and dq finish kernels.
+halves of kFwdThreads when Dv > 64), the tiled backward's pre-pass, main pass and dq finish kernels,
+and the decoding forward for few query rows (forward_decode.cuh: its key-chunk kernel with one and with
+kDecodeMaxRows register rows, and the kernel that merges the chunks).
 A generated translation unit includes fourier_attention_kernels.cuh and explicitly instantiates one
 kernel template; it is compiled with ``nvcc -cubin -arch=sm_90 -Xptxas -v`` and the nvcc flags of
 setup.py (-O3 -lineinfo), and disassembled with nvdisasm (line information included). The cubins
@@ -54,6 +56,9 @@ Per kernel instance it prints:
     passes them to both: fourier_attention_tables); at head dims of 64 and more also the backward
     and the step on a small grid (the two-half pre-pass and the main pass in two splits, as the
     launcher runs the IWSLT'14 benchmark shape on 132 SMs: delta_pass_split, main_pass_splits).
+    The decoding forward is counted at its own shape: N = its register rows (1 and kDecodeMaxRows)
+    queries against M = the shape's keys, its key-chunk kernel and its merge per (query, key,
+    feature) element (totals: decoding).
 
 Each loop row also gives its share of the whole-kernel count (the instructions of that loop not
 inside a nested loop, weighted as above, per element), and "outside every loop" the rest, so that
@@ -223,7 +228,8 @@ def setup_nvcc_flags():
 # Constants of the headers that the loop model uses; the host program below prints them.
 CONSTANTS = ["kMicro", "kRenormEvery", "kChunk", "kFwdRows", "kFwdKeys", "kFwdThreads", "kStageStep",
              "kRowFields", "kKeyFields", "kTableThreads", "kBwdMaxFeatures", "kBwdMaxValueColumns",
-             "kGroup", "kTableSlots", "kDeltaSplitMinFeatures"]
+             "kGroup", "kTableSlots", "kDeltaSplitMinFeatures", "kDecodeMaxRows", "kDecKeys", "kDecThreads",
+             "kCombineThreads"]
 # Head-dim dependent sizes (functions of the headers), per D = Dv.
 SIZES = {
     "Dp": "padded_features(D)",
@@ -237,6 +243,8 @@ SIZES = {
     "delta2_threads": "2 * kFwdThreads",
     "main_smem_floats": "tiled_main_smem_floats(padded_features(D), Dv)",
     "finish_smem_floats": "kBwdMaxFeatures",
+    "decode1_smem_floats": "decode_smem_floats(padded_features(D), 1)",
+    "decode8_smem_floats": "decode_smem_floats(padded_features(D), kDecodeMaxRows)",
 }
 
 
@@ -300,6 +308,12 @@ def launcher_instances(D, Dv, c):
             # tiles, 264 block slots): two blocks per key tile (main_pass_splits), counted as such
             out.append(Instance("main2", f"backward_main_tiled_kernel<float, {kOk}, {cache}>",
                                 {"kO": kOk, "splits": 2}, "kFwdThreads", "main_smem_floats", "kFwdKeys"))
+    # the decoding forward (launch_decode): one register row (a query per slice) and the most,
+    # each with the merge of its chunks
+    for rows in (1, c["kDecodeMaxRows"]):
+        out.append(Instance("decode", f"forward_decode_kernel<float, {rows}>", {"kRows": rows}, "kDecThreads",
+                            f"decode{rows}_smem_floats", "kDecKeys"))
+        out.append(Instance("combine", "forward_combine_kernel<float>", {"kRows": rows}, "kCombineThreads", None))
     return out
 
 
@@ -316,6 +330,10 @@ LAUNCHER_LINES = [
     r"if \(p\.Dv <= 4\)\s*launch\(backward_main_tiled_kernel<scalar_t, 1, kCache>",
     r"if \(p\.score_cache\)\s*launch_main_tiled<scalar_t, true>",
     r"launch\(table_kernel<scalar_t>, blocks, kTableThreads, table_smem_bytes\(\),",
+    r"if \(decode_forward\(sh\.N\)\)",
+    r"if \(rows == 1\)\s*launch\(forward_decode_kernel<scalar_t, 1>, blocks, kDecThreads, smem, p\);",
+    r"else\s*launch\(forward_decode_kernel<scalar_t, 8>, blocks, kDecThreads, smem, p\);",
+    r"launch\(forward_combine_kernel<scalar_t>, sh\.B \* sh\.H, kCombineThreads, 0, p\);",
 ]
 
 
@@ -405,6 +423,15 @@ LOOPS = {
     # table_kernel
     "query_features": "features",
     "key_features": "features",
+    # forward_decode_kernel and forward_combine_kernel (forward_decode.cuh)
+    "decode_row_staging": "row fields staging",
+    "decode_features": "scores (features)",
+    "decode_pv_columns": "P V columns",
+    "decode_pv": "P V",
+    "combine_columns": "output columns",
+    "combine_lse": "lse rows",
+    "combine_max": "chunks' maximum",
+    "combine_sum": "chunks' sums",
 }
 # Loops of headers outside csrc/, which carry no annotation: by file.
 # atomicAdd's compare-and-swap retry loop (shared memory float): once without contention.
@@ -1103,6 +1130,9 @@ def analyse(inst, fn, names, sources):
 def whole_per_element(inst, per_thread, names, c):
     """Instructions of the kernel over one (batch, head) slice per (query, key, feature) element."""
     N, M, D = names["N"], names["M"], names["D"]
+    if inst.kind in ("decode", "combine"):  # N = kRows queries per slice: ceil(M / kDecKeys) chunks, one merge
+        blocks = math.ceil(M / c["kDecKeys"]) if inst.kind == "decode" else 1
+        return per_thread * blocks * names[inst.threads] / (N * M * D)
     if inst.kind == "tables":
         threads_total = (N + M) * c["kTableSlots"]  # kTableSlots threads per row
     else:
@@ -1238,7 +1268,8 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
             dyn = 4 * sizes[inst.smem] if inst.smem else 0
             warps, blocks, limiter = occupancy(props["regs"], threads, props.get("smem", 0) + dyn)
             label = inst.template + (f" x{inst.params['splits']}" if inst.params.get("splits", 1) > 1 else "")
-            row = dict(kernel=label, kind=inst.kind, function=fn.name, threads=threads,
+            label += f" (N = {inst.params['kRows']})" if inst.kind == "combine" else ""
+            row = dict(kernel=label, kind=inst.kind, rows=inst.params.get("kRows"), function=fn.name, threads=threads,
                        launch_bounds=lb,
                        registers=props["regs"], registers_cuobjdump=res.get(fn.name),
                        spill_stores=props.get("spill_stores", 0), spill_loads=props.get("spill_loads", 0),
@@ -1255,7 +1286,8 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                 kO = inst.params.get("kO", 0)
                 fwd_passes = max(1, inst.params.get("kO", 0) // split // 16)
                 fwd_passes = min(fwd_passes, math.ceil(sizes["Dvs"] / (64 * split)))
-                names.update(N=n, M=n, D=hd, Dv=hd, split=split, fwd_passes=fwd_passes,
+                # (the decoding forward: N its register rows)
+                names.update(N=inst.params.get("kRows", n), M=n, D=hd, Dv=hd, split=split, fwd_passes=fwd_passes,
                              main_splits=inst.params.get("splits", 1),
                              chunk_dc=Dp / math.ceil(Dp / c["kChunk"]),
                              fwd_cols=min(inst.params.get("kO", 0) // split, sizes["Dvs"] / (4 * split)) / fwd_passes,
@@ -1280,7 +1312,12 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
             rows.append(row)
         totals = {}
         for n in shapes:
-            by = {r["kind"]: r["shapes"][str(n)]["per_element"] for r in rows}
+            by = {r["kind"]: r["shapes"][str(n)]["per_element"] for r in rows if r["rows"] is None}
+            # the decoding forward at N = its register rows: the chunks' kernel and the merge
+            decoding = {}
+            for r in rows:
+                if r["rows"] is not None:
+                    decoding[str(r["rows"])] = round(decoding.get(str(r["rows"]), 0.0) + r["shapes"][str(n)]["per_element"], 2)
             bwd = by["delta"] + by["main"] + by["finish"] if "delta" in by else None
             small = by["delta2"] + by["main2"] + by["finish"] if "delta2" in by else None
             totals[str(n)] = dict(forward=by["forward"], forward_with_tables=round(by["tables"] + by["forward"], 2),
@@ -1288,7 +1325,8 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
                                   backward_small_grid=None if small is None else round(small, 2),
                                   backward_with_tables=None if bwd is None else round(by["tables"] + bwd, 2),
                                   step=None if bwd is None else round(by["tables"] + by["forward"] + bwd, 2),
-                                  step_small_grid=None if small is None else round(by["tables"] + by["forward"] + small, 2))
+                                  step_small_grid=None if small is None else round(by["tables"] + by["forward"] + small, 2),
+                                  decoding=decoding)
         report["head_dims"][str(hd)] = dict(sizes=sizes, kernels=rows, totals=totals)
     return report
 
@@ -1353,6 +1391,9 @@ def print_report(r):
                                                      f"a training step (the tables once) {t['step']:.2f}")
             out.append(f"  D = {hd}, N = M = {s}: forward {t['forward']:.2f} (with the tables "
                        f"{t['forward_with_tables']:.2f}), backward (pre-pass + main + dq finish) {b}")
+            dec = ", ".join(f"N = {rows}: {v:.2f}" for rows, v in t.get("decoding", {}).items())
+            if dec:
+                out.append(f"  D = {hd}, M = {s}: the decoding forward (chunks + merge) {dec}")
     out.append("")
     out.append("Summary (instructions per (query, key, feature) element; inner = the element loop of the kernel)")
     out.append(f"  {'D':>4} {'kernel':<48} {'regs':>4} {'spill st/ld B':>13} {'warps/SM':>8} {'inner loops':>18} "
@@ -1377,6 +1418,10 @@ def print_report(r):
             if all(v is not None for v in vals):
                 out.append(f"  {hd:>4} {label:<48} {'':>4} {'':>13} {'':>8} {'':>18} "
                            + " ".join(f"{v:>10.2f}" for v in vals))
+        for rows in (h["totals"][shapes[0]].get("decoding") or {}) if shapes else ():
+            vals = [h["totals"][s]["decoding"][rows] for s in shapes]
+            out.append(f"  {hd:>4} {'decoding forward at N = ' + rows + ' (M = the shape)':<48} {'':>4} {'':>13} "
+                       f"{'':>8} {'':>18} " + " ".join(f"{v:>10.2f}" for v in vals))
     if r["warnings"]:
         out.append("")
         out.append("Warnings:")

@@ -314,6 +314,61 @@ def test_attention_row_gives_the_ratios_and_the_grid_splits_gain(gc, tmp_path):
     assert "IWSLT'14: fwd 3.0x, fwd+bwd 4.0x sdpa" in what and "unsplit / split 1.25" in what
 
 
+def test_generation_row_gives_the_beam_search_and_the_op_at_decoding_shapes(gc, tmp_path):
+    """step_generation runs benchmarks/benchmark_generation.py (beam 5, the IWSLT'14 pair; --device cuda
+    on a GPU, --small on the dry run) and the op timings at DECODING_OP_SHAPES in a process of their
+    own, and reports the ratios of both; a failing part fails the row and says which."""
+    for gpu in (True, False):
+        recorded, commands = [], []
+
+        class FakeCheck:
+            out = str(tmp_path)
+
+            def run(self, name, cmd, seconds, env=None):
+                commands.append((name, cmd))
+                if name == "generation":
+                    with open(cmd[cmd.index("--out") + 1], "w") as f:
+                        json.dump({"rows": [dict(shape="mt", threads=1, softmax_s=2.0, fourier_s=2.5, ratio=1.25)]}, f)
+                    return 0, ""
+                assert "decoding_op_times(" in cmd[2] and ("'cuda'" if gpu else "'cpu'") in cmd[2]
+                with open(cmd[-1], "w") as f:
+                    json.dump([dict(shape="beam step N1 M30 D128", fused_ms=0.3, sdpa_ms=0.1, ratio=3.0)], f)
+                return 0, ""
+
+            def record(self, step, status, seconds, what):
+                recorded.append((step, status, what))
+
+        gc.step_generation(FakeCheck(), argparse.Namespace(gpu=gpu))
+        (name, cmd), (ops_name, _) = commands
+        assert name == "generation" and ops_name == "generation_ops"
+        assert cmd[1] == "benchmarks/benchmark_generation.py" and cmd[cmd.index("--beam") + 1] == "5"
+        assert cmd[cmd.index("--shapes") + 1] == "mt"
+        assert (cmd[cmd.index("--device") + 1] == "cuda") if gpu else ("--small" in cmd and "--device" not in cmd)
+        (step, status, what), = recorded
+        assert step == "generation" and status == "PASS"
+        assert "beam 5, mt: 1.25x the softmax twin (2.50 s against 2.00 s)" in what
+        assert "beam step N1 M30 D128: op 3.0x sdpa (0.300 ms)" in what
+
+    class FailingCheck(FakeCheck):
+        def run(self, name, cmd, seconds, env=None):
+            return (1, "Traceback\nRuntimeError: boom") if name == "generation_ops" else super().run(name, cmd, seconds)
+
+    recorded.clear()
+    commands.clear()
+    gc.step_generation(FailingCheck(), argparse.Namespace(gpu=False))
+    (step, status, what), = recorded
+    assert status == "FAIL" and "the op at decoding shapes: exit 1" in what and "1.25x the softmax twin" in what
+
+
+def test_decoding_op_times_on_the_cpu(gc):
+    """The op timings of the generation row, through the CPU kernels at two small decoding shapes."""
+    rows = gc.decoding_op_times("cpu", reps=2, shapes=(("one query", 2, 2, 1, 9, 16), ("eight", 1, 2, 8, 70, 8)))
+    assert [r["shape"] for r in rows] == ["one query", "eight"]
+    for r in rows:
+        assert r["fused_ms"] > 0 and r["sdpa_ms"] > 0 and r["ratio"] == pytest.approx(r["fused_ms"] / r["sdpa_ms"])
+    assert "generation" in gc.STEPS and gc.STEPS.index("generation") > gc.STEPS.index("table9")
+
+
 # ------------------------------------------------------------------------------------- sanitize
 # compute-sanitizer's own output lines (the tool prefixes each with "========= ")
 MEMCHECK_CLEAN = "========= COMPUTE-SANITIZER\nok  Dv 3\n========= ERROR SUMMARY: 0 errors\n"

@@ -2,7 +2,7 @@
 """The GPU check: everything a user does on a GPU, in one run of under ten minutes, with one table.
 
     bash tools/gpu_check.sh [--out DIR] [--offline DIR | --wheels DIR --data-bin DIR] [--raw DIR]
-                              [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,steptimes,train,distributed,sanitize]
+                              [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,generation,steptimes,train,distributed,sanitize]
     bash tools/gpu_check.sh --dry-run [--offline DIR]   # without a GPU: every step but the GPU's
     python tools/gpu_check.py --prepare-offline DIR     # with a network: the wheels and data for --offline DIR
 
@@ -27,6 +27,10 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
              its kernels
   table9     benchmarks/benchmark_model.py: training ms per sequence and peak memory, Fourier against its
              softmax twin, the LM and the IWSLT model, fp32, fp16 and bf16
+  generation beam-5 generation of the IWSLT'14 model against its softmax twin, as
+             benchmarks/benchmark_generation.py times it (--shapes mt, one thread; on the GPU --device cuda,
+             the dry run --small), and the op alone at decoding shapes (DECODING_OP_SHAPES: a query or a few
+             per (batch, head) slice, the launcher's decoding forward on a GPU) against sdpa, no gradients
   steptimes  the WikiText-103 protocol's own models at its pass (both sizes; the softmax twin, the published
              attention on the fused kernels, a Table 7 row on the reference backend while one is not fused;
              fp32 and bf16): one training pass each, written to OUT/step_times.json, the record
@@ -85,7 +89,8 @@ from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
-STEPS = ("install", "tests", "cpu", "attention", "table9", "steptimes", "train", "distributed", "sanitize")
+STEPS = ("install", "tests", "cpu", "attention", "table9", "generation", "steptimes", "train", "distributed",
+         "sanitize")
 CUDA_TESTS = ("tests/test_cuda_kernels.py", "tests/test_cuda_fuzz.py", "tests/test_cuda_module.py")
 CPU_OP_TESTS = ("tests/test_fourier_attention_op.py", "tests/test_op_fuzz.py")
 DISTRIBUTED_TESTS = ("tests/test_distributed.py",)  # its tests marked cuda: three cases, side by side
@@ -95,8 +100,16 @@ CPU_VARIANT = "avx512"  # the variant no CI host runs (tests/cpu_variants.py: FO
 # sized from what the steps took on a card (docs/records/gpu-runs.md).
 # A dry run runs the same test selections on a CPU, far slower: its limits are this many times longer
 DRY_RUN_SCALE = 4
-STEP_SECONDS = {"install": 200, "tests": 200, "cpu": 200, "attention": 90, "table9": 120, "steptimes": 120, "training": 100,
-                "evaluate": 60, "distributed": 60, "sanitize": 150}
+STEP_SECONDS = {"install": 200, "tests": 200, "cpu": 200, "attention": 90, "table9": 120, "generation": 90,
+                "steptimes": 120, "training": 100, "evaluate": 60, "distributed": 60, "sanitize": 150}
+
+# The generation step's op timings: (name, B, H, N, M, D) with q (B, H, N, D) against M keys, power 2,
+# no gradients: a beam-5 step of 16 sentences in the IWSLT'14 model's self-attention (one query per
+# beam, 4 heads of 128) and with 4 queries, its encoder-decoder attention with the beams folded into
+# the queries (5 per sentence, 28 source tokens), and a step of the small LM (8 heads of 16, context 256)
+DECODING_OP_SHAPES = (("beam step N1 M30 D128", 80, 4, 1, 30, 128), ("beam step N4 M30 D128", 80, 4, 4, 30, 128),
+                      ("enc-dec N5 M28 D128", 16, 4, 5, 28, 128), ("LM step N1 M256 D16", 8, 8, 1, 256, 16))
+DECODING_OP_POWER = 2
 
 # The trained tasks: the recipe (training_recipes.py) and the data-bin folder of each
 TASKS = {"mt": ("iwslt14", "multi30k.de-en"), "lm": ("wikitext103", "wikitext-2")}
@@ -381,6 +394,72 @@ def step_table9(check: Check, args) -> None:
     parts = [f"{r['name']}: train {r['train_vs_softmax']:.2f}x softmax ({r['train_ms_per_sample']:.2f} ms/seq, "
              f"{r['train_peak_mem_mb']:.0f} MB)" for r in res["models"] if r["name"].startswith("fourier")]
     check.record("table9", "PASS", time.perf_counter() - t0, "; ".join(parts))
+
+
+# ------------------------------------------------------------------------------------- generation
+
+def decoding_op_times(device: str, reps: int = 20, shapes=DECODING_OP_SHAPES) -> list:
+    """Median ms of the fused op and of sdpa at each decoding shape (float32, no gradients), timed in
+    alternating calls after a warm-up; rows of shape, fused_ms, sdpa_ms, ratio."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+
+    from fourierformer_fairseq.ops import fourier_attention
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for name, B, H, N, M, D in shapes:
+        q, k, v = (torch.randn(B, H, n, D, generator=g).to(device) for n in (N, M, M))
+        calls = {"fused": lambda: fourier_attention(q, k, v, 2.0, power=DECODING_OP_POWER),
+                 "sdpa": lambda: F.scaled_dot_product_attention(q, k, v)}
+        times = {impl: [] for impl in calls}
+        with torch.no_grad():
+            for fn in calls.values():
+                fn()
+            for _ in range(reps):
+                for impl, fn in calls.items():
+                    sync()
+                    t0 = time.perf_counter()
+                    fn()
+                    sync()
+                    times[impl].append((time.perf_counter() - t0) * 1e3)
+        fused, sdpa = (statistics.median(times[impl]) for impl in ("fused", "sdpa"))
+        rows.append(dict(shape=name, fused_ms=fused, sdpa_ms=sdpa, ratio=fused / sdpa))
+    return rows
+
+
+def step_generation(check: Check, args) -> None:
+    """Beam search of the IWSLT'14 model against its twin (benchmarks/benchmark_generation.py), then the
+    op at the decoding shapes (decoding_op_times, in a process of its own); timings only."""
+    t0 = time.perf_counter()
+    parts, failed = [], False
+    path = os.path.join(check.out, "generation.json")
+    cmd = [sys.executable, "benchmarks/benchmark_generation.py", "--shapes", "mt", "--beam", "5", "--threads", "1",
+           "--rounds", "3", "--out", path] + (["--device", "cuda"] if args.gpu else ["--small"])
+    rc, text = check.run("generation", cmd, STEP_SECONDS["generation"])
+    if rc != 0 or not os.path.exists(path):
+        parts.append("beam search: " + failure(rc, text))
+        failed = True
+    else:
+        parts += [f"beam 5, {r['shape']}: {r['ratio']:.2f}x the softmax twin ({r['fourier_s']:.2f} s against "
+                  f"{r['softmax_s']:.2f} s)" for r in json.load(open(path))["rows"]]
+    ops = os.path.join(check.out, "decoding_ops.json")
+    device = "cuda" if args.gpu else "cpu"
+    script = ("import json, sys; sys.path.insert(0, 'tools'); import gpu_check as g; "
+              f"json.dump(g.decoding_op_times({device!r}, {20 if args.gpu else 3}), open(sys.argv[1], 'w'))")
+    rc, text = check.run("generation_ops", [sys.executable, "-c", script, ops], STEP_SECONDS["generation"])
+    if rc != 0 or not os.path.exists(ops):
+        parts.append("the op at decoding shapes: " + failure(rc, text))
+        failed = True
+    else:
+        parts += [f"{r['shape']}: op {r['ratio']:.1f}x sdpa ({r['fused_ms']:.3f} ms)" for r in json.load(open(ops))]
+    check.record("generation", "FAIL" if failed else "PASS", time.perf_counter() - t0, "; ".join(parts))
 
 
 # ------------------------------------------------------------------------------------- sanitize
@@ -887,6 +966,8 @@ def main(argv=None) -> int:
             step_attention(check, args)
         if "table9" in steps:
             step_table9(check, args)
+        if "generation" in steps:
+            step_generation(check, args)
         if "steptimes" in steps:
             step_steptimes(check, args)
         if "train" in steps:
