@@ -10,7 +10,8 @@ an OS thread, barriers and shuffles are real, shared memory starts as NaN) with 
 torch, in a throw-away module that registers those kernels as the CPU implementation of the
 fourierformer ops. Checks forward,
 backward, masks, causal, dropout and fully masked rows against
-fourierformer_fairseq.ops.fourier_attention_reference in float64, and the float32 sin/cos.
+fourierformer_fairseq.ops.fourier_attention_reference in float64, the decoding forward (few query
+rows, keys split over blocks) against tests/oracle.py at decoding shapes, and the float32 sin/cos.
 
 With --sanitize the module is built with the compiler's thread or address sanitizer (the script
 restarts itself with the sanitizer's runtime preloaded), which then watches the same checks: a data
