@@ -3,6 +3,7 @@
 
     python benchmarks/benchmark_attention.py            # full run (CPU here, CUDA if --device cuda)
     python benchmarks/benchmark_attention.py --quick    # fewer repetitions and sweep sizes
+    python benchmarks/benchmark_attention.py --decoding # the forward at decoding shapes (N 1 to 8)
     python benchmarks/benchmark_attention.py --scaling  # N = 256 ... 16384 at one head shape, with crossovers
     python benchmarks/benchmark_attention.py --profile  # also the fused op's non-kernel time (torch.profiler)
     python benchmarks/benchmark_attention.py --profile-only --shapes small,IWSLT  # that alone, at some shapes
@@ -358,6 +359,50 @@ def run_shapes(args, impls, dtype, reps):
                             "fwd_peak_mib": result[("mem", False)], "fwd_bwd_peak_mib": result[("mem", True)]})
             print(f"| {label} | {impl} | {fmt_ms(result[('ms', False)])} | {ratio[0]} | {fmt_mib(result[('mem', False)])} "
                   f"| {fmt_ms(result[('ms', True)])} | {ratio[1]} | {fmt_mib(result[('mem', True)])} |", flush=True)
+    return records
+
+
+# The decoding calls of beam search and incremental LM decoding: a few query rows (one per beam for
+# self-attention; the beams of a sentence for beamable encoder-decoder attention) over M cached keys.
+# (name, B, H, N, M, D): IWSLT'14 at beam 5 x 16 sentences, a D-64 model, the small LM at batch 8
+DECODING_SHAPES = (
+    [("IWSLT'14 self, beam 5 x 16", 80, 4, 1, m, 128) for m in (1, 8, 30, 100)]
+    + [("IWSLT'14 beamable cross, 16 sentences", 16, 4, n, 28, 128) for n in (2, 5, 8)]
+    + [("IWSLT'14 N rows", 80, 4, n, 30, 128) for n in (2, 4)]
+    + [("D 64, beam 5 x 8", 40, 8, 1, m, 64) for m in (30, 128)]
+    + [("WikiText-103 small LM step", 8, 8, 1, m, 16) for m in (1, 64, 256)]
+)
+DECODING_IMPLS = ("fused", "fused_table", "sdpa")
+
+
+def run_decoding(args, dtype, reps):
+    """--decoding: the forward at each decoding shape, no gradients: the fused op as a decoding step
+    calls it (``fused_table``: with the key table it keeps between steps, built outside the timed
+    call), the op alone (``fused``: the kernel transposes the keys itself) and sdpa, in alternating
+    rounds; the ratios to sdpa."""
+    from fourierformer_fairseq.ops import fourier_attention, key_table
+
+    records = []
+    print("| shape (B, H, N, M, D) | fused ms | fused_table ms | sdpa ms | fused / sdpa | fused_table / sdpa |")
+    print("|---|---|---|---|---|---|")
+    for name, B, H, N, M, D in DECODING_SHAPES:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, D, generator=g).to(device=args.device, dtype=dtype) for n in (N, M, M))
+        radius = torch.tensor(0.36, device=args.device)
+        backend = "cuda" if args.device == "cuda" else "cpu"
+        table = key_table(k)
+        calls = {
+            "fused": (lambda: fourier_attention(q, k, v, radius, power=args.power, backend=backend), (q, k, v)),
+            "fused_table": (lambda: fourier_attention(q, k, v, radius, power=args.power, backend=backend,
+                                                      key_table=table), (q, k, v)),
+            "sdpa": (lambda: F.scaled_dot_product_attention(q, k, v), (q, k, v)),
+        }
+        with torch.no_grad():
+            ms = median_ms(calls, False, args.device, reps)[0]
+        label = f"{name} ({B}, {H}, {N}, {M}, {D})"
+        records.append({"shape": label, **{f"{impl}_ms": ms[impl] for impl in DECODING_IMPLS}})
+        print(f"| {label} | {ms['fused']:.3f} | {ms['fused_table']:.3f} | {ms['sdpa']:.3f} | "
+              f"{ms['fused'] / ms['sdpa']:.2f}x | {ms['fused_table'] / ms['sdpa']:.2f}x |", flush=True)
     return records
 
 
@@ -723,6 +768,9 @@ def main():
     parser.add_argument("--min-reps", type=int, default=3, help="--scaling: rounds a row gets at least (default 3)")
     parser.add_argument("--row-budget-s", type=float, default=20.0,
                         help="--scaling: no further rounds once a row's rounds have taken this long (default 20)")
+    parser.add_argument("--decoding", action="store_true",
+                        help="the forward at beam search's and incremental decoding's shapes (a few query rows over "
+                             "cached keys) instead, with and without the key table, against sdpa")
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     parser.add_argument("--probe-impl", help=argparse.SUPPRESS)
     parser.add_argument("--probe-backward", action="store_true", help=argparse.SUPPRESS)
@@ -753,7 +801,13 @@ def main():
     print(f"# Fourier attention benchmark: {device_name}, {args.dtype}, p={args.power}, torch {torch.__version__}, "
           f"kernels {status.build.get('cpu_isa', '-') if args.device == 'cpu' else 'cuda'}, median of {reps}")
     print()
-    if args.scaling:
+    if args.decoding:
+        records = run_decoding(args, dtype, reps)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"device": device_name, "dtype": args.dtype, "power": args.power, "reps": reps,
+                           "torch": torch.__version__, "decoding": records}, fh, indent=1)
+    elif args.scaling:
         run_scaling(args, impls, dtype, reps)
     else:
         records = [] if args.profile_only else run_shapes(args, impls, dtype, reps)

@@ -33,6 +33,12 @@ constexpr int kCudaMaxHeadDim = 256;
 // tables of fourier_attention_tables); larger head dims take the simple kernels.
 constexpr int kCudaTiledBackwardMaxHeadDim = 128;
 
+// The CPU backend's key table (what fourier_attention_tables returns for float32 on the CPU,
+// and what incremental decoding keeps between steps): the keys alone, transposed,
+// (B, H, D, Mt) float32 with key j's feature d at [b, h, d, j]; Mt, the table's room for keys,
+// is a multiple of this (a whole number of every instruction set's vectors) and at least M.
+constexpr int64_t kCpuKeyTableKeys = 16;
+
 // The CUDA kernels index rows with int: sequence lengths N and M must be below this.
 constexpr int64_t kCudaSeqLenBound = INT_MAX / 2;
 

@@ -70,7 +70,8 @@ inline int64_t mask_slice_offset(const at::Tensor& mask, int64_t b, int64_t h) {
 AttentionShape check_table_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& radius);
 
 // Floats of the tables that the CUDA backend's fourier_attention_tables returns for a call
-// (cuda/table_layout.h): 0 for float64, whose kernels read none. The CPU backend's are always 0.
+// (cuda/table_layout.h): 0 for float64, whose kernels read none. (The CPU backend's tables are
+// its key table, see limits::kCpuKeyTableKeys.)
 int64_t cuda_table_floats(const AttentionShape& sh, at::ScalarType dtype);
 
 // Checks the `tables` argument of the forward and backward ops: absent, or what

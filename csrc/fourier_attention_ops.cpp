@@ -189,10 +189,11 @@ PyObject* dtype_tuple(const char* const (&names)[N]) {
 PyObject* backend_limits_dict() {
   namespace L = fourierformer::limits;
   const std::string rule = fourierformer::fused_power_rule();
-  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:O,s:O,s:O}", "device", "cpu", "dtypes",
+  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:O,s:O,s:O,s:L}", "device", "cpu", "dtypes",
                                 dtype_tuple(L::kCpuDtypes), "min_power", L::kFusedMinPower, "power_multiple",
                                 L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim", Py_None,
-                                "seq_len_bound", Py_None, "tiled_backward_max_head_dim", Py_None);
+                                "seq_len_bound", Py_None, "tiled_backward_max_head_dim", Py_None,
+                                "key_table_keys", (long long)L::kCpuKeyTableKeys);
   PyObject* cuda = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:i,s:L,s:i}", "device", "cuda", "dtypes",
                                  dtype_tuple(L::kCudaDtypes), "min_power", L::kFusedMinPower, "power_multiple",
                                  L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim",

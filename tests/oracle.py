@@ -118,13 +118,19 @@ def _log_abs_sinc_plain(x: torch.Tensor) -> torch.Tensor:
     return torch.where(zero, torch.zeros_like(x), torch.log(torch.abs(torch.sin(xl) / xl)))
 
 
-def _scores(q, k, radius, power, log_abs_sinc, d_chunk=32):
+def _scores(q, k, radius, power, log_abs_sinc, d_chunk=32, visible=None):
+    """p sum_d log|sinc(R_d (q_id - k_jd))| (B, H, N, M); where ``visible`` (broadcasting to (B, H,
+    N, M)) is False, the score is not formed: q - k is taken as 0 there, so that a NaN in a key that
+    a row does not see reaches neither that row's score nor, through it, any gradient."""
     B, H, N, D = q.shape
     R = _radius_table(radius, H, D).to(q.dtype)
     S = None
     for d0 in range(0, D, d_chunk):
         d1 = min(D, d0 + d_chunk)
-        x = R[:, d0:d1].reshape(1, H, 1, 1, d1 - d0) * (q[..., d0:d1].unsqueeze(3) - k[..., d0:d1].unsqueeze(2))
+        diff = q[..., d0:d1].unsqueeze(3) - k[..., d0:d1].unsqueeze(2)
+        if visible is not None:
+            diff = torch.where(visible.unsqueeze(-1), diff, torch.zeros_like(diff))
+        x = R[:, d0:d1].reshape(1, H, 1, 1, d1 - d0) * diff
         part = log_abs_sinc(x).sum(-1)
         S = part if S is None else S + part
     if S is None:  # D = 0
@@ -144,8 +150,10 @@ def _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_s
     q, k, radius = q.to(dtype), k.to(dtype), radius.to(dtype)
     B, H, N, _ = q.shape
     M = k.shape[2]
-    S = _scores(q, k, radius, power, log_abs_sinc)
-    S = S + additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal, dtype)
+    # a masked key's score is never formed (a NaN in its key reaches no row), others get their mask
+    mask = additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal, dtype)
+    visible = mask != float("-inf")
+    S = torch.where(visible, _scores(q, k, radius, power, log_abs_sinc, visible=visible) + mask, mask)
     if normaliser_eps > 0:
         # w_ij / (sum_j w_ij + eps): eps is the weight of one more key, whose value is 0
         null = torch.full((B, H, N, 1), float(normaliser_eps), dtype=dtype).log()

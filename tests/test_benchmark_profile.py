@@ -82,10 +82,10 @@ def test_profile_counts_a_planted_op_and_delay(ba, monkeypatch):
     before = ba.profile_fused(SHAPE, "cpu", torch.float32, 4, CALLS)
     real = ops.fused_forward
 
-    def planted(inp, seed, values=None):
+    def planted(inp, seed, values=None, tables=None):
         torch.neg(inp.q)
         time.sleep(0.02)
-        return real(inp, seed, values)
+        return real(inp, seed, values, tables)
 
     monkeypatch.setattr(ops, "fused_forward", planted)
     after = ba.profile_fused(SHAPE, "cpu", torch.float32, 4, CALLS)

@@ -27,10 +27,12 @@ from oracle import (
 )
 
 from fourierformer_fairseq.ops import (
+    DECLARATIONS,
     backend_unavailable_reason,
     dropout_keep_mask,
     fourier_attention,
     fourier_attention_reference,
+    key_table,
 )
 
 CPU_FUSED = not backend_unavailable_reason("cpu")
@@ -486,16 +488,22 @@ def test_opcheck_backward_op():
 
 @needs_cpu_kernel
 def test_tables_op_and_argument_on_cpu(monkeypatch):
-    """fourier_attention_tables: an empty float32 vector on CPU (its kernels build their tables
-    per tile), not differentiable, passing opcheck; the forward and backward take it (the same
-    results as without, through the op's autograd too) and refuse tables of another size, dtype
-    or device with a message that says what they must be."""
+    """fourier_attention_tables on the CPU: float32 keys give the key table (B, H, D, Mt), the keys
+    transposed and zero past M (Mt the next multiple of the backend's key_table_keys), float64 an
+    empty vector; not differentiable, passing opcheck. The forward takes it (the same results as
+    without, bit for bit, also from a table with room for more keys, and through the op's autograd),
+    the backward takes and ignores it, and both refuse tables of another shape, dtype or device
+    with a message that says what they must be."""
     B, H, N, M, D, Dv = 2, 2, 5, 6, 4, 3
     q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=6, requires_grad=True)
     r = torch.full((H, D), 1.1, requires_grad=True)
     tables_op = torch.ops.fourierformer.fourier_attention_tables
     tables = tables_op(q, k, r)
-    assert tables.dtype == torch.float32 and tables.shape == (0,) and not tables.requires_grad
+    block = DECLARATIONS["cpu"].key_table_keys
+    assert block == 16 and tables.dtype == torch.float32 and tables.shape == (B, H, D, block)
+    assert not tables.requires_grad
+    assert torch.equal(tables[..., :M], k.detach().transpose(2, 3)) and not tables[..., M:].any()
+    assert tables_op(q.double(), k.double(), r.double()).shape == (0,)
     torch.library.opcheck(tables_op.default, (q.detach(), k.detach(), r.detach()))
     with pytest.raises(RuntimeError, match="radius must be"):
         tables_op(q, k, torch.ones(H, D + 1))
@@ -503,6 +511,10 @@ def test_tables_op_and_argument_on_cpu(monkeypatch):
     out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
     out_t, lse_t = torch.ops.fourierformer.fourier_attention_forward(*args, tables)
     assert torch.equal(out, out_t) and torch.equal(lse, lse_t)
+    roomy = key_table(k.detach(), room=3 * block + 1)
+    assert roomy.shape == (B, H, D, 4 * block) and torch.equal(roomy[..., :block], tables)
+    out_r, lse_r = torch.ops.fourierformer.fourier_attention_forward(*args, roomy)
+    assert torch.equal(out, out_r) and torch.equal(lse, lse_r)
     torch.library.opcheck(torch.ops.fourierformer.fourier_attention_forward.default,
                           tuple(a.detach() if torch.is_tensor(a) else a for a in args) + (tables,))
     grads = torch.autograd.grad(out.sum(), (q, k, v, r))
@@ -514,7 +526,7 @@ def test_tables_op_and_argument_on_cpu(monkeypatch):
            0.0, tables)
     torch.library.opcheck(torch.ops.fourierformer.fourier_attention_backward.default, bwd)
     # the autograd's path on CUDA (tables built in its forward, saved, passed to the backward), here
-    # with the CPU op's empty tables: the same gradients, and the tables op called once per step
+    # with the CPU op's key table: the same gradients, and the tables op called once per step
     from fourierformer_fairseq.ops import fused
 
     calls, saved = [], []
@@ -523,14 +535,17 @@ def test_tables_op_and_argument_on_cpu(monkeypatch):
         out_k, _ = torch.ops.fourierformer.fourier_attention_forward(*args)
     grads_k = torch.autograd.grad(out_k.sum(), (q, k, v, r))
     assert calls == [1]
-    assert [t.shape for t in saved if t.dtype == torch.float32 and t.dim() == 1] == [(0,)]  # the tables
+    assert [t.shape for t in saved if t.dtype == torch.float32 and t.shape == tables.shape] == [tables.shape]
     assert torch.equal(out_k, out)
     for a, b in zip(grads, grads_k):
         assert torch.equal(a, b)
-    for bad in (torch.zeros(3), torch.zeros(0, dtype=torch.float64), torch.zeros(1, 0)):
-        with pytest.raises(RuntimeError, match=r"tables must be what fourier_attention_tables\(q, k, radius\)"):
+    too_narrow = torch.zeros(B, H, D, 0)
+    for bad in (torch.zeros(3), torch.zeros(0, dtype=torch.float64), torch.zeros(1, 0), too_narrow,
+                torch.zeros(B, H, D, block + 1), torch.zeros(B, H, D + 1, block), tables.double(),
+                torch.zeros(B, H, block, D).transpose(2, 3)):
+        with pytest.raises(RuntimeError, match=r"tables must be a key table of fourier_attention_tables"):
             torch.ops.fourierformer.fourier_attention_forward(*args, bad)
-        with pytest.raises(RuntimeError, match=r"tables must be what fourier_attention_tables\(q, k, radius\)"):
+        with pytest.raises(RuntimeError, match=r"tables must be a key table of fourier_attention_tables"):
             torch.ops.fourierformer.fourier_attention_backward(*bwd[:-1], bad)
 
 
@@ -1085,6 +1100,66 @@ def test_info_error_reporting_tells_a_crash_and_a_silent_pass_from_an_exception(
     assert silent.startswith("BROKEN: a rejected input did not raise (exit 0)") and "accepted" in silent, silent
 
 
+# NaN and infinities. The formula's row is NaN where a NaN or infinite input enters it: its query,
+# a key it sees (sinc of an infinite argument is NaN), the radius, a NaN or +inf additive mask
+# entry it sees, or the value of a key it sees; so are the gradients that row feeds (its dq, dk and
+# dv of the keys it sees, the radius's). A masked key's NaN reaches no row. The fused CPU op must
+# give NaN exactly where the float64 oracle does, through the short-query forward (N < 8) and the
+# row-group forward, and leave every other entry as it would be; so must the reference.
+NONFINITE = ("q_nan", "q_inf", "k_nan", "k_neg_inf", "v_nan", "radius_nan", "radius_inf", "mask_nan",
+             "mask_pos_inf", "padded_k_nan")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("N", [1, 5, 9])
+@pytest.mark.parametrize("where", NONFINITE)
+def test_nonfinite_inputs_give_nan_where_the_formula_does(where, N, causal, dtype, backend):
+    if backend == "cpu" and not CPU_FUSED:
+        pytest.skip(f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
+    if where == "v_nan" and causal:
+        pytest.skip("the oracle's P @ V spreads a value's NaN to the rows that do not see its key (0 * NaN)")
+    B, H, M, D, Dv = 2, 2, 11, 6, 5
+    q, k, v, grad_out = random_qkv(B, H, N, M, D, Dv, seed=N, grad_out=True)
+    radius = torch.full((H, D), 0.8)
+    kwargs = dict(power=2, causal=causal)
+    i, j = N - 1, M - 3  # a key the last row sees, causal or not
+    value = {"nan": float("nan"), "inf": float("inf"), "neg_inf": float("-inf"), "pos_inf": float("inf")}[
+        where.split("_", 1)[1] if not where.startswith("padded") else "nan"]
+    if where.startswith("q"):
+        q[1, 0, i, 2] = value
+    elif where.startswith("k"):
+        k[0, 1, j, 4] = value
+    elif where.startswith("v"):
+        v[1, 1, j, 0] = value
+    elif where.startswith("radius"):
+        radius[1, 3] = value
+    elif where.startswith("mask"):
+        mask = torch.zeros(N, M)
+        mask[i, j] = value
+        kwargs["attn_mask"] = mask
+    else:  # a padded key's NaN: no row sees it
+        k[0, 1, j, 4] = value
+        padding = torch.zeros(B, M, dtype=torch.bool)
+        padding[0, j] = True
+        kwargs["key_padding_mask"] = padding
+    expected = oracle_gradients(q, k, v, radius, grad_out, **kwargs)
+    leaves = [t.to(dtype).requires_grad_() for t in (q, k, v, radius)]
+    out = fourier_attention(*leaves, backend=backend, **kwargs)
+    got = (out,) + torch.autograd.grad(out, leaves, grad_out.to(dtype))
+    assert expected[0].isnan().any() == (where != "padded_k_nan")
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dradius"), got, expected):
+        if where == "mask_pos_inf" and name in ("dk", "dv"):
+            # torch's softmax of a +inf score: exp(inf) / inf is NaN, exp(s) / inf is 0, so the
+            # oracle's row is NaN but its keys' gradients are NaN at the +inf key only; the op
+            # gives a NaN row the gradients of every NaN row (NaN at every key it sees)
+            continue
+        nan_a, nan_b = a.isnan(), b.isnan()
+        assert torch.equal(nan_a, nan_b), f"{name}: NaN at {nan_a.nonzero().tolist()}, the formula at {nan_b.nonzero().tolist()}"
+        torch.testing.assert_close(a.detach().double()[~nan_a], b[~nan_b], rtol=1e-3, atol=1e-4, msg=name)
+
+
 from cpu_variants import REQUESTED_ISA, variant_params  # noqa: E402
 
 
@@ -1110,7 +1185,7 @@ def test_every_cpu_kernel_variant(isa):
         "requested_cpu_kernel_variant or cpu_forward_float32 or cpu_gradients_float32 or all_keys_equal "
         "or query_equal_to_a_key or sinc_zeros or keys_at_the_floor or underflow or fully_masked or mask_forms "
         "or dropout or need_weights or every_power_radius or head_dims or large_angles or empty_batch or workspace_above "
-        "or non_contiguous or thread_count or negative_zero_and_tiny_radius or zero_radius"
+        "or non_contiguous or thread_count or negative_zero_and_tiny_radius or zero_radius or nonfinite"
     )
     env = dict(os.environ, FOURIERFORMER_CPU_ISA=isa)
     result = subprocess.run(

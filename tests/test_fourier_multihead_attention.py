@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from fourierformer_fairseq.modules import FourierMultiheadAttention
+from fourierformer_fairseq.ops import DECLARATIONS, fourier_attention
 from helpers import check_against_plain, future_mask, max_abs_error, split_heads
 from oracle import oracle_attention, oracle_weights, plain_attention, plain_weights
 
@@ -206,6 +207,116 @@ def test_static_kv_cache_and_reorder():
     m.reorder_incremental_state(state, new_order)
     out, _ = m(q[:1, new_order], None, None, incremental_state=state, static_kv=True)
     torch.testing.assert_close(out, full[:1, new_order], rtol=1e-5, atol=1e-6)
+
+
+def assert_table_holds_the_cached_keys(m, state):
+    """The layer's key table in the incremental state holds its cached keys exactly, at their positions."""
+    buf = m._get_input_buffer(state)
+    keys, table = buf["prev_key"], buf["prev_key_table"]
+    M = keys.size(2)
+    assert table.size(-1) >= M and table.size(-1) % DECLARATIONS["cpu"].key_table_keys == 0
+    assert torch.equal(table[..., :M], keys.transpose(2, 3)), "the key table is not the cached keys"
+    assert torch.equal(buf["prev_key_table_keys"], torch.full((keys.size(0),), M))
+
+
+def spy_on_key_tables(monkeypatch):
+    """The key_table argument of every fourier_attention call of the module (a list it appends to)."""
+    import fourierformer_fairseq.modules.fourier_multihead_attention as module
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("key_table"))
+        return fourier_attention(*args, **kwargs)
+
+    monkeypatch.setattr(module, "fourier_attention", spy)
+    return seen
+
+
+def test_decoding_keeps_the_key_table_a_step_at_a_time_and_reorders_it_with_the_beams(monkeypatch):
+    """Causal self-attention in incremental decoding keeps its keys' table beside them: extended by
+    each step's key in place, grown when its room runs out, reordered with the beams (a sentence
+    twice, one dropped), and handed to the op at every step; the steps after the reorder equal
+    decoding the reordered batch from the start."""
+    seen = spy_on_key_tables(monkeypatch)
+    m = make(self_attention=True, causal=True)
+    block = DECLARATIONS["cpu"].key_table_keys
+    T, B = 2 * block + 5, 3  # (past the first table's room: it is rebuilt once at least)
+    x = torch.randn(T, B, E)
+    order = torch.tensor([2, 0, 0])
+    state, rooms = {}, set()
+    for t in range(4):
+        m(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)
+        assert_table_holds_the_cached_keys(m, state)
+    m.reorder_incremental_state(state, order)
+    assert_table_holds_the_cached_keys(m, state)
+    xr = x[:, order]
+    fresh = {}
+    for t in range(4):
+        m(xr[t:t + 1], xr[t:t + 1], xr[t:t + 1], incremental_state=fresh, need_weights=False)
+    for t in range(4, T):
+        a, _ = m(xr[t:t + 1], xr[t:t + 1], xr[t:t + 1], incremental_state=state, need_weights=False)
+        b, _ = m(xr[t:t + 1], xr[t:t + 1], xr[t:t + 1], incremental_state=fresh, need_weights=False)
+        assert_table_holds_the_cached_keys(m, state)
+        rooms.add(m._get_input_buffer(state)["prev_key_table"].size(-1))
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert len(rooms) > 1, "the table never grew"
+    full, _ = m(xr, xr, xr, need_weights=False)
+    torch.testing.assert_close(a, full[-1:], rtol=1e-5, atol=1e-5)
+    assert len(seen) == 2 * T + 1 and all(t is not None for t in seen[:-1]) and seen[-1] is None
+
+
+def test_a_key_table_holds_under_a_changed_radius():
+    """The key table holds the keys alone: decoding on after the radius changed equals the full
+    forward under the new radius (a table of the old radius's sines would not)."""
+    m = make(self_attention=True, causal=True, radius_shape="feature")
+    T = 7
+    x = torch.randn(T, 2, E)
+    state = {}
+    for t in range(3):
+        m(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)
+    with torch.no_grad():
+        m.radius.mul_(torch.linspace(0.5, 3.0, m.radius.numel()).reshape(m.radius.shape))
+    steps = [m(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)[0] for t in range(3, T)]
+    full, _ = m(x, x, x, need_weights=False)
+    torch.testing.assert_close(torch.cat(steps), full[3:], rtol=1e-5, atol=1e-5)
+
+
+def test_static_keys_table_built_once_and_reordered(monkeypatch):
+    """Encoder-decoder attention builds its keys' table at the first step, keeps it (the same
+    tensor) while the keys are static, and reorders it when beam search shrinks the batch."""
+    seen = spy_on_key_tables(monkeypatch)
+    m = make(encoder_decoder_attention=True)
+    enc = torch.randn(5, 3, E)
+    kpm = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    q = torch.randn(3, 3, E)
+    full, _ = m(q, enc, enc, key_padding_mask=kpm)
+    state = {}
+    for t in range(3):
+        out, _ = m(q[t:t + 1], enc, enc, key_padding_mask=kpm, incremental_state=state, static_kv=True)
+        assert_table_holds_the_cached_keys(m, state)
+        torch.testing.assert_close(out, full[t:t + 1], rtol=1e-5, atol=1e-6)
+    assert seen[1] is not None and all(t is seen[1] for t in seen[2:]), "the static keys' table was rebuilt"
+    new_order = torch.tensor([2, 0])
+    m.reorder_incremental_state(state, new_order)
+    assert_table_holds_the_cached_keys(m, state)
+    out, _ = m(q[:1, new_order], None, None, incremental_state=state, static_kv=True)
+    torch.testing.assert_close(out, full[:1, new_order], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["gaussian", "reference", "float64", "zero_attn"])
+def test_no_key_table_where_nothing_reads_it(how):
+    """The Gaussian kernel, the reference backend, float64 keys and add_zero_attn keep no table."""
+    kw = {"gaussian": dict(kernel="gaussian"), "reference": dict(backend="reference"), "float64": {},
+          "zero_attn": dict(add_zero_attn=True)}[how]
+    m = make(self_attention=True, causal=True, **kw)
+    x = torch.randn(3, 2, E)
+    if how == "float64":
+        m, x = m.double(), x.double()
+    state = {}
+    for t in range(3):
+        m(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)
+    assert "prev_key_table" not in m._get_input_buffer(state)
 
 
 def test_beamable_encoder_decoder_attention():

@@ -6,6 +6,7 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -44,6 +45,7 @@ struct CallArgs {
   double dropout_p;
   int64_t seed;
   double log_eps;  // log of the normaliser's eps (null_key_log_eps), -inf for 0
+  at::Tensor key_table;  // (B, H, D, Mt) float32 (see limits::kCpuKeyTableKeys), undefined if none
 };
 
 template <typename Slice, typename T>
@@ -72,6 +74,10 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   s.seed = (uint32_t)c.seed;
   s.bh = (uint32_t)bh;
   s.log_eps = c.log_eps;
+  if constexpr (std::is_same_v<Slice, cpu::SliceArgs>) {
+    s.key_table = c.key_table.defined() ? c.key_table.data_ptr<float>() + bh * sh.D * c.key_table.size(3) : nullptr;
+    s.key_table_stride = c.key_table.defined() ? c.key_table.size(3) : 0;
+  }
   return s;
 }
 
@@ -136,11 +142,67 @@ void backward_slices(const CallArgs& c, const at::Tensor& out, const at::Tensor&
   }
 }
 
+int64_t key_table_width(int64_t M) {
+  return (M + limits::kCpuKeyTableKeys - 1) / limits::kCpuKeyTableKeys * limits::kCpuKeyTableKeys;
+}
+
+// The key table a forward call was given (see limits::kCpuKeyTableKeys), checked; undefined if
+// none (also for the empty tables of float64 calls, whose scalar kernels read none).
+at::Tensor checked_key_table(const std::optional<at::Tensor>& tables, const at::Tensor& q, const at::Tensor& k) {
+  if (!tables.has_value() || (tables->numel() == 0 && tables->dim() == 1 && tables->scalar_type() == at::kFloat))
+    return at::Tensor();
+  const at::Tensor& t = *tables;
+  const AttentionShape sh{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0};
+  TORCH_CHECK(q.scalar_type() == at::kFloat && t.scalar_type() == at::kFloat && t.dim() == 4 && t.size(0) == sh.B &&
+                  t.size(1) == sh.H && t.size(2) == sh.D && t.size(3) >= sh.M &&
+                  t.size(3) % limits::kCpuKeyTableKeys == 0 && t.is_contiguous() && t.device() == q.device(),
+              "fourier_attention (cpu): tables must be a key table of fourier_attention_tables(q, k, radius) for "
+              "these keys (float32 (B, H, D, Mt) = (", sh.B, ", ", sh.H, ", ", sh.D, ", at least ", sh.M,
+              ", a multiple of ", limits::kCpuKeyTableKeys, "), contiguous, for float32 inputs), got ",
+              t.scalar_type(), " ", t.sizes(), " for ", q.scalar_type(), " inputs");
+  return t;
+}
+
+// The gradients of rows whose lse is NaN (a NaN or infinite input or mask in the row, see the
+// forward's nan_rows): NaN where the formula's are, i.e. in the row's dq, in dk and dv of every key
+// it sees, and in its head's share of the radius gradient (the kernels skip a row whose lse is not
+// finite, as they skip rows with no visible key).
+void nan_row_gradients(const CallArgs& c, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                       at::Tensor& dradius_slices) {
+  const at::Tensor bad = at::isnan(lse);
+  if (!bad.any().item<bool>()) return;
+  const AttentionShape& sh = c.sh;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const at::Tensor mask = c.masks.attn_mask.defined() ? c.masks.attn_mask.to(at::kDouble) : at::Tensor();
+  const at::Tensor key_bias = c.masks.key_bias.defined() ? c.masks.key_bias.to(at::kDouble) : at::Tensor();
+  const at::Tensor rows = bad.nonzero();  // (n, 3): b, h, i
+  for (int64_t n = 0; n < rows.size(0); ++n) {
+    const int64_t b = rows[n][0].item<int64_t>(), h = rows[n][1].item<int64_t>(), i = rows[n][2].item<int64_t>();
+    dq[b][h][i].fill_(nan);
+    dradius_slices[b][h].fill_(nan);
+    const int64_t end = c.causal ? std::min(sh.M, i + (sh.M - sh.N) + 1) : sh.M;
+    for (int64_t j = 0; j < end; ++j) {
+      double m = 0.0;
+      if (mask.defined()) m += mask[mask.size(0) == 1 ? 0 : b][mask.size(1) == 1 ? 0 : h][i][j].item<double>();
+      if (key_bias.defined()) m += key_bias[b][j].item<double>();
+      if (m == -std::numeric_limits<double>::infinity()) continue;
+      dk[b][h][j].fill_(nan);
+      dv[b][h][j].fill_(nan);
+    }
+  }
+}
+
 }  // namespace
 
 at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& radius) {
   check_table_inputs(q, k, radius);
-  return at::empty({0}, q.options().dtype(at::kFloat));  // (the CPU kernels build their tables per tile)
+  if (q.scalar_type() != at::kFloat) return at::empty({0}, q.options().dtype(at::kFloat));  // (float64: none)
+  // the key table: the keys transposed, zero past M (the other tables depend on the rows and the
+  // radius, and the kernels build them per tile)
+  const int64_t M = k.size(2);
+  at::Tensor table = at::zeros({k.size(0), k.size(1), k.size(3), key_table_width(M)}, k.options());
+  table.narrow(3, 0, M).copy_(k.detach().transpose(2, 3));  // (not differentiable)
+  return table;
 }
 
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
@@ -149,13 +211,13 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     bool causal, double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
-  checked_tables(tables, q_in, 0);  // (the CPU kernels build their tables per tile)
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
               " are supported, got ", dtype);
-  const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
-                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed, log_eps};
+  const CallArgs c{sh,       q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
+                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed, log_eps,
+                   checked_key_table(tables, q_in, k_in)};
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, c.q.options());
   // lse is float64 for every input dtype (see KernelTable::forward)
   at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, c.q.options().dtype(at::kDouble));
@@ -187,7 +249,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
-  checked_tables(tables, q_in, 0);
+  checked_key_table(tables, q_in, k_in);  // (the backward builds its own tables)
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
@@ -208,6 +270,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     else
       backward_slices<double>(c, out, lse, dout, dq, dk, dv, dradius_slices);
   }
+  nan_row_gradients(c, lse, dq, dk, dv, dradius_slices);
   return {dq, dk, dv, dradius_slices.sum(0)};
 }
 

@@ -9,8 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../backend_limits.h"
+
 namespace fourierformer {
 namespace cpu {
+
+constexpr int64_t kKeyTableKeys = limits::kCpuKeyTableKeys;
 
 // One (b, h) slice. Rows are contiguous: q (N, D), k (M, D), v (M, Dv). The kernels build
 // their own tables (sin and cos of R q and R k, transposed keys and values) in the workspace.
@@ -33,6 +37,10 @@ struct SliceArgs {
   uint32_t seed;
   uint32_t bh;  // b * H + h, the dropout counter
   double log_eps;  // log of the normaliser's eps, -inf for 0 (null_key_share in fourier_element_math.h)
+  // The caller's key table of this slice (limits::kCpuKeyTableKeys): key j's feature d at
+  // key_table[d * key_table_stride + j]; nullptr if none (the short forward then transposes k).
+  const float* key_table;
+  int64_t key_table_stride;
 };
 
 struct KernelTable {

@@ -32,15 +32,16 @@ struct ScalarSlice {
   int64_t visible_end(int64_t i) const { return causal ? std::min(M, i + (M - N) + 1) : M; }
 
   T score(int64_t i, int64_t j) const {
+    T mask = 0;
+    if (attn_mask) mask += attn_mask[i * mask_row_stride + j];
+    if (key_bias) mask += key_bias[j];
+    if (mask == -std::numeric_limits<T>::infinity()) return mask;  // a masked key's score is not formed
     T s = 0;
     for (int64_t d = 0; d < D; ++d) {
       T x = radius[d] * (q[i * D + d] - k[j * D + d]);
       s += log_abs_sinc_from_sin(x, std::sin(x));
     }
-    s *= power;
-    if (attn_mask) s += attn_mask[i * mask_row_stride + j];
-    if (key_bias) s += key_bias[j];
-    return s;
+    return s * power + mask;
   }
 
   T dropout_scale(int64_t i, int64_t j) const {
@@ -54,12 +55,18 @@ struct ScalarSlice {
     for (int64_t i = 0; i < N; ++i) {
       const int64_t end = visible_end(i);
       T m = -std::numeric_limits<T>::infinity();
+      bool nan_row = false;  // a NaN score, or a +inf one (a +inf mask): the formula's row is NaN
       for (int64_t j = 0; j < end; ++j) {
         row[j] = score(i, j);
+        nan_row |= !(row[j] < std::numeric_limits<T>::infinity()) && row[j] != -std::numeric_limits<T>::infinity();
         m = std::max(m, row[j]);
       }
       T* out_i = out + i * Dv;
-      for (int64_t c = 0; c < Dv; ++c) out_i[c] = 0;
+      for (int64_t c = 0; c < Dv; ++c) out_i[c] = nan_row ? std::numeric_limits<T>::quiet_NaN() : 0;
+      if (nan_row) {
+        lse[i] = std::numeric_limits<double>::quiet_NaN();
+        continue;
+      }
       if (!(m > -std::numeric_limits<T>::infinity())) {
         lse[i] = std::numeric_limits<T>::infinity();
         continue;

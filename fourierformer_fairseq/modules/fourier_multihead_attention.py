@@ -38,7 +38,7 @@ from fourierformer_fairseq.modules.option_checks import (
     check_non_negative,
     check_positive,
 )
-from fourierformer_fairseq.ops import fourier_attention
+from fourierformer_fairseq.ops import DECLARATIONS, fourier_attention, key_table
 from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
 from fourierformer_fairseq.ops.inputs import (PHIS, RADIUS_SHAPES, non_negative_weights, prepare_inputs,
                                               radius_parameter_shape)
@@ -244,7 +244,36 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             k = None if k is None else rms_normalise(k)
         return q, k
 
-    def attend(self, q, k, v, *, key_padding_mask, attn_mask, causal, need_weights):
+    def cache_key_table(self, saved_state, k, new_keys):
+        """The CPU backend's key table of the cached keys (``ops.key_table``), kept in saved_state as
+        ``prev_key_table`` with ``prev_key_table_keys`` ((batch,): the keys it holds): built once
+        for static keys (encoder-decoder attention) and extended in place by the step's new keys
+        (self-attention), with room for ``2 * key_table_keys`` more keys when it is rebuilt. It holds the keys alone, so the
+        radius it is read under is the call's (the table cannot go stale when the radius changes).
+        None for the Gaussian kernel, the reference backend, and keys the CPU backend does not take."""
+        if self.kernel != "sinc" or self.backend == "reference":
+            return None
+        B, _, M, _ = k.shape
+        old = M - new_keys  # keys cached before this step
+        table, held = saved_state.get("prev_key_table"), saved_state.get("prev_key_table_keys")
+        room = M if new_keys == M else M + 2 * DECLARATIONS["cpu"].key_table_keys  # (static keys need none)
+        if (table is None or held is None or table.size(0) != B or table.size(-1) < old
+                or not bool((held == old).all())):
+            table = key_table(k, room=room)
+        elif new_keys > 0:
+            if table.size(-1) < M:
+                table = key_table(k, room=room)
+            else:
+                table[..., old:M] = k[:, :, old:].transpose(2, 3)
+        if table is None:
+            saved_state.pop("prev_key_table", None)
+            saved_state.pop("prev_key_table_keys", None)
+            return None
+        saved_state["prev_key_table"] = table
+        saved_state["prev_key_table_keys"] = torch.full((B,), M, dtype=torch.long, device=k.device)
+        return table
+
+    def attend(self, q, k, v, *, key_padding_mask, attn_mask, causal, need_weights, key_table=None):
         if self.training and self._log_this_update:
             self._log_metrics(q, k, key_padding_mask, causal)
         attention = fourier_attention if self.kernel == "sinc" else gaussian_attention
@@ -262,6 +291,7 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             need_weights=need_weights,
             backend=self.backend,
             normaliser_eps=self.normaliser_eps,
+            **({} if self.kernel != "sinc" else {"key_table": key_table}),
         )
         return result if need_weights else (result, None)
 

@@ -22,8 +22,9 @@ passes False for fairseq's ``full_context_alignment``).
 
 The incremental cache is the stock one (``prev_key`` / ``prev_value`` of shape (batch, heads, seq,
 head_dim), through the inherited ``_get_input_buffer`` / ``_set_input_buffer`` /
-``_append_prev_key_padding_mask``, so ``reorder_incremental_state`` reorders it for beam search),
-unless the kind keeps a state of its own for causal self-attention (``own_incremental_state``:
+``_append_prev_key_padding_mask``, so ``reorder_incremental_state`` reorders it for beam search), beside which a kind may keep a table
+of the cached keys (``cache_key_table``: the Fourier kind's CPU key table, extended a step at a
+time), unless the kind keeps a state of its own for causal self-attention (``own_incremental_state``:
 then ``attend_step(q, k, v, key_padding_mask, saved_state)`` computes the step from, and updates,
 the saved state).
 
@@ -142,6 +143,14 @@ class ProjectedMultiheadAttention(MultiheadAttention):
         """Per-position work on q and k (batch, heads, time, head_dim) before the cache; none by default."""
         return q, k
 
+    def cache_key_table(self, saved_state: Dict[str, Optional[Tensor]], k: Tensor, new_keys: int) -> Optional[Tensor]:
+        """In incremental decoding, after the cache: a table of the cached keys k (batch, heads,
+        seq, head_dim), of which the last ``new_keys`` joined this step, that the kind keeps in
+        saved_state beside them (so that ``reorder_incremental_state`` reorders it with the beams)
+        and ``attend`` then gets as ``key_table=``; None (the default): the kind keeps none and
+        ``attend`` gets no such argument."""
+        return None
+
     def attend_step(self, q, k, v, key_padding_mask, saved_state: Dict[str, Optional[Tensor]]) -> Tensor:
         """With ``own_incremental_state``: causal self-attention of the new positions over the saved state."""
         raise NotImplementedError
@@ -237,10 +246,16 @@ class ProjectedMultiheadAttention(MultiheadAttention):
             out = self.attend_step(q, k, v, _as_bool(key_padding_mask), saved_state)
             self._set_input_buffer(incremental_state, saved_state)
             return self._output(out, tgt_len, bsz), None
+        key_table: Optional[Tensor] = None
         if saved_state is not None:
+            new_keys = 0 if k is None else k.size(2)
             k, v, key_padding_mask, kv_bsz = self._cache_keys_values(
                 saved_state, incremental_state, k, v, key_padding_mask, kv_bsz, static_kv
             )
+            if not self.add_zero_attn:  # (the zero key would join k after the table)
+                key_table = self.cache_key_table(saved_state, k, new_keys)
+            if key_table is not None:
+                self._set_input_buffer(incremental_state, saved_state)
         assert v is not None
         src_len = v.size(2)
         if key_padding_mask is not None:
@@ -260,8 +275,9 @@ class ProjectedMultiheadAttention(MultiheadAttention):
         if beam != 1:
             # beamable enc-dec attention: the beam_size queries of each sentence share its keys
             q, attn_mask = self._fold_beam(q, attn_mask, kv_bsz, beam)
+        extra = {} if key_table is None else {"key_table": key_table}
         out, weights = self.attend(q, k, v, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-                                   causal=causal, need_weights=need_weights)
+                                   causal=causal, need_weights=need_weights, **extra)
         if beam != 1:
             out = self._unfold_beam(out, kv_bsz, beam)
             weights = None if weights is None else self._unfold_beam(weights, kv_bsz, beam)
@@ -345,6 +361,9 @@ class ProjectedMultiheadAttention(MultiheadAttention):
             src_len=k.size(2),
             static_kv=static_kv,
         )
+        # kept contiguous: the heads' split is a view, which every later step would otherwise copy
+        # (static encoder-decoder keys: at every step; a concatenation is contiguous already)
+        k, v = k.contiguous(), v.contiguous()
         saved_state["prev_key"] = k
         saved_state["prev_value"] = v
         saved_state["prev_key_padding_mask"] = key_padding_mask

@@ -40,6 +40,7 @@ __all__ = [
     "fourier_attention",
     "fourier_attention_reference",
     "get_backend",
+    "key_table",
     "select_backend",
 ]
 
@@ -106,6 +107,7 @@ def fourier_attention(
     normaliser_eps: float = 0.0,
     need_weights: bool = False,
     backend: str = "auto",
+    key_table: torch.Tensor | None = None,
 ):
     """Fourier integral attention.
 
@@ -130,9 +132,16 @@ def fourier_attention(
             dropout, as the backend computed them (a fused backend runs its kernel again with
             the identity as the values: out = P I).
         backend: "auto" (cuda, then cpu, then reference), or one of them explicitly.
+        key_table: ``key_table(k)``, or one with room for more keys (incremental decoding keeps it
+            between steps): the CPU backend reads it instead of transposing k; the other backends,
+            and the weights of need_weights, ignore it. It holds the keys alone, so it holds
+            under any radius.
 
     Rows whose keys are all masked give a zero output and zero gradients (also with
-    normaliser_eps, as do rows whose weights all underflow next to eps).
+    normaliser_eps, as do rows whose weights all underflow next to eps). A NaN or infinite input
+    that enters a row's visible scores (its query, a key it sees, the radius, a NaN or +inf mask
+    entry) or the value of a key it sees makes that row NaN, and its gradients where the formula's
+    are; a masked key's NaN reaches no row (docs/kernels.md, "NaN and infinity").
     """
     inp = prepare_inputs(
         q, k, v, radius, power=power, phi=phi, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
@@ -142,7 +151,23 @@ def fourier_attention(
     seed = draw_seed() if inp.dropout_p > 0 else 0
     if name == "reference":
         return reference_from_inputs(inp, need_weights, seed)
-    out = fused_forward(inp, seed)
+    out = fused_forward(inp, seed, tables=key_table if name == "cpu" else None)
     if need_weights:  # the kernel's own weights (a second pass with the identity as values)
         return out, fused_weights(inp, seed, get_backend(name).max_head_dim)
     return out
+
+
+def key_table(k: torch.Tensor, room: int | None = None) -> torch.Tensor | None:
+    """The CPU backend's key table of k (B, H, M, D): what ``fourier_attention_tables`` returns on
+    the CPU, the keys alone in the layout its short-query forward reads (csrc/backend_limits.h,
+    ``kCpuKeyTableKeys``: (B, H, D, Mt), key j at [..., j], Mt a multiple of
+    ``DECLARATIONS["cpu"].key_table_keys``), with room for at least ``room`` keys (default M; the
+    room past M is zero). None where no backend would read one: k not float32 on the CPU, or
+    no extension."""
+    if not (extension_status().loaded and k.device.type == "cpu" and k.dtype == torch.float32):
+        return None
+    B, H, M, D = k.shape
+    room = M if room is None else max(int(room), M)
+    if room > M:
+        k = torch.cat([k, k.new_zeros(B, H, room - M, D)], dim=2)
+    return torch.ops.fourierformer.fourier_attention_tables(k[:, :, :0], k, k.new_zeros(H, D))

@@ -79,6 +79,11 @@ class FusedBackend:
         "None: the backend has no such tables.",
     )
 
+    @property
+    def key_table_keys(self) -> Optional[int]:
+        """The key table's room is a multiple of this (ops.key_table); None: the backend reads none."""
+        return None if self._limits is None else self._limits.get("key_table_keys")
+
     @functools.cached_property
     def _availability_reasons(self) -> Tuple[str, ...]:
         status = extension_status()

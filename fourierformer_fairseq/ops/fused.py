@@ -20,7 +20,10 @@ to 1, which a float32 lse (error ulp(|lse|) / 2) would not give. With ``normalis
 float16 and bfloat16 build from q, k and radius before they run (csrc/cuda/tables.cuh): the
 autograd below builds them once per step and hands them to both ops, which otherwise build their
 own (FOURIERFORMER_KEEP_TABLES=0: so they do; the tables then need no memory between the forward
-and the backward: 28 bytes per (row, feature) of q and k). Empty on CPU and for float64.
+and the backward: 28 bytes per (row, feature) of q and k). On the CPU (float32) they are the key
+table (B, H, D, Mt): the keys alone, transposed, which the short-query forward reads (its room
+may exceed M: incremental decoding keeps one between steps, see ``ops.key_table``). Empty for
+float64.
 
 Importing this module registers their shape (fake) and autograd implementations when the
 extension has loaded (extension.py, imported first, loads it), so that ``import
@@ -68,6 +71,10 @@ def _tables_fake(q, k, radius):
         B, H, N, D = q.shape
         # (int(): symbolic sizes specialise, as the kernels' tables depend on them)
         floats = extension_status().module.cuda_table_floats(*(int(n) for n in (B, H, N, k.shape[2], D)))
+    elif q.device.type == "cpu" and q.dtype == torch.float32:  # the key table (see ops.key_table)
+        B, H, M, D = k.shape
+        block = DECLARATIONS["cpu"].key_table_keys
+        return q.new_empty((B, H, D, -(-M // block) * block), dtype=torch.float32)
     return q.new_empty((floats,), dtype=torch.float32)
 
 

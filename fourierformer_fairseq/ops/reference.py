@@ -57,12 +57,24 @@ def _log_phi_sinc(x: torch.Tensor, phi: str, power: int) -> torch.Tensor:
     raise ValueError(phi)
 
 
-def _scaled_differences(inp: AttentionInputs, d0: int, d1: int) -> torch.Tensor:
-    """x_ijd = R_hd (q_id - k_jd) for d in [d0, d1): (B, H, N, M, d1 - d0)."""
+def _scaled_differences(inp: AttentionInputs, d0: int, d1: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """x_ijd = R_hd (q_id - k_jd) for d in [d0, d1): (B, H, N, M, d1 - d0); 0 where ``hidden``
+    (broadcasting to (B, H, N, M)) is True, so that a key's NaN reaches neither the scores of the
+    rows that do not see it nor, through them, any gradient."""
     q = inp.q[..., d0:d1].unsqueeze(3)
     k = inp.k[..., d0:d1].unsqueeze(2)
     r = inp.radius_hd[:, d0:d1].to(inp.q.dtype).reshape(1, -1, 1, 1, d1 - d0)
-    return r * (q - k)
+    diff = q - k
+    if hidden is not None:
+        diff = diff.masked_fill(hidden.unsqueeze(-1), 0.0)
+    return r * diff
+
+
+def _hidden(inp: AttentionInputs, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The masked (i, j) of a call whose q or k is not finite (else None: nothing to keep out)."""
+    if mask is None or (bool(torch.isfinite(inp.q).all()) and bool(torch.isfinite(inp.k).all())):
+        return None
+    return mask == float("-inf")
 
 
 def additive_mask(inp: AttentionInputs) -> torch.Tensor | None:
@@ -91,12 +103,16 @@ def additive_mask(inp: AttentionInputs) -> torch.Tensor | None:
 def log_weights(inp: AttentionInputs) -> torch.Tensor:
     """S_ij = sum_d log phi(sinc(x_ijd)) plus masks: (B, H, N, M). Log domain only."""
     D = inp.q.shape[-1]
+    mask = additive_mask(inp)
+    hidden = _hidden(inp, mask)
     S = None
     for d0 in range(0, D, _D_CHUNK):
-        part = _log_phi_sinc(_scaled_differences(inp, d0, min(D, d0 + _D_CHUNK)), inp.phi, inp.power).sum(-1)
+        part = _log_phi_sinc(_scaled_differences(inp, d0, min(D, d0 + _D_CHUNK), hidden), inp.phi, inp.power).sum(-1)
         S = part if S is None else S + part
-    mask = additive_mask(inp)
-    return S if mask is None else S + mask
+    if mask is None:
+        return S
+    # a masked key's score is never formed: -inf, whatever its key holds (a NaN included)
+    return (S + mask).masked_fill(mask == float("-inf"), float("-inf"))
 
 
 def masked_softmax(S: torch.Tensor, normaliser_eps: float = 0.0) -> torch.Tensor:
