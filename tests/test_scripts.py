@@ -397,6 +397,39 @@ def test_benchmark_model_small(tmp_path):
     assert "| fourier small |" in r.stdout
 
 
+@pytest.mark.slow
+def test_benchmark_generation_small(tmp_path):
+    """Every part of the generation benchmark runs on 1-layer models: beam search with fairseq's
+    SequenceGenerator, the LM's incremental decoding and the stock fairseq-generate on checkpoints
+    of the pair; a row and a ratio per part and thread count, and the hypotheses of both
+    translation models of the pinned length (the run stops otherwise)."""
+    out = tmp_path / "generation.json"
+    r = run([sys.executable, script("benchmark_generation"), "--small", "--shapes", "mt,lm,cli", "--threads", "1",
+             "--rounds", "1", "--device", "cpu", "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.load(open(out))["rows"]
+    assert [(row["shape"], row["threads"]) for row in rows] == [("mt", 1), ("lm", 1), ("cli", 1)]
+    for row in rows:
+        assert row["softmax_s"] >= 0 and row["fourier_s"] >= 0
+        assert row["shape"] == "cli" or row["ratio"] == pytest.approx(row["fourier_s"] / row["softmax_s"])
+    assert "| mt |" in r.stdout and "| lm |" in r.stdout and "| cli |" in r.stdout
+
+
+def test_benchmark_generation_decoding_steps_grow_the_keys():
+    """The LM round decodes a token at a time through the incremental state: after it, each
+    self-attention layer holds one cached key per decoded token (and, for the FourierFormer, the key
+    table holding them)."""
+    bg = load("benchmark_generation")
+    import argparse
+
+    args = argparse.Namespace(lm_batch=2, lm_tokens=5, device="cpu")
+    model, tgt = bg.build("fourierformer_lm_wiki103_small", "lm", 50, 8, bg.SMALL_DIMS["lm"])
+    state = bg.lm_round(args, model, len(tgt))()
+    buffers = [v for k, v in state.items() if k.endswith("attn_state")]
+    assert buffers and all(b["prev_key"].shape[2] == 5 for b in buffers)
+    assert all(torch.equal(b["prev_key_table"][..., :5], b["prev_key"].transpose(2, 3)) for b in buffers)
+
+
 # --------------------------------------------------------------------------- benchmark_attention
 SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
 
