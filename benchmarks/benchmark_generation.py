@@ -2,7 +2,9 @@
 """Generation speed: each FourierFormer against its softmax twin, side by side in one process.
 
   mt  beam search of the IWSLT'14 model (fourierformer_iwslt_de_en / transformer_iwslt_de_en)
-      with fairseq's SequenceGenerator: --sentences source sentences of --source-len tokens, every
+      with fairseq's SequenceGenerator, each model prepared as fairseq-generate prepares it
+      (beamable encoder-decoder attention, weights from the alignment layer only):
+      --sentences source sentences of --source-len tokens, every
       hypothesis exactly --target-len tokens (min and max length pinned, so both models do the
       same number of steps whatever their random weights predict), beam --beam
   cli the stock fairseq-generate on checkpoints of the translation pair (random weights: one update
@@ -80,6 +82,9 @@ def translation_round(args, model, tgt_dict):
     import torch
     from fairseq.sequence_generator import SequenceGenerator
 
+    # as fairseq-generate prepares a model (prepare_for_inference_): beamable encoder-decoder attention
+    # at the beam size, and attention weights from the alignment layer only
+    model.make_generation_fast_(beamable_mm_beam_size=args.beam, need_attn=False)
     gen = SequenceGenerator([model], tgt_dict, beam_size=args.beam, max_len_a=0, max_len_b=args.target_len,
                             min_len=args.target_len)
     g = torch.Generator().manual_seed(1)
