@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
@@ -52,10 +51,6 @@ class Kind:
         return [f for f in dataclasses.fields(self.config_class) if not f.name.startswith("_")]
 
 
-def _plain(value: Any) -> Any:
-    return value.value if isinstance(value, enum.Enum) else value
-
-
 def _parse(arch: str, task: str, extra: Sequence[str] = ()) -> argparse.Namespace:
     """fairseq-train's arguments for ``--arch arch`` and ``extra`` (no data is read)."""
     from fairseq import options
@@ -67,6 +62,7 @@ def _parse(arch: str, task: str, extra: Sequence[str] = ()) -> argparse.Namespac
 def collect() -> List[Kind]:
     """The kinds, their archs and the archs' parsed defaults and presets (runs fairseq's parser)."""
     import fourierformer_fairseq.models  # noqa: F401  (registers the archs)
+    from fourierformer_fairseq.models.attention_options import choice_value
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageModel
 
     by_options: Dict[Any, List[str]] = {}
@@ -85,7 +81,7 @@ def collect() -> List[Kind]:
         names = [f.name for f in dataclasses.fields(options_class.config_class) if not f.name.startswith("_")]
 
         def values(args):
-            return {n: _plain(getattr(args, n, None)) for n in names}
+            return {n: choice_value(getattr(args, n, None)) for n in names}
 
         defaults = {a: values(_parse(a, tasks[a])) for a in archs}
         presets: Dict[str, Dict[str, Dict[str, Any]]] = {}
@@ -253,6 +249,7 @@ def render(kinds: List[Kind]) -> str:
 
     from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 
+    from fourierformer_fairseq.models.attention_options import choice_value
     from fourierformer_fairseq.models.lm_options import LanguageModelConfig
 
     stock = {f.name for f in dataclasses.fields(TransformerLanguageModelConfig)}
@@ -269,7 +266,7 @@ def render(kinds: List[Kind]) -> str:
         add("")
         add(f.metadata.get("help", "").strip())
         add("")
-        add(f"- default: {_show(_plain(f.default))}")
+        add(f"- default: {_show(choice_value(f.default))}")
         add("")
 
     presets = [(k, p, changes) for k in kinds for p, changes in k.presets.items()]

@@ -108,8 +108,9 @@ def kwarg_field(kwarg: str, default: Any, help: str, **metadata) -> Any:
     return field(default=default, metadata={"help": help, "kwarg": kwarg, **metadata})
 
 
-def _plain(value: Any) -> Any:
-    """A ChoiceEnum member as its string; anything else as it is."""
+def choice_value(value: Any) -> Any:
+    """A ChoiceEnum member as its string; anything else as it is (the one reader of fairseq's choice enums:
+    an option parsed into a ChoiceEnum field may reach the models as a member or as its string)."""
     return value.value if isinstance(value, enum.Enum) else value
 
 
@@ -129,9 +130,14 @@ class AttentionOptions:
         self.kwargs = dict(kwargs)
 
     def __getattr__(self, name: str) -> Any:
+        """An option by its keyword: its value, or None where it was left unset (the attention class's default)."""
+        if name.startswith("__") or name == "kwargs":
+            raise AttributeError(name)
         kwargs = self.__dict__.get("kwargs", {})
         if name in kwargs:
             return kwargs[name]
+        if getattr(type(self), "config_class", None) is not None and name in self.kwarg_fields():
+            return None
         raise AttributeError(f"{type(self).__name__} has no option {name!r}")
 
     def __eq__(self, other) -> bool:
@@ -156,7 +162,7 @@ class AttentionOptions:
     def read_kwargs(cls, args) -> Dict[str, Any]:
         """The attention class's keyword arguments from args; a field left None is left out (the class's default)."""
         defaults = {f.name: f.default for f in fields(cls.config_class)}
-        kwargs = {kw: _plain(safe_getattr(args, name, defaults[name])) for kw, name in cls.kwarg_fields().items()}
+        kwargs = {kw: choice_value(safe_getattr(args, name, defaults[name])) for kw, name in cls.kwarg_fields().items()}
         return {kw: value for kw, value in kwargs.items() if value is not None}
 
     @classmethod
@@ -168,7 +174,7 @@ class AttentionOptions:
         except OptionError as error:
             raise ValueError(error.render(cls.flags())) from None
         default_sites = next(f.default for f in fields(cls.config_class) if f.name == cls.sites_field)
-        sites = parse_sites(_plain(safe_getattr(args, cls.sites_field, default_sites)), available,
+        sites = parse_sites(choice_value(safe_getattr(args, cls.sites_field, default_sites)), available,
                             flag="--" + cls.sites_field.replace("_", "-"), supported=cls.supported_sites)
         return cls(sites, kwargs)
 
@@ -211,4 +217,5 @@ class AttentionOptions:
         """Finishes a built model; nothing by default."""
 
 
-__all__ = ["LM_SITES", "SITES", "AttentionOptions", "PluginVersionConfig", "kwarg_field", "parse_sites", "site_choices", "site_tag"]
+__all__ = ["LM_SITES", "SITES", "AttentionOptions", "PluginVersionConfig", "choice_value", "kwarg_field", "parse_sites",
+           "site_choices", "site_tag"]

@@ -35,7 +35,7 @@ from fairseq.utils import safe_getattr
 
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 
-from .attention_options import PluginVersionConfig
+from .attention_options import PluginVersionConfig, choice_value
 
 LM_INITS = ("fairseq", "published")
 LM_LAYERNORMS = ("pre", "post")
@@ -61,8 +61,7 @@ class LanguageModelConfig(TransformerLanguageModelConfig, PluginVersionConfig):
 
 def _choice(args, name: str, default: str, choices) -> str:
     """args' value of a ChoiceEnum field (an enum member or its string), checked against choices."""
-    value = safe_getattr(args, name, default)
-    value = str(getattr(value, "value", value))
+    value = str(choice_value(safe_getattr(args, name, default)))
     if value not in choices:
         raise ValueError(f"--{name.replace('_', '-')} {value!r}: expected one of {', '.join(choices)}")
     return value
