@@ -158,8 +158,8 @@ def test_attention_options_are_read_once_per_model(arch, monkeypatch):
 
 
 def test_no_attention_kinds_options_import_another_kinds():
-    """Each kind's options module (its config's module) imports no other kind's; what two kinds share
-    (the Fourier kernel's power and radius: models/kernel_options.py) has a module of its own."""
+    """Each kind's file (its config's module) imports no other kind's; what two kinds share
+    (the Fourier kernel's power and radius: models/fourier_kernel.py) has a module of its own."""
     import ast
     import importlib
 
@@ -171,8 +171,8 @@ def test_no_attention_kinds_options_import_another_kinds():
             yield from kinds(sub)
 
     modules = {sub.config_class.__module__ for sub in kinds(AttentionOptions) if hasattr(sub, "config_class")}
-    assert {"fourierformer_fairseq.models.fourier_attention_options", "fourierformer_fairseq.models.performer_options",
-            "fourierformer_fairseq.models.gfnet_options"} <= modules
+    assert {"fourierformer_fairseq.models.fourierformer", "fourierformer_fairseq.models.performer",
+            "fourierformer_fairseq.models.gfnet"} <= modules
     short = {m.rsplit(".", 1)[1] for m in modules}
     for module in modules:
         tree = ast.parse(open(importlib.import_module(module).__file__).read())
@@ -234,7 +234,7 @@ def test_bad_choice_is_rejected_by_the_parser(arch, flag, value, capsys):
 
 def test_every_spelling_of_the_sites_the_parser_takes_selects_them():
     from fourierformer_fairseq.models.attention_options import site_choices
-    from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionOptions
+    from fourierformer_fairseq.models.fourierformer import FourierAttentionOptions
 
     spellings = [choice.value for choice in site_choices()]
     assert spellings[:2] == ["all", "none"] and len(spellings) == 2 + 7

@@ -126,7 +126,7 @@ def test_the_op_imports_and_runs_where_fairseq_cannot_be_imported(tmp_path):
     assert proc.stdout.strip().splitlines()[-1] == "RESULT False (1, 2, 5, 4) True"
 
 
-@pytest.mark.parametrize("module", ["fourierformer_fairseq.models", "fourierformer_fairseq.models.fourierformer_lm",
+@pytest.mark.parametrize("module", ["fourierformer_fairseq.models", "fourierformer_fairseq.models.fourierformer",
                                     "fourierformer_fairseq.modules",
                                     "fourierformer_fairseq.modules.fourier_multihead_attention"])
 def test_no_import_of_the_package_configures_logging(module):
@@ -176,7 +176,7 @@ def test_the_plugin_registers_when_fairseq_is_imported_after_it():
 
 @pytest.mark.parametrize("first", ["fourierformer_fairseq.modules", "fourierformer_fairseq.models",
                                    "fourierformer_fairseq.modules.fourier_multihead_attention",
-                                   "fourierformer_fairseq.models.fourierformer_lm"])
+                                   "fourierformer_fairseq.models.fourierformer"])
 def test_a_subpackage_imported_first_registers_the_plugin(first):
     """A fresh process whose first import is one of the plugin's fairseq-facing modules (which imports
     fairseq, whose import registers the plugin, which imports those modules again) ends with the

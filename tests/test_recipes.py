@@ -199,7 +199,7 @@ def test_every_fourier_option_reaches_meta_and_the_run_name(tmp_path):
     name and in the setting make_tables.py reads back."""
     import dataclasses
 
-    from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionConfig
+    from fourierformer_fairseq.models.fourierformer import FourierAttentionConfig
 
     make_tables = load("make_tables")
 

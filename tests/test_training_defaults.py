@@ -234,7 +234,7 @@ def test_training_metrics_of_an_odd_power_log_the_radius_alone(power):
 def test_arch_defaults_and_the_paper_exact_switch(arch, power, paper_r):
     from fourierformer_fairseq.models import FourierAttentionOptions
     from fourierformer_fairseq.models.attention_options import LM_SITES
-    from fourierformer_fairseq.models.fourier_attention_options import SITES
+    from fourierformer_fairseq.models.fourierformer import SITES
 
     sites = LM_SITES if "_lm_" in arch else SITES
     o = FourierAttentionOptions.from_args(parse_arch(arch), sites)
@@ -285,7 +285,7 @@ def test_training_curves_reads_fairseq_json_logs(tmp_path):
 
 def test_options_saved_before_qk_norm_existed_rebuild_the_paper_formulation():
     from fourierformer_fairseq.models import FourierAttentionOptions
-    from fourierformer_fairseq.models.fourier_attention_options import SITES
+    from fourierformer_fairseq.models.fourierformer import SITES
 
     args = parse_arch("fourierformer_iwslt_de_en", "--fourier-radius-init", "1.0")
     args.fourier_qk_norm = None  # what the saved options of an older checkpoint give

@@ -29,7 +29,7 @@ def test_usage_doc_is_current(kinds):
 
 def test_usage_doc_reads_the_declarations(kinds, monkeypatch):
     """The reference follows the dataclass: a changed help text shows, under its flag, and the old one is gone."""
-    from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionConfig
+    from fourierformer_fairseq.models.fourierformer import FourierAttentionConfig
 
     field = {f.name: f for f in dataclasses.fields(FourierAttentionConfig)}["fourier_kernel"]
     old = field.metadata["help"]

@@ -53,7 +53,7 @@ def declared_defaults() -> dict:
     the ablation tables): an unset radius init is the automatic one (auto_radius)."""
     from dataclasses import fields
 
-    from fourierformer_fairseq.models.fourier_attention_options import FourierAttentionConfig
+    from fourierformer_fairseq.models.fourierformer import FourierAttentionConfig
 
     out = {f.name[len("fourier_"):]: f.default for f in fields(FourierAttentionConfig)}
     out["radius_init"] = "auto"

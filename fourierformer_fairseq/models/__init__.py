@@ -12,12 +12,12 @@ import fairseq  # noqa: F401  (isort: skip)
 import importlib
 import pkgutil
 
-from .fourier_attention_options import SITES, FourierAttentionOptions
-from .fourierformer_lm import FourierFormerLanguageModel, FourierFormerLanguageModelConfig
-from .fourierformer_transformer import FourierFormerModel
+from .attention_options import SITES
+from .fourierformer import (FourierAttentionOptions, FourierFormerLanguageModel, FourierFormerLanguageModelConfig,
+                            FourierFormerModel)
 
-# every module of this folder, as fairseq's own models/__init__.py does: an attention kind's model
-# and arch files register themselves on import, so a new kind adds files and edits none here
+# every module of this folder, as fairseq's own models/__init__.py does: an attention kind's file
+# (its options, models and archs) registers them on import, so a new kind adds a file and edits none here
 for _module in pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")

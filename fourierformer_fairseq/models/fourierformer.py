@@ -1,11 +1,11 @@
-"""The ``--fourier-*`` options shared by every FourierFormer architecture, declared once.
+"""FourierFormer: Fourier integral attention's options, its translation model and its language models.
 
-``FourierAttentionConfig`` is the one declaration (a fairseq dataclass): the translation model
-adds it to its argparse options with ``gen_parser_from_dataclass``, the language model's config
-inherits it. Architecture functions fill in their defaults with ``set_fourier_defaults``;
-``FourierAttentionOptions.from_args`` validates them once, with clear errors, and
-``build_attention`` makes the attention of one site: Fourier if the site is selected, fairseq's
-softmax ``MultiheadAttention`` otherwise.
+The ``--fourier-*`` options, declared once: ``FourierAttentionConfig`` (a fairseq dataclass; the
+translation model adds it to its argparse options with ``gen_parser_from_dataclass``, the language
+model's config inherits it). Architecture functions fill in their defaults with
+``set_fourier_defaults``; ``FourierAttentionOptions.from_args`` validates them once, with clear
+errors, and ``build_attention`` makes the attention of one site: Fourier if the site is selected,
+fairseq's softmax ``MultiheadAttention`` otherwise.
 
 Defaults (why: docs/training-dynamics.md): queries and keys normalised to unit RMS per head
 (``--fourier-qk-norm rms``) and the radius started at ``sqrt(3 / (p sqrt(head_dim)))``, where
@@ -13,19 +13,50 @@ the kernel is as peaked as softmax attention at initialisation; ``--fourier-pape
 the paper's formulation instead (no normalisation, the paper's radius init: 1.0 for translation,
 2.0 for the language models; exact normalisation over the keys, without the published code's
 ``+ 1e-6``).
+
+Translation: registered model ``fourierformer`` (a subclass of fairseq's legacy ``transformer``
+model, same command-line options plus ``--fourier-*``) and architecture:
+
+    fourierformer_iwslt_de_en   the shape of transformer_iwslt_de_en (6+6 layers, d 512, 4 heads,
+                                ffn 1024) with the paper's p = 2 (radius init 1.0 with
+                                --fourier-paper-exact); its softmax twin is stock
+                                ``transformer_iwslt_de_en``.
+
+Only the attention modules differ from the stock model (see ``attention_transformer``), so
+parameter names match the twin's and, under one seed, every shared weight initialises identically.
+
+Language modelling: registered model ``fourierformer_lm`` (``transformer_lm``'s options plus
+``--fourier-*``) and the paper's WikiText-103 models (Nguyen et al. 2022, after Schlag et al. 2021;
+not fairseq's big ``transformer_lm_wiki103``):
+
+    fourierformer_lm_wiki103_small    16 layers, d 128, 8 heads, ffn 2048, context 256, p = 4
+    fourierformer_lm_wiki103_medium   16 layers, d 256, 8 heads, ffn 2048, context 384, p = 4
+
+(radius init 2.0 with --fourier-paper-exact, as in the paper)
+
+and their softmax twins at identical sizes, ``softmax_lm_wiki103_small`` / ``_medium`` (``softmax_lm.py``).
+
+The context sets ``--max-target-positions``; train and evaluate with ``--tokens-per-sample``
+equal to it (256 / 384). Adaptive input / softmax stay off unless asked for
+(``--adaptive-input --adaptive-input-cutoff ... --adaptive-softmax-cutoff ... --tie-adaptive-weights``),
+so the archs also run on small vocabularies.
 """
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from fairseq.dataclass import ChoiceEnum
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer.transformer_legacy import transformer_iwslt_de_en
 from fairseq.utils import safe_getattr
 
 from fourierformer_fairseq.modules.fourier_multihead_attention import KERNELS, QK_NORMS, FourierMultiheadAttention
 from fourierformer_fairseq.ops.inputs import PHIS
 
 from .attention_options import SITES, AttentionOptions, kwarg_field, parse_sites, site_choices, site_tag
-from .kernel_options import FourierKernelConfig
+from .attention_transformer import AttentionKindLanguageModel, AttentionKindTransformerModel, paper_lm_sizes
+from .fourier_kernel import FourierKernelConfig
+from .lm_options import LanguageModelConfig
 
 
 @dataclass
@@ -90,7 +121,6 @@ class FourierAttentionOptions(AttentionOptions):
         # The arch functions always set it; it is missing only from the saved options of checkpoints
         # trained before it existed, which used the paper's formulation and must be rebuilt that way.
         kwargs.setdefault("qk_norm", "none")
-        kwargs.setdefault("radius_init", None)  # None: auto_radius(power, head_dim)
         return kwargs
 
     @staticmethod
@@ -128,9 +158,65 @@ def name_fourier_layers(model) -> None:
         module.log_name = f"{site_tag(name)}{index}"
 
 
+# ============================================================================ translation
+
+
+@register_model("fourierformer")
+class FourierFormerModel(AttentionKindTransformerModel):
+    """fairseq's Transformer (legacy argparse model) with Fourier integral attention."""
+
+    options_class = FourierAttentionOptions
+
+
+@register_model_architecture("fourierformer", "fourierformer_iwslt_de_en")
+def fourierformer_iwslt_de_en(args):
+    set_fourier_defaults(args, power=2, paper_radius_init=1.0)
+    transformer_iwslt_de_en(args)
+
+
+# ============================================================================ language models
+
+LM_POWER, LM_PAPER_RADIUS_INIT = 4, 2.0  # the paper's p and radius init for its language models
+
+
+@dataclass
+class FourierFormerLanguageModelConfig(LanguageModelConfig, FourierAttentionConfig):
+    """``transformer_lm``'s options, ``lm_options``' and the --fourier-* ones (declared in FourierAttentionConfig)."""
+
+
+@register_model("fourierformer_lm", dataclass=FourierFormerLanguageModelConfig)
+class FourierFormerLanguageModel(AttentionKindLanguageModel):
+    """fairseq's Transformer language model with Fourier integral self-attention."""
+
+    options_class = FourierAttentionOptions
+
+    @classmethod
+    def build_model(cls, args, task):
+        if safe_getattr(args, "fourier_power", None) is None:
+            # --arch fourierformer_lm (the model's own name: dataclass defaults, no arch function);
+            # a saved config always has the power, so old checkpoints keep their formulation
+            set_fourier_defaults(args, power=LM_POWER, paper_radius_init=LM_PAPER_RADIUS_INIT)
+        return super().build_model(args, task)
+
+
+@register_model_architecture("fourierformer_lm", "fourierformer_lm_wiki103_small")
+def fourierformer_lm_wiki103_small(args):
+    set_fourier_defaults(args, power=LM_POWER, paper_radius_init=LM_PAPER_RADIUS_INIT)
+    paper_lm_sizes(args, embed_dim=128, context=256)
+
+
+@register_model_architecture("fourierformer_lm", "fourierformer_lm_wiki103_medium")
+def fourierformer_lm_wiki103_medium(args):
+    set_fourier_defaults(args, power=LM_POWER, paper_radius_init=LM_PAPER_RADIUS_INIT)
+    paper_lm_sizes(args, embed_dim=256, context=384)
+
+
 __all__ = [
     "FourierAttentionConfig",
     "FourierAttentionOptions",
+    "FourierFormerLanguageModel",
+    "FourierFormerLanguageModelConfig",
+    "FourierFormerModel",
     "name_fourier_layers",
     "SITES",
     "parse_sites",

@@ -1,7 +1,7 @@
-"""The Fourier kernel's parameters (its power p and radius R), one declaration that every attention
-kind with a Fourier kernel imports: Fourier attention (``FourierAttentionConfig``) and the
-Performer's ``fourier_rf`` random features (``PerformerConfig``). No attention kind's options
-import another kind's; what they share lives here.
+"""The Fourier kernel's options (its power p and radius R), one declaration that every attention
+kind with a Fourier kernel imports: Fourier attention (``FourierAttentionConfig``, ``fourierformer.py``)
+and the Performer's ``fourier_rf`` random features (``PerformerConfig``, ``performer.py``). No
+attention kind's file imports another kind's; what they share lives here.
 """
 
 from dataclasses import dataclass
