@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -279,8 +280,9 @@ def render(kinds: List[Kind]) -> str:
         for kind, preset, changes in presets:
             add(f"### `{_flag(preset)}`")
             add("")
-            help_text = next(f.metadata.get("help", "") for f in kind.fields if f.name == preset)
-            add(help_text.strip())
+            # what the preset is: said once, under its option above (the first heading of that name)
+            anchor = re.sub(r"[^\w\- ]", "", f"`{_flag(preset)}`".lower()).replace(" ", "-")
+            add(f"What it is: [its option](#{anchor}).")
             add("")
             set_names = [f.name for f in kind.fields if any(f.name in ch for ch in changes.values())]
             add("| option | " + " | ".join(f"`{a}`" for a in kind.archs) + " |")

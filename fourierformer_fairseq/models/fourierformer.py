@@ -85,13 +85,9 @@ class FourierAttentionConfig(FourierKernelConfig):
         "bias", None, "keep the biases of the Fourier attentions' projections (the default, except with "
                       "--fourier-published)")
     fourier_published: bool = field(
-        default=False, metadata={"help": "the published code's attention (docs/published-model.md): "
-                                         "--fourier-paper-exact, --fourier-normaliser-eps 1e-6, projections "
-                                         "N(0, 0.02) without biases; each can be overridden. It trains the "
-                                         "language models; a small encoder-decoder with a short warm-up at a "
-                                         "high lr collapses its encoder early: use the defaults there, or a "
-                                         "larger --fourier-proj-init-std (docs/published-model.md, "
-                                         "'At small width')"})
+        default=False, metadata={"help": "the published code's attention: --fourier-paper-exact with its + 1e-6 "
+                                         "normaliser and its projections' init (each can be overridden; where it "
+                                         "trains and where not: docs/published-model.md)"})
     fourier_attention: site_choices() = field(
         default="all", metadata={"help": "comma-separated attentions that are Fourier, from encoder,decoder,cross "
                                          "in this order (or all / none); the others stay softmax"})
