@@ -41,6 +41,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
+sys.path.insert(0, HERE)
+from benchmark_model import build_with_task  # noqa: E402  (the same models as Table 9's benchmark)
 # shape -> (name, arch) of the softmax twin and the FourierFormer, in that order
 MODELS = {
     "mt": (("softmax iwslt", "transformer_iwslt_de_en"), ("fourier iwslt", "fourierformer_iwslt_de_en")),
@@ -56,25 +58,11 @@ SMALL_DIMS = {
 
 
 def build(arch: str, shape: str, vocab: int, context: int, extra: list):
-    """A model of `arch` with random weights and its task's target dictionary."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    tmp = tempfile.mkdtemp(prefix="ffgen-")
-    for name in ("dict.txt",) if shape == "lm" else ("dict.de.txt", "dict.en.txt"):
-        with open(os.path.join(tmp, name), "w") as fh:
-            fh.writelines(f"w{i} 1\n" for i in range(vocab - 4))  # fairseq adds its 4 specials
-    if shape == "lm":
-        task = ["--task", "language_modeling", "--tokens-per-sample", str(context)]
-    else:
-        task = ["--task", "translation", "-s", "de", "-t", "en", "--share-decoder-input-output-embed"]
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [tmp, "--arch", arch, "--user-dir", USER_DIR] + task + extra)
-    cfg = convert_namespace_to_omegaconf(args)
-    t = tasks.setup_task(cfg.task)
-    model = t.build_model(cfg.model)
+    """A model of `arch` with random weights in eval mode, and its task's target dictionary (as
+    benchmark_model.py builds its models)."""
+    model, task = build_with_task(arch, vocab, context, extra, USER_DIR, shape)
     model.eval()
-    return model, t.target_dictionary
+    return model, task.target_dictionary
 
 
 def translation_round(args, model, tgt_dict):

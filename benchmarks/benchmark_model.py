@@ -60,6 +60,13 @@ DEFAULT_BATCH = {"lm": (8, 256, 267744), "mt": (32, 64, 10000)}
 
 
 def build(arch: str, vocab: int, context: int, extra: list[str], user_dir: str, shape: str = "lm"):
+    """A model of `arch` with random weights and the size of its dictionary."""
+    model, task = build_with_task(arch, vocab, context, extra, user_dir, shape)
+    return model, len(task.source_dictionary)
+
+
+def build_with_task(arch: str, vocab: int, context: int, extra: list[str], user_dir: str, shape: str = "lm"):
+    """A model of `arch` with random weights, and its fairseq task (a dictionary of `vocab` words a side)."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -76,7 +83,7 @@ def build(arch: str, vocab: int, context: int, extra: list[str], user_dir: str, 
     args = options.parse_args_and_arch(parser, [tmp, "--arch", arch, "--user-dir", user_dir] + task + extra)
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
-    return task.build_model(cfg.model), len(task.source_dictionary)
+    return task.build_model(cfg.model), task
 
 
 def worker(args) -> list[dict]:
