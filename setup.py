@@ -65,6 +65,22 @@ def package_constant(name: str) -> str:
         return re.search(rf'^{name} = "([^"]+)"', fh.read(), re.M).group(1)
 
 
+def requirements_section(extra: str) -> list:
+    """The requirements of one extra: requirements.txt's lines after "# extra: EXTRA", up to the next
+    section comment, without their comments (the list is kept there, once)."""
+    out, inside = [], False
+    with open(os.path.join(ROOT, "requirements.txt")) as fh:
+        for line in fh:
+            line = line.strip()
+            if line.startswith("#"):
+                inside = line == f"# extra: {extra}"
+            elif inside and line:
+                out.append(line.split("#")[0].strip())
+    if not out:
+        raise RuntimeError(f"requirements.txt has no section '# extra: {extra}'")
+    return out
+
+
 def version() -> str:
     """The one version string: ``__version__`` in fourierformer_fairseq/__init__.py."""
     return package_constant("__version__")
@@ -83,8 +99,8 @@ setup(
     install_requires=["torch>=2.4"],
     extras_require={
         "fairseq": [package_constant("FAIRSEQ_REQUIREMENT")],  # the one pin
-        "recipes": ["sacrebleu>=2.0", "sentencepiece", "sacremoses==0.2.0", "subword-nmt==0.3.8", "matplotlib>=3.5"],
-        "test": ["pytest", "numpy"],
+        "recipes": requirements_section("recipes"),  # the list is requirements.txt's
+        "test": requirements_section("test"),
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
