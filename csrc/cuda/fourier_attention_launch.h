@@ -104,6 +104,67 @@ inline PreparedInputs prepare_inputs(const at::Tensor& q, const at::Tensor& k, c
   return in;
 }
 
+// NaN and infinity (docs/kernels.md, "NaN and infinity"): the kernels' max-shifted sums drop a NaN
+// score, so a call whose q, k, radius or masks hold a NaN or an infinity (checked once, on the
+// device, one flag read back) runs them on inputs with those entries made 0, then gives NaN to what
+// the formula makes NaN: a row with a visible key whose score is NaN (its query, the key, the
+// radius, a NaN or +inf mask entry there), and in the backward that row's dq, dk and dv of the keys
+// it sees and its head's radius gradient. A masked key's score is never formed. A NaN value
+// reaches the rows that see it through the kernels' sums.
+inline at::Tensor nonfinite_mask_entries(const at::Tensor& mask) { return at::isnan(mask) | (mask == INFINITY); }
+
+inline bool scores_all_finite(const PreparedInputs& in) {
+  at::Tensor ok = at::isfinite(in.q).all() & at::isfinite(in.k).all() & at::isfinite(in.radius).all();
+  if (in.mask.defined()) ok = ok & ~nonfinite_mask_entries(in.mask).any();
+  if (in.key_bias.defined()) ok = ok & ~nonfinite_mask_entries(in.key_bias).any();
+  return ok.item<bool>();
+}
+
+// (B, H, N) bool: the rows with a visible key whose score is NaN; makes in's q, k, radius and
+// masks finite (NaN and infinities 0).
+inline at::Tensor nan_score_rows(PreparedInputs& in, bool causal) {
+  const AttentionShape& sh = in.sh;
+  const at::Tensor bad_q = ~at::isfinite(in.q).all(-1).unsqueeze(-1);                          // (B, H, N, 1)
+  const at::Tensor bad_k = ~at::isfinite(in.k).all(-1).unsqueeze(2);                           // (B, H, 1, M)
+  const at::Tensor bad_r = ~at::isfinite(in.radius).all(-1).reshape({1, sh.H, 1, 1});         // (1, H, 1, 1)
+  at::Tensor visible = at::ones({sh.B, sh.H, sh.N, sh.M}, in.q.options().dtype(at::kBool));
+  at::Tensor bad = (bad_q | bad_k | bad_r).expand({sh.B, sh.H, sh.N, sh.M});
+  if (in.mask.defined()) {
+    visible = visible & (in.mask != -INFINITY);
+    bad = bad | nonfinite_mask_entries(in.mask);
+    in.mask = at::where(nonfinite_mask_entries(in.mask), at::zeros_like(in.mask), in.mask).contiguous();
+  }
+  if (in.key_bias.defined()) {
+    const at::Tensor kb = in.key_bias.reshape({sh.B, 1, 1, sh.M});
+    visible = visible & (kb != -INFINITY);
+    bad = bad | nonfinite_mask_entries(kb);
+    in.key_bias = at::where(nonfinite_mask_entries(in.key_bias), at::zeros_like(in.key_bias), in.key_bias).contiguous();
+  }
+  if (causal) {
+    const at::Tensor i = at::arange(sh.N, in.q.options().dtype(at::kLong)).unsqueeze(1);
+    const at::Tensor j = at::arange(sh.M, in.q.options().dtype(at::kLong)).unsqueeze(0);
+    visible = visible & (j <= i + (sh.M - sh.N));
+  }
+  in.q = at::nan_to_num(in.q, 0.0, 0.0, 0.0).contiguous();
+  in.k = at::nan_to_num(in.k, 0.0, 0.0, 0.0).contiguous();
+  in.radius = at::nan_to_num(in.radius, 0.0, 0.0, 0.0).contiguous();
+  return (bad & visible).any(-1);
+}
+
+// (B, H, N, M) bool: the keys that each row sees.
+inline at::Tensor visible_keys(const PreparedInputs& in, bool causal) {
+  const AttentionShape& sh = in.sh;
+  at::Tensor visible = at::ones({sh.B, sh.H, sh.N, sh.M}, in.q.options().dtype(at::kBool));
+  if (in.mask.defined()) visible = visible & (in.mask != -INFINITY);
+  if (in.key_bias.defined()) visible = visible & (in.key_bias.reshape({sh.B, 1, 1, sh.M}) != -INFINITY);
+  if (causal) {
+    const at::Tensor i = at::arange(sh.N, in.q.options().dtype(at::kLong)).unsqueeze(1);
+    const at::Tensor j = at::arange(sh.M, in.q.options().dtype(at::kLong)).unsqueeze(0);
+    visible = visible & (j <= i + (sh.M - sh.N));
+  }
+  return visible;
+}
+
 // The tables of the float32 path (tables.cuh) for the call, carved into p: `given` (what
 // fourier_attention_tables returned, checked by checked_tables) or built here; the returned
 // tensor owns them (keep it alive until the kernels that read them are queued: the caching
@@ -222,10 +283,15 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
                                                 const std::optional<at::Tensor>& key_bias, bool causal,
                                                 double dropout_p, int64_t seed, double normaliser_eps,
                                                 const std::optional<at::Tensor>& tables_in, const Launcher& launch) {
-  const PreparedInputs in =
+  PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "forward");
   const AttentionShape& sh = in.sh;
-  const at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(sh, in.dtype));
+  at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(sh, in.dtype));
+  at::Tensor nan_rows;  // (see scores_all_finite)
+  if (sh.B * sh.H * sh.N * sh.M > 0 && !scores_all_finite(in)) {
+    nan_rows = nan_score_rows(in, causal);
+    tables = at::Tensor();  // (built from the finite inputs)
+  }
   const double log_eps = null_key_log_eps(normaliser_eps);
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, in.q.options());
   // lse is float64 for every dtype: it can be of order 1e3, and the backward needs it to the
@@ -241,6 +307,10 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
     p.lse = lse.data_ptr<double>();
     launch_forward(sh, p, in.q.options(), launch, tables);
   });
+  if (nan_rows.defined()) {
+    out.masked_fill_(nan_rows.unsqueeze(-1), NAN);
+    lse.masked_fill_(nan_rows, NAN);
+  }
   scale_by_null_key(out, lse, log_eps);
   return {out, lse};
 }
@@ -356,9 +426,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
     double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables_in,
     const Launcher& launch) {
-  const PreparedInputs in =
+  PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "backward");
-  const at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(in.sh, in.dtype));
+  at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(in.sh, in.dtype));
   const double log_eps = null_key_log_eps(normaliser_eps);
   const AttentionShape& sh = in.sh;
   TORCH_CHECK(out_in.dim() == 4 && out_in.size(0) == sh.B && out_in.size(1) == sh.H && out_in.size(2) == sh.N &&
@@ -372,7 +442,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
   // out is checked but not read: the dq kernel sums Delta_i = dO_i . O_i from the P it recomputes
   // (see backward_dq_kernel)
   const at::Tensor dout = dout_in.to(in.dtype).contiguous();
-  const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
+  at::Tensor lse = lse_in.to(at::kDouble).contiguous();
+  // (see scores_all_finite) the kernels run on the finite inputs and skip the NaN rows (lse +inf,
+  // as a row that sees no key); those rows' gradients are NaN where the formula's are
+  at::Tensor nan_rows, visible;
+  if (sh.B * sh.H * sh.N * sh.M > 0 && !scores_all_finite(in)) {
+    visible = visible_keys(in, causal);
+    nan_rows = nan_score_rows(in, causal) | at::isnan(lse);
+    lse = lse.masked_fill(nan_rows, INFINITY);
+    tables = at::Tensor();
+  }
   at::Tensor dq = at::empty(in.q.sizes(), in.q.options());
   at::Tensor dk = at::empty(in.k.sizes(), in.k.options());
   at::Tensor dv = at::empty(in.v.sizes(), in.v.options());
@@ -395,6 +474,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
       p.dradius = dradius.data_ptr<acc_t>();
       launch_backward(sh, p, in.q.options(), launch, tables);
     });
+  }
+  if (nan_rows.defined()) {
+    const at::Tensor seen = (visible & nan_rows.unsqueeze(-1)).any(2).unsqueeze(-1);  // (B, H, M, 1)
+    dq.masked_fill_(nan_rows.unsqueeze(-1), NAN);
+    dk.masked_fill_(seen, NAN);
+    dv.masked_fill_(seen, NAN);
+    dradius.masked_fill_(nan_rows.any(2).any(0).unsqueeze(-1), NAN);
   }
   return {dq, dk, dv, dradius.to(radius_in.scalar_type())};
 }

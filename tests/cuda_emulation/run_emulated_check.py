@@ -121,7 +121,7 @@ os.environ["FOURIERFORMER_DISABLE_EXTENSION"] = "1"
 
 from fourierformer_fairseq.ops.reference import fourier_attention_reference  # noqa: E402
 from helpers import random_qkv  # noqa: E402
-from oracle import lse_mismatches, oracle_attention, oracle_mismatches  # noqa: E402
+from oracle import lse_mismatches, oracle_attention, oracle_gradients, oracle_mismatches  # noqa: E402
 
 
 print = functools.partial(print, flush=True)  # progress shows up at once, also through a pipe
@@ -693,6 +693,105 @@ def special_cases():
     return cases
 
 
+# NaN and infinities (docs/kernels.md, "NaN and infinity"): the cases of
+# tests/test_fourier_attention_op.py::test_nonfinite_inputs_give_nan_where_the_formula_does through
+# the CUDA kernels: the decoding forward (N <= 8), the tiled forward and backward (float32), the
+# simple ones (float64). The NaN pattern of out, dq, dk, dv and the radius gradient must be the
+# float64 oracle's exactly, the finite entries within a loose bound.
+NONFINITE = ("q_nan", "q_inf", "k_nan", "k_neg_inf", "v_nan", "radius_nan", "radius_inf", "mask_nan",
+             "mask_pos_inf", "padded_k_nan")
+NONFINITE_ROWS = (1, 5, 9, 70)  # (70: more than one block of rows, and of keys; float32 only: the
+# float64 kernels take every row alike, and are slow to emulate)
+
+
+def nonfinite_case(where, N, causal):
+    """(q, k, v, radius (H, D), grad_out, oracle keyword arguments) of the CPU test's case."""
+    B, H, D, Dv = 2, 2, 6, 5
+    M = 11 if N <= 9 else N + 5
+    q, k, v, grad_out = random_qkv(B, H, N, M, D, Dv, seed=N, grad_out=True)
+    radius = torch.full((H, D), 0.8)
+    kwargs = dict(power=2, causal=causal)
+    i, j = N - 1, M - 3  # a key the last row sees, causal or not
+    value = {"nan": float("nan"), "inf": float("inf"), "neg_inf": float("-inf"), "pos_inf": float("inf")}[
+        where.split("_", 1)[1] if not where.startswith("padded") else "nan"]
+    if where.startswith("q"):
+        q[1, 0, i, 2] = value
+    elif where.startswith("k"):
+        k[0, 1, j, 4] = value
+    elif where.startswith("v"):
+        v[1, 1, j, 0] = value
+    elif where.startswith("radius"):
+        radius[1, 3] = value
+    elif where.startswith("mask"):
+        mask = torch.zeros(N, M)
+        mask[i, j] = value
+        kwargs["attn_mask"] = mask
+    else:  # a padded key's NaN: no row sees it
+        k[0, 1, j, 4] = value
+        padding = torch.zeros(B, M, dtype=torch.bool)
+        padding[0, j] = True
+        kwargs["key_padding_mask"] = padding
+    return q, k, v, radius, grad_out, kwargs
+
+
+def nonfinite_mismatches(where, N, causal, dtype):
+    """What differs between the emulated op and the oracle on nonfinite_case (empty: nothing)."""
+    q, k, v, radius, grad_out, kwargs = nonfinite_case(where, N, causal)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    kpm = kwargs.get("key_padding_mask")
+    key_bias = None if kpm is None else torch.zeros(kpm.shape, dtype=acc).masked_fill(kpm, float("-inf"))
+    mask = kwargs.get("attn_mask")
+    args = (q.to(dtype), k.to(dtype), v.to(dtype), radius.to(acc), 2.0, None if mask is None else mask.reshape(1, 1, *mask.shape).to(acc),
+            key_bias, causal, 0.0, 0, 0.0)
+    out, _, dq, dk, dv, dr = forward_backward(args, grad_out.to(dtype))
+    expected = oracle_gradients(q, k, v, radius, grad_out, **kwargs)
+    bad = []
+    if bool(expected[0].isnan().any()) != (where != "padded_k_nan"):
+        bad.append("the oracle's case is not what it should be")
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dradius"), (out, dq, dk, dv, dr), expected):
+        if where == "mask_pos_inf" and name in ("dk", "dv"):
+            # (torch's softmax of a +inf score makes the oracle's keys' gradients NaN at that key
+            # only; the kernels give a NaN row the gradients of every NaN row)
+            continue
+        a = a.double()
+        nan_a, nan_b = a.isnan(), b.isnan()
+        if not torch.equal(nan_a, nan_b):
+            extra, missing = (nan_a & ~nan_b).nonzero().tolist(), (nan_b & ~nan_a).nonzero().tolist()
+            bad.append(f"{name}: NaN where the formula is not at {extra[:3]} ({len(extra)}), "
+                       f"not NaN where it is at {missing[:3]} ({len(missing)})")
+            continue
+        err = (a[~nan_a] - b[~nan_b]).abs()
+        bound = 1e-4 + 1e-3 * b[~nan_b].abs()
+        if not bool((err <= bound).all()):
+            bad.append(f"{name}: finite entries off by up to {err.max().item():.2e}")
+    return bad
+
+
+def check_nonfinite(verbose=False):
+    """Every case of NONFINITE at NONFINITE_ROWS rows, causal and not, float32 and float64 (v_nan
+    not causal: the oracle's P @ V spreads a value's NaN to rows that do not see its key)."""
+    t0 = time.time()
+    failures = []
+    for dtype in (torch.float32, torch.float64):
+        for where in NONFINITE:
+            for N in NONFINITE_ROWS:
+                if N > 64 and dtype == torch.float64:
+                    continue
+                for causal in (False, True):
+                    if where == "v_nan" and causal:
+                        continue
+                    label = f"{str(dtype).split('.')[-1]} {where} N{N}{' causal' if causal else ''}"
+                    if verbose:
+                        print(f"  nonfinite {label}")
+                    bad = nonfinite_mismatches(where, N, causal, dtype)
+                    if bad:
+                        failures.append(f"{label}: {'; '.join(bad)}")
+    for f in failures:
+        print(f"  BAD nonfinite {f}")
+    print(f"  nonfinite inputs: {'ok' if not failures else f'{len(failures)} cases BAD'} ({time.time() - t0:.0f}s)")
+    return len(failures)
+
+
 def run_special():
     failures = 0
     for label, q, k, v, radius, kwargs in special_cases():
@@ -782,6 +881,7 @@ def main():
                          "(out-of-bounds accesses to shared memory and to the tensors) sanitizer; a report stops the "
                          f"run with exit status {SANITIZER_EXIT}; at the end, planted bugs must be reported")
     ap.add_argument("--probe", choices=sorted(PROBES), help="(with --sanitize) run only this planted bug")
+    ap.add_argument("--only-nonfinite", action="store_true", help="run only the NaN and infinity cases")
     ap.add_argument("--build-dir", help=argparse.SUPPRESS)  # (the probes' children: the parent's build)
     args = ap.parse_args()
     if args.probe and not args.sanitize:
@@ -808,6 +908,10 @@ def main():
 
 
 def run_checks(mod, args):
+    if args.only_nonfinite:
+        if check_nonfinite(verbose=True):
+            sys.exit(1)
+        return
     check_sincos(mod)
     check_empty_shapes()
     f64 = dict(rtol=1e-9, atol=1e-10)
@@ -850,7 +954,7 @@ def run_checks(mod, args):
     check_block_order()
     check_shared_tables()
     check_decoding(args.quick)
-    if run_special():
+    if run_special() + check_nonfinite():
         sys.exit(1)
     if args.fuzz and run_fuzz(args.fuzz):
         sys.exit(1)
