@@ -113,3 +113,42 @@ def single_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- non-finite inputs
+
+#: where a case of nonfinite_case puts its NaN or infinity (docs/kernels.md, "NaN and infinity")
+NONFINITE = ("q_nan", "q_inf", "k_nan", "k_neg_inf", "v_nan", "radius_nan", "radius_inf", "mask_nan",
+             "mask_pos_inf", "padded_k_nan")
+
+
+def nonfinite_case(where, N, causal):
+    """(q, k, v, radius (H, D), grad_out, the op's and the oracle's keyword arguments): a NaN or an
+    infinity at `where` (NONFINITE), in the inputs of N query rows, causal or not; the value sits in a
+    key that the last row sees (a padded one for padded_k_nan: no row sees it)."""
+    B, H, D, Dv = 2, 2, 6, 5
+    M = 11 if N <= 9 else N + 5
+    q, k, v, grad_out = random_qkv(B, H, N, M, D, Dv, seed=N, grad_out=True)
+    radius = torch.full((H, D), 0.8)
+    kwargs = dict(power=2, causal=causal)
+    i, j = N - 1, M - 3  # a key the last row sees, causal or not
+    value = {"nan": float("nan"), "inf": float("inf"), "neg_inf": float("-inf"), "pos_inf": float("inf")}[
+        where.split("_", 1)[1] if not where.startswith("padded") else "nan"]
+    if where.startswith("q"):
+        q[1, 0, i, 2] = value
+    elif where.startswith("k"):
+        k[0, 1, j, 4] = value
+    elif where.startswith("v"):
+        v[1, 1, j, 0] = value
+    elif where.startswith("radius"):
+        radius[1, 3] = value
+    elif where.startswith("mask"):
+        mask = torch.zeros(N, M)
+        mask[i, j] = value
+        kwargs["attn_mask"] = mask
+    else:  # a padded key's NaN: no row sees it
+        k[0, 1, j, 4] = value
+        padding = torch.zeros(B, M, dtype=torch.bool)
+        padding[0, j] = True
+        kwargs["key_padding_mask"] = padding
+    return q, k, v, radius, grad_out, kwargs

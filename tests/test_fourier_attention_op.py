@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from helpers import check_against_plain, max_abs_error, random_qkv
+from helpers import NONFINITE, check_against_plain, max_abs_error, nonfinite_case, random_qkv
 from oracle import additive_mask as oracle_additive_mask
 from oracle import (
     PLAIN_FACTOR,
@@ -1106,10 +1106,6 @@ def test_info_error_reporting_tells_a_crash_and_a_silent_pass_from_an_exception(
 # dv of the keys it sees, the radius's). A masked key's NaN reaches no row. The fused CPU op must
 # give NaN exactly where the float64 oracle does, through the short-query forward (N < 8) and the
 # row-group forward, and leave every other entry as it would be; so must the reference.
-NONFINITE = ("q_nan", "q_inf", "k_nan", "k_neg_inf", "v_nan", "radius_nan", "radius_inf", "mask_nan",
-             "mask_pos_inf", "padded_k_nan")
-
-
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("causal", [False, True])
@@ -1120,30 +1116,7 @@ def test_nonfinite_inputs_give_nan_where_the_formula_does(where, N, causal, dtyp
         pytest.skip(f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
     if where == "v_nan" and causal:
         pytest.skip("the oracle's P @ V spreads a value's NaN to the rows that do not see its key (0 * NaN)")
-    B, H, M, D, Dv = 2, 2, 11, 6, 5
-    q, k, v, grad_out = random_qkv(B, H, N, M, D, Dv, seed=N, grad_out=True)
-    radius = torch.full((H, D), 0.8)
-    kwargs = dict(power=2, causal=causal)
-    i, j = N - 1, M - 3  # a key the last row sees, causal or not
-    value = {"nan": float("nan"), "inf": float("inf"), "neg_inf": float("-inf"), "pos_inf": float("inf")}[
-        where.split("_", 1)[1] if not where.startswith("padded") else "nan"]
-    if where.startswith("q"):
-        q[1, 0, i, 2] = value
-    elif where.startswith("k"):
-        k[0, 1, j, 4] = value
-    elif where.startswith("v"):
-        v[1, 1, j, 0] = value
-    elif where.startswith("radius"):
-        radius[1, 3] = value
-    elif where.startswith("mask"):
-        mask = torch.zeros(N, M)
-        mask[i, j] = value
-        kwargs["attn_mask"] = mask
-    else:  # a padded key's NaN: no row sees it
-        k[0, 1, j, 4] = value
-        padding = torch.zeros(B, M, dtype=torch.bool)
-        padding[0, j] = True
-        kwargs["key_padding_mask"] = padding
+    q, k, v, radius, grad_out, kwargs = nonfinite_case(where, N, causal)
     expected = oracle_gradients(q, k, v, radius, grad_out, **kwargs)
     leaves = [t.to(dtype).requires_grad_() for t in (q, k, v, radius)]
     out = fourier_attention(*leaves, backend=backend, **kwargs)

@@ -120,7 +120,7 @@ sys.path[:0] = [ROOT, TESTS]
 os.environ["FOURIERFORMER_DISABLE_EXTENSION"] = "1"
 
 from fourierformer_fairseq.ops.reference import fourier_attention_reference  # noqa: E402
-from helpers import random_qkv  # noqa: E402
+from helpers import NONFINITE, nonfinite_case, random_qkv  # noqa: E402
 from oracle import lse_mismatches, oracle_attention, oracle_gradients, oracle_mismatches  # noqa: E402
 
 
@@ -698,40 +698,8 @@ def special_cases():
 # the CUDA kernels: the decoding forward (N <= 8), the tiled forward and backward (float32), the
 # simple ones (float64). The NaN pattern of out, dq, dk, dv and the radius gradient must be the
 # float64 oracle's exactly, the finite entries within a loose bound.
-NONFINITE = ("q_nan", "q_inf", "k_nan", "k_neg_inf", "v_nan", "radius_nan", "radius_inf", "mask_nan",
-             "mask_pos_inf", "padded_k_nan")
 NONFINITE_ROWS = (1, 5, 9, 70)  # (70: more than one block of rows, and of keys; float32 only: the
 # float64 kernels take every row alike, and are slow to emulate)
-
-
-def nonfinite_case(where, N, causal):
-    """(q, k, v, radius (H, D), grad_out, oracle keyword arguments) of the CPU test's case."""
-    B, H, D, Dv = 2, 2, 6, 5
-    M = 11 if N <= 9 else N + 5
-    q, k, v, grad_out = random_qkv(B, H, N, M, D, Dv, seed=N, grad_out=True)
-    radius = torch.full((H, D), 0.8)
-    kwargs = dict(power=2, causal=causal)
-    i, j = N - 1, M - 3  # a key the last row sees, causal or not
-    value = {"nan": float("nan"), "inf": float("inf"), "neg_inf": float("-inf"), "pos_inf": float("inf")}[
-        where.split("_", 1)[1] if not where.startswith("padded") else "nan"]
-    if where.startswith("q"):
-        q[1, 0, i, 2] = value
-    elif where.startswith("k"):
-        k[0, 1, j, 4] = value
-    elif where.startswith("v"):
-        v[1, 1, j, 0] = value
-    elif where.startswith("radius"):
-        radius[1, 3] = value
-    elif where.startswith("mask"):
-        mask = torch.zeros(N, M)
-        mask[i, j] = value
-        kwargs["attn_mask"] = mask
-    else:  # a padded key's NaN: no row sees it
-        k[0, 1, j, 4] = value
-        padding = torch.zeros(B, M, dtype=torch.bool)
-        padding[0, j] = True
-        kwargs["key_padding_mask"] = padding
-    return q, k, v, radius, grad_out, kwargs
 
 
 def nonfinite_mismatches(where, N, causal, dtype):
