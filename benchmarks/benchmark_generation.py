@@ -22,7 +22,7 @@ ratio, at each --threads. Inference only (eval mode, no gradients).
 
     python benchmarks/benchmark_generation.py [--shapes mt,lm] [--threads 1,2] [--rounds 5]
                                               [--out runs/generation.json]
-    python benchmarks/benchmark_generation.py --small      # 1-layer 32-dim models (seconds)
+    python benchmarks/benchmark_generation.py --small      # 32-dim models of a layer or two (seconds)
 
 --profile also prints torch.profiler's table of one round of each model (the op's kernel scope,
 fourierformer::cpu_forward_kernel, and the copies around it). Results go in
@@ -42,19 +42,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
 sys.path.insert(0, HERE)
-from benchmark_model import build_with_task  # noqa: E402  (the same models as Table 9's benchmark)
-# shape -> (name, arch) of the softmax twin and the FourierFormer, in that order
-MODELS = {
-    "mt": (("softmax iwslt", "transformer_iwslt_de_en"), ("fourier iwslt", "fourierformer_iwslt_de_en")),
-    "lm": (("softmax small", "softmax_lm_wiki103_small"), ("fourier small", "fourierformer_lm_wiki103_small")),
-}
-SMALL_DIMS = {
-    "lm": ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-           "--decoder-attention-heads", "2"],
-    "mt": ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-           "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
-           "--decoder-attention-heads", "2"],
-}
+# the same models, and the same --small shapes, as Table 9's benchmark
+from benchmark_model import MODELS, SMALL_DIMS, build_with_task  # noqa: E402
 
 
 def build(arch: str, shape: str, vocab: int, context: int, extra: list):
@@ -217,7 +206,8 @@ def main(argv=None) -> int:
     p.add_argument("--lm-tokens", type=int, default=256, help="tokens decoded per sequence (the small LM's context)")
     p.add_argument("--lm-vocab", type=int, default=267744, help="the LM's vocabulary (WikiText-103's)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when torch sees a GPU)")
-    p.add_argument("--small", action="store_true", help="1-layer 32-dim models, short sequences (seconds)")
+    p.add_argument("--small", action="store_true",
+                   help="benchmark_model.py's --small models (32-dim, a layer or two), short sequences (seconds)")
     p.add_argument("--profile", action="store_true", help="torch.profiler's table of one round of each model")
     p.add_argument("--out", help="JSON results")
     p.add_argument("extra", nargs="*", help="extra model arguments for both models (after --)")

@@ -399,7 +399,7 @@ def test_benchmark_model_small(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_generation_small(tmp_path):
-    """Every part of the generation benchmark runs on 1-layer models: beam search with fairseq's
+    """Every part of the generation benchmark runs on its --small models: beam search with fairseq's
     SequenceGenerator, the LM's incremental decoding and the stock fairseq-generate on checkpoints
     of the pair; a row and a ratio per part and thread count, and the hypotheses of both
     translation models of the pinned length (the run stops otherwise)."""
