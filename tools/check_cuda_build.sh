@@ -84,7 +84,7 @@ say "snapshot of the sources -> $SRC"
 mkdir -p "$BUILD_DIR"
 rm -rf "$SRC"
 mkdir -p "$SRC"
-cp -a "$ROOT/setup.py" "$ROOT/csrc" "$SRC/"
+cp -a "$ROOT/setup.py" "$ROOT/requirements.txt" "$ROOT/csrc" "$SRC/"  # (setup.py reads the extras' lists there)
 [[ -f "$ROOT/pyproject.toml" ]] && cp -a "$ROOT/pyproject.toml" "$SRC/"
 mkdir -p "$SRC/fourierformer_fairseq"
 cp -a "$ROOT/fourierformer_fairseq/__init__.py" "$SRC/fourierformer_fairseq/"
