@@ -44,7 +44,9 @@ TOOLS = ("fairseq-train", "fairseq-generate", "fairseq-eval-lm")
 # what the slow test appends to each fairseq-train line of a block (argparse keeps the last value)
 TRAIN_OVERRIDES = {
     "iwslt-train": [
-        "--max-update", "3", "--cpu", "--num-workers", "0",
+        # ten updates, an epoch each on the tiny data: the evaluate block averages the last ten epoch
+        # checkpoints, and tools/average_checkpoints.py refuses fewer than it is asked for
+        "--max-update", "10", "--cpu", "--num-workers", "0",
         "--encoder-layers", "1", "--decoder-layers", "1",
         "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
         "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
