@@ -142,10 +142,6 @@ void backward_slices(const CallArgs& c, const at::Tensor& out, const at::Tensor&
   }
 }
 
-int64_t key_table_width(int64_t M) {
-  return (M + limits::kCpuKeyTableKeys - 1) / limits::kCpuKeyTableKeys * limits::kCpuKeyTableKeys;
-}
-
 // The key table a forward call was given (see limits::kCpuKeyTableKeys), checked; undefined if
 // none (also for the empty tables of float64 calls, whose scalar kernels read none).
 at::Tensor checked_key_table(const std::optional<at::Tensor>& tables, const at::Tensor& q, const at::Tensor& k) {
@@ -200,7 +196,7 @@ at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k
   // the key table: the keys transposed, zero past M (the other tables depend on the rows and the
   // radius, and the kernels build them per tile)
   const int64_t M = k.size(2);
-  at::Tensor table = at::zeros({k.size(0), k.size(1), k.size(3), key_table_width(M)}, k.options());
+  at::Tensor table = at::zeros({k.size(0), k.size(1), k.size(3), cpu::key_table_width(M)}, k.options());
   table.narrow(3, 0, M).copy_(k.detach().transpose(2, 3));  // (not differentiable)
   return table;
 }

@@ -15,6 +15,8 @@ namespace fourierformer {
 namespace cpu {
 
 constexpr int64_t kKeyTableKeys = limits::kCpuKeyTableKeys;
+// The least room of a key table for M keys: M rounded up to a whole number of kKeyTableKeys.
+constexpr int64_t key_table_width(int64_t M) { return (M + kKeyTableKeys - 1) / kKeyTableKeys * kKeyTableKeys; }
 
 // One (b, h) slice. Rows are contiguous: q (N, D), k (M, D), v (M, Dv). The kernels build
 // their own tables (sin and cos of R q and R k, transposed keys and values) in the workspace.
