@@ -246,31 +246,25 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
 
     def cache_key_table(self, saved_state, k, new_keys):
         """The CPU backend's key table of the cached keys (``ops.key_table``), kept in saved_state as
-        ``prev_key_table`` with ``prev_key_table_keys`` ((batch,): the keys it holds): built once
-        for static keys (encoder-decoder attention) and extended in place by the step's new keys
-        (self-attention), with room for ``2 * key_table_keys`` more keys when it is rebuilt. It holds the keys alone, so the
-        radius it is read under is the call's (the table cannot go stale when the radius changes).
-        None for the Gaussian kernel, the reference backend, and keys the CPU backend does not take."""
+        ``prev_key_table``: built once for static keys (encoder-decoder attention) and extended in
+        place by each step's new keys (self-attention; every step passes here, so the table holds
+        the keys cached before it), with room for ``2 * key_table_keys`` more keys when it is
+        rebuilt. It holds the keys alone, so the radius it is read under is the call's (the table
+        cannot go stale when the radius changes). None for the Gaussian kernel, the reference
+        backend, and keys the CPU backend does not take."""
         if self.kernel != "sinc" or self.backend == "reference":
             return None
         B, _, M, _ = k.shape
-        old = M - new_keys  # keys cached before this step
-        table, held = saved_state.get("prev_key_table"), saved_state.get("prev_key_table_keys")
-        room = M if new_keys == M else M + 2 * DECLARATIONS["cpu"].key_table_keys  # (static keys need none)
-        if (table is None or held is None or table.size(0) != B or table.size(-1) < old
-                or not bool((held == old).all())):
+        table = saved_state.get("prev_key_table")
+        if table is None or table.size(0) != B or table.size(-1) < M:
+            room = M if new_keys == M else M + 2 * DECLARATIONS["cpu"].key_table_keys  # (static keys need none)
             table = key_table(k, room=room)
         elif new_keys > 0:
-            if table.size(-1) < M:
-                table = key_table(k, room=room)
-            else:
-                table[..., old:M] = k[:, :, old:].transpose(2, 3)
+            table[..., M - new_keys:M] = k[:, :, M - new_keys:].transpose(2, 3)
         if table is None:
             saved_state.pop("prev_key_table", None)
-            saved_state.pop("prev_key_table_keys", None)
             return None
         saved_state["prev_key_table"] = table
-        saved_state["prev_key_table_keys"] = torch.full((B,), M, dtype=torch.long, device=k.device)
         return table
 
     def attend(self, q, k, v, *, key_padding_mask, attn_mask, causal, need_weights, key_table=None):
