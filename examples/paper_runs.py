@@ -11,13 +11,13 @@ fairseq-train: its trainer raises FloatingPointError ("gradients are Nan/Inf" in
 loss scale reached" under --fp16 or --amp) and, before it does, saves ``crash.pt`` in the run's
 checkpoint folder. ``diverged RUN`` reads the run's train.log and that checkpoint and writes
 RUN/not_converged.json (the error, the update it stopped at), so that reproduce.sh goes on with the
-next row and analysis/tables/make_tables.py prints "not converge" for it; any other failure is not a
+next row and scripts/analysis/tables/make_tables.py prints "not converge" for it; any other failure is not a
 divergence (exit status 1: reproduce.sh stops on it).
 
 **The cost** of a run is its updates times the step time of what it executes
 (``step_time_of``): the language models by protocol, size, attention (the softmax twin; a Fourier row
 on the fused kernels, or on the reference backend where its phi is not fused) and precision (the
-protocols train float32), from a step-time record (``--timings``: tools/gpu_check.py's ``steptimes``
+protocols train float32), from a step-time record (``--timings``: scripts/tools/gpu_check.py's ``steptimes``
 step writes one at the protocol's own shapes); a run whose step time the record does not hold has
 an unknown cost, said so, never assumed. Each distinct run is counted once, with the tables that
 share it.
@@ -215,7 +215,7 @@ def run_cost(task, run, model, size, extra, protocol, record) -> dict:
         return out
     ms, how = step_time_of(record, task, protocol, size, attention)
     if ms is None:
-        out["why"] = how + " (tools/gpu_check.py --steps steptimes measures it)"
+        out["why"] = how + " (scripts/tools/gpu_check.py --steps steptimes measures it)"
         if attention == "reference":
             out["why"] += "; it runs the slow reference backend, not the fused kernels' speed"
         return out

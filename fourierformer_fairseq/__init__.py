@@ -22,7 +22,7 @@ import sys
 __version__ = "0.1.0"
 
 #: the fairseq the plugin is built and tested with, its one pin: setup.py's ``fairseq`` extra,
-#: tools/install.sh and the GPU check's offline bundle (tools/offline_bundle.py) read it here.
+#: scripts/tools/install.sh and the GPU check's offline bundle (scripts/tools/offline_bundle.py) read it here.
 #: fairseq-fixed is fairseq main that builds and imports on Python 3.11 and 3.12 (fairseq 0.12.2
 #: from PyPI does neither).
 FAIRSEQ_REQUIREMENT = "fairseq-fixed==0.12.3.1"

@@ -1,12 +1,12 @@
 """Running the stock fairseq tools and reading what they write, for the recipes (``examples/``),
-the quickstart and the tools that read runs (``analysis/``, ``benchmarks/``).
+the quickstart and the tools that read runs (``scripts/analysis/``, ``scripts/benchmarks/``).
 
 - ``fairseq_command``: the console script of a fairseq tool (fairseq-train, ...) to run.
 - ``run_logged``: runs a command, its output into a log file line by line (the tee), with an
   optional time limit.
 - ``fairseq_log_records``: the records of a fairseq-train ``--log-format json`` log.
 - ``options_given``: the ``--fourier-*`` options among a run's fairseq-train arguments
-  (``examples/lib.sh``'s ``write_meta`` records them; ``analysis/tables/make_tables.py`` groups runs by them),
+  (``examples/lib.sh``'s ``write_meta`` records them; ``scripts/analysis/tables/make_tables.py`` groups runs by them),
   and ``run_name_suffix``, the run-name suffix the recipes make of them (``examples/lib.sh``'s
   ``fourier_suffix`` runs this file: ``python fourierformer_fairseq/fairseq_runs.py run-suffix ARGS...``).
 - ``training_done``: whether a run's ``checkpoint_last.pt`` already holds the training a fairseq-train

@@ -2,7 +2,7 @@
 recipe's generation protocol (``GENERATION``).
 
 ``examples/iwslt14/train.sh`` and ``examples/wikitext103/train.sh`` train with them (the command-line
-interface below prints them for a shell), ``examples/full_size/compare.sh``, ``tools/gpu_check.py``
+interface below prints them for a shell), ``examples/full_size/compare.sh``, ``scripts/tools/gpu_check.py``
 and the quickstart train with them and change what their own budgets need, by name. The softmax twin
 of each architecture is ``fourierformer_fairseq.models.SOFTMAX_TWINS``.
 
@@ -98,7 +98,7 @@ DEFAULT_LM_PROTOCOL = "published"
 # (VALIDATION_GENERATION: eval_bleu_args); the short runs (the small modes, the quickstart, the
 # full-size comparison and the GPU check), whose models have barely trained and would otherwise
 # decode for long, generate the test set with that limit too (validation_lengths).
-# examples/iwslt14/evaluate.sh, examples/full_size/compare.sh, tools/gpu_check.py and the quickstart
+# examples/iwslt14/evaluate.sh, examples/full_size/compare.sh, scripts/tools/gpu_check.py and the quickstart
 # generate with it (training_recipes.py iwslt14 --generate prints it, --eval-bleu-args the JSON).
 GENERATION = {
     "iwslt14": (
@@ -185,8 +185,8 @@ def lm_recipe(protocol: str = None, size: str = "small") -> dict:
 IWSLT14_UPDATES_PER_EPOCH_ESTIMATE = 1100
 
 # The runs of each paper table, as examples/reproduce.sh trains them (per seed) and
-# analysis/tables/make_tables.py reads them back: (run name, model, size, fairseq-train arguments beyond
-# the protocol's, the row's label, the paper's row in analysis/tables/paper_numbers.json or None for a row
+# scripts/analysis/tables/make_tables.py reads them back: (run name, model, size, fairseq-train arguments beyond
+# the protocol's, the row's label, the paper's row in scripts/analysis/tables/paper_numbers.json or None for a row
 # of this project's own). The paper's FourierFormer is the published attention (--fourier-published)
 # with the row's phi or radius; this project's rows (the defaults: unit-RMS q / k and the automatic
 # radius; the Gaussian kernel) stand beside them. A run named in several tables is trained once.

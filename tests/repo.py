@@ -1,7 +1,7 @@
 """Where the project's tools live, for tests that run or import them.
 
-The tools sit in rooms by purpose beside the package: ``benchmarks/``, ``tools/``,
-``analysis/tables/`` and ``analysis/dynamics/``. Tests name a tool by its file name; ``script``
+The tools sit in rooms by purpose beside the package: ``scripts/benchmarks/``, ``scripts/tools/``,
+``scripts/analysis/tables/`` and ``scripts/analysis/dynamics/``. Tests name a tool by its file name; ``script``
 finds it in whichever room holds it, so a tool can move between rooms without touching its tests.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROOMS = ("benchmarks", "tools", os.path.join("analysis", "tables"), os.path.join("analysis", "dynamics"))
+ROOMS = tuple(os.path.join("scripts", *room) for room in (("benchmarks",), ("tools",), ("analysis", "tables"), ("analysis", "dynamics")))
 
 
 def script(name: str) -> str:

@@ -1,4 +1,4 @@
-"""benchmarks/benchmark_attention.py --profile: the fused op's ATen ops, launches and time outside its
+"""scripts/benchmarks/benchmark_attention.py --profile: the fused op's ATen ops, launches and time outside its
 kernels per forward+backward call (torch.profiler).
 
 On CPU (fast, at a small shape): its ATen op count against the profiler's own aggregation of a

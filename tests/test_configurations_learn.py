@@ -5,7 +5,7 @@ with 2+2 layers, d 64, 4 heads of 16, ffn 128, trained on a word-by-word task (t
 English sentences, each word replaced by a fixed invented word at the same position), so that a
 model that ignores the source can only learn the target's language model.
 
-What is asserted is the measured behaviour, with ``analysis/dynamics/encoder_collapse.py`` (the measures of
+What is asserted is the measured behaviour, with ``scripts/analysis/dynamics/encoder_collapse.py`` (the measures of
 the doc): the validation nll (teacher forcing, nats) with each sentence's own source against the
 same targets with the next sentence's source, and the mean cosine between the encoder's outputs
 at two positions. The defaults learn the task (a low nll that swapping the sources raises by
@@ -67,7 +67,7 @@ def word_by_word_data(tmp_path_factory):
 
 
 def load_last_checkpoint(data_dir: str, save_dir: str):
-    """analysis/dynamics/encoder_collapse.py as a module, and the models, config and task of checkpoint_last.pt."""
+    """scripts/analysis/dynamics/encoder_collapse.py as a module, and the models, config and task of checkpoint_last.pt."""
     from fairseq import checkpoint_utils
 
     spec = importlib.util.spec_from_file_location("encoder_collapse", SCRIPT)

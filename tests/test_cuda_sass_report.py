@@ -1,4 +1,4 @@
-"""The SASS reading of benchmarks/cuda_sass_report.py on tiny kernels compiled here for sm_90.
+"""The SASS reading of scripts/benchmarks/cuda_sass_report.py on tiny kernels compiled here for sm_90.
 
 Needs nvcc and nvdisasm (and cuobjdump for the register cross-check); without them the tests
 are skipped with the reason (python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump).

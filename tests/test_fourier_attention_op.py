@@ -1077,7 +1077,7 @@ def test_without_the_extension_everything_runs_on_the_reference():
 
 def test_info_reports_backends(capsys):
     """`python -m fourierformer_fairseq.info`, run in this process (its error check starts its
-    own); tools/install.sh runs the command itself on every install."""
+    own); scripts/tools/install.sh runs the command itself on every install."""
     from fourierformer_fairseq import info
 
     assert info.main() == 0

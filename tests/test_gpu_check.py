@@ -1,5 +1,5 @@
-"""tools/gpu_check.py's parsing, verdicts, commands, offline bundle check and GPU-hour arithmetic, on
-inputs written here (the GPU steps themselves run only on a GPU: `bash tools/gpu_check.sh`)."""
+"""scripts/tools/gpu_check.py's parsing, verdicts, commands, offline bundle check and GPU-hour arithmetic, on
+inputs written here (the GPU steps themselves run only on a GPU: `bash scripts/tools/gpu_check.sh`)."""
 from __future__ import annotations
 
 import argparse
@@ -315,7 +315,7 @@ def test_attention_row_gives_the_ratios_and_the_grid_splits_gain(gc, tmp_path):
 
 
 def test_generation_row_gives_the_beam_search_and_the_op_at_decoding_shapes(gc, tmp_path):
-    """step_generation runs benchmarks/benchmark_generation.py (beam 5, the IWSLT'14 pair; --device cuda
+    """step_generation runs scripts/benchmarks/benchmark_generation.py (beam 5, the IWSLT'14 pair; --device cuda
     on a GPU, --small on the dry run) and the op timings at DECODING_OP_SHAPES in a process of their
     own, and reports the ratios of both; a failing part fails the row and says which."""
     for gpu in (True, False):
@@ -341,7 +341,7 @@ def test_generation_row_gives_the_beam_search_and_the_op_at_decoding_shapes(gc, 
         gc.step_generation(FakeCheck(), argparse.Namespace(gpu=gpu))
         (name, cmd), (ops_name, _) = commands
         assert name == "generation" and ops_name == "generation_ops"
-        assert cmd[1] == "benchmarks/benchmark_generation.py" and cmd[cmd.index("--beam") + 1] == "5"
+        assert cmd[1] == "scripts/benchmarks/benchmark_generation.py" and cmd[cmd.index("--beam") + 1] == "5"
         assert cmd[cmd.index("--shapes") + 1] == "mt"
         assert (cmd[cmd.index("--device") + 1] == "cuda") if gpu else ("--small" in cmd and "--device" not in cmd)
         (step, status, what), = recorded
@@ -406,7 +406,7 @@ def test_sanitize_runs_each_tool_over_the_kernel_cases_and_reads_its_verdict(gc,
     gc.step_sanitize(check, argparse.Namespace(gpu=True))
     assert [c[c.index("--tool") + 1] for c in check.commands] == list(gc.SANITIZER_TOOLS)
     for cmd, env in zip(check.commands, check.envs):
-        assert cmd[0] == "/opt/cuda/bin/compute-sanitizer" and cmd[-1] == "benchmarks/cuda_kernel_cases.py"
+        assert cmd[0] == "/opt/cuda/bin/compute-sanitizer" and cmd[-1] == "scripts/benchmarks/cuda_kernel_cases.py"
         assert cmd[cmd.index("--error-exitcode") + 1] == str(gc.SANITIZER_ERROR_EXIT)
         assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
     (m_step, m_status, m_what), (r_step, r_status, r_what), (s_step, s_status, s_what) = check.recorded
@@ -443,7 +443,7 @@ def test_sanitize_fails_a_tool_that_exits_otherwise(gc):
 
 
 def test_the_kernel_cases_run_through_the_cpu_kernels(capsys):
-    """benchmarks/cuda_kernel_cases.py (what the sanitize step runs on a GPU), here through the CPU
+    """scripts/benchmarks/cuda_kernel_cases.py (what the sanitize step runs on a GPU), here through the CPU
     kernels: every float32 and float64 case runs with finite outputs, the half ones are named."""
     cases = load("cuda_kernel_cases")
     assert cases.main(["--device", "cpu"]) == 0

@@ -1,4 +1,4 @@
-"""The mutation check's patches (tests/mutants/*.patch, run by tools/mutation_test.sh) stay usable.
+"""The mutation check's patches (tests/mutants/*.patch, run by scripts/tools/mutation_test.sh) stay usable.
 
 Each patch plants one bug in the fused CPU kernel's sources; the script builds each mutant and
 runs the fast tier, which must fail. Here, without building: every patch still applies to the

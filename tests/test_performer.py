@@ -707,7 +707,7 @@ def test_performer_lm_trains_with_redraws_and_evaluates(lm_data, tmp_path):
 
 @pytest.mark.slow
 def test_approximation_script_prints_its_table(capsys, monkeypatch):
-    """analysis/dynamics/performer_approximation.py at the LM shape, one draw: a row per estimator and m;
+    """scripts/analysis/dynamics/performer_approximation.py at the LM shape, one draw: a row per estimator and m;
     fourier_rf never has a non-positive normaliser; FAVOR+'s error falls from m = 16 to 1024."""
     import runpy
 

@@ -1,4 +1,4 @@
-"""analysis/dynamics/published_init.py: the measurements of docs/published-model.md on inputs whose answers
+"""scripts/analysis/dynamics/published_init.py: the measurements of docs/published-model.md on inputs whose answers
 are known in closed form."""
 
 import pytest

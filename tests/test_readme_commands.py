@@ -45,7 +45,7 @@ TOOLS = ("fairseq-train", "fairseq-generate", "fairseq-eval-lm")
 TRAIN_OVERRIDES = {
     "iwslt-train": [
         # ten updates, an epoch each on the tiny data: the evaluate block averages the last ten epoch
-        # checkpoints, and tools/average_checkpoints.py refuses fewer than it is asked for
+        # checkpoints, and scripts/tools/average_checkpoints.py refuses fewer than it is asked for
         "--max-update", "10", "--cpu", "--num-workers", "0",
         "--encoder-layers", "1", "--decoder-layers", "1",
         "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
@@ -246,7 +246,7 @@ def _run_block(blocks, name: str, root: Path) -> str:
 def test_readme_commands_end_to_end_on_tiny_data(blocks, tmp_path):
     root = tmp_path
     os.symlink(USER_DIR, root / "fourierformer_fairseq")
-    for sub in ("benchmarks", "tools", "analysis", "examples"):
+    for sub in ("scripts", "examples"):
         os.symlink(ROOT / sub, root / sub)
 
     for name in ("iwslt-prepare", "lm-prepare"):  # they download: check that they exist and answer --help

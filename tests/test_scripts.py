@@ -1,4 +1,4 @@
-"""The tools of benchmarks/, tools/ and analysis/: make_tables, average_checkpoints, adam_steps, fourier_estimators, attention_entropy, head_redundancy,
+"""The tools of scripts/benchmarks/, scripts/tools/ and scripts/analysis/: make_tables, average_checkpoints, adam_steps, fourier_estimators, attention_entropy, head_redundancy,
 benchmark_model, benchmark_attention.
 
 Fast unit tests on synthetic inputs; the runs that build or train fairseq models are slow.
@@ -141,7 +141,7 @@ def _tracked_files():
 
 def test_the_fairseq_pin_has_one_home():
     """FAIRSEQ_REQUIREMENT in fourierformer_fairseq/__init__.py is the only place the fairseq pin is
-    spelled: setup.py's extra, tools/install.sh and the offline bundle read it there, and no other
+    spelled: setup.py's extra, scripts/tools/install.sh and the offline bundle read it there, and no other
     file (the dated records aside) names the pinned requirement, nor its version in code or the READMEs."""
     import re
 
@@ -171,7 +171,7 @@ def test_the_fairseq_pin_has_one_home():
 
 
 def test_the_papers_numbers_have_one_home():
-    """analysis/tables/paper_numbers.json holds the paper's numbers; the READMEs, the recipes, the
+    """scripts/analysis/tables/paper_numbers.json holds the paper's numbers; the READMEs, the recipes, the
     package, the tools and the kernels restate none of its perplexities or BLEU scores (every value of
     10 or more, as the paper writes it, to two decimals), they link it. (docs/ is left out: its tables
     of measurements would match by chance; its records may cite the paper beside a measured number.)"""
@@ -186,13 +186,13 @@ def test_the_papers_numbers_have_one_home():
         elif isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 10:
             numbers.append(f"{x:.2f}")
 
-    walk(json.load(open(os.path.join(REPO, "analysis", "tables", "paper_numbers.json"))))
+    walk(json.load(open(os.path.join(REPO, "scripts", "analysis", "tables", "paper_numbers.json"))))
     assert "34.42" in numbers and "32.85" in numbers
     pattern = re.compile(r"(?<![\d.])(" + "|".join(re.escape(n) for n in sorted(set(numbers))) + r")(?![\d])")
-    product = ("README.md", "setup.py", "examples/", "fourierformer_fairseq/", "tools/", "benchmarks/", "analysis/", "csrc/")
+    product = ("README.md", "setup.py", "examples/", "fourierformer_fairseq/", "scripts/tools/", "scripts/benchmarks/", "scripts/analysis/", "csrc/")
     copies = {path: sorted(set(pattern.findall(text))) for path, text in _tracked_files()
-              if path.startswith(product) and path != "analysis/tables/paper_numbers.json" and pattern.search(text)}
-    assert not copies, f"the paper's numbers restated outside analysis/tables/paper_numbers.json: {copies}"
+              if path.startswith(product) and path != "scripts/analysis/tables/paper_numbers.json" and pattern.search(text)}
+    assert not copies, f"the paper's numbers restated outside scripts/analysis/tables/paper_numbers.json: {copies}"
 
 
 # --------------------------------------------------------------------------- average_checkpoints

@@ -81,7 +81,7 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   return s;
 }
 
-// The names of the kernels' record scopes (torch.profiler events; benchmarks/benchmark_attention.py
+// The names of the kernels' record scopes (torch.profiler events; scripts/benchmarks/benchmark_attention.py
 // --profile counts their time as the kernels')
 constexpr const char* kCpuForwardKernelScope = "fourierformer::cpu_forward_kernel";
 constexpr const char* kCpuBackwardKernelScope = "fourierformer::cpu_backward_kernel";

@@ -38,7 +38,7 @@
 // cancels); s' is floored at kSinFloor in magnitude (at a zero of sinc, where P is 0 anyway). Per
 // element: u, s' (3), x, c', the floor (2), the fraction (fma, mul, a reciprocal and a mul), x^2
 // and the series (3), the select and the two sums (2).
-// Instructions per element, registers and spills of each kernel: benchmarks/cuda_sass_report.py,
+// Instructions per element, registers and spills of each kernel: scripts/benchmarks/cuda_sass_report.py,
 // its current table in docs/kernels.md and its history in docs/records/speed.md. Threads whose
 // pairs hold no visible one (micro_tile_live) skip dP and g. The launch bounds (256, 2) cap every
 // kernel at 128 registers, two blocks per SM, and the code keeps what lives across the score code

@@ -24,7 +24,7 @@
 //      thread; the shared-memory offsets are compile-time constants and a chunk's groups are
 //      unrolled, so that the loop is the element step and little else. What that costs in the
 //      sm_90 SASS, kernel version by kernel version: docs/records/speed.md (the report,
-//      benchmarks/cuda_sass_report.py). Per pair at the end: log |num / den|
+//      scripts/benchmarks/cuda_sass_report.py). Per pair at the end: log |num / den|
 //      with num and den in [1, 2) (log_ratio: 2 atanh of (num - den) / (num + den), one
 //      division and a degree-4 polynomial, no branch) plus the row and key constants (the key
 //      constants loaded once per key, not per pair), times power log2(e) as a float pair; the

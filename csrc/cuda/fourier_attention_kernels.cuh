@@ -21,7 +21,7 @@
 //                       on the same score tiles that computes g(x) once per element from the
 //                       tables and feeds dk, dv and dq, and a small kernel that writes dq;
 //                       dradius from dq and dk. Their instructions per element in the sm_90
-//                       SASS: benchmarks/cuda_sass_report.py (history: docs/records/speed.md).
+//                       SASS: scripts/benchmarks/cuda_sass_report.py (history: docs/records/speed.md).
 //   Head dims above 128 take the simple backward below.
 //
 // Simple path (float64, and the float32 backward for D > 128): every warp owns one row (a

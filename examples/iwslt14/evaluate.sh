@@ -27,7 +27,7 @@ For each RUN folder written by train.sh (RUN/checkpoints/):
   2. fairseq-generate on the test set with the recipe's generation protocol
      ($(recipe iwslt14 --generate | tr '\n' ' ' | sed 's/ $//'))
      -> RUN/generate-SUBSET.txt; its "BLEU4 =" line is BLEU on the tokenised, lowercased text
-     (the paper's protocol: its numbers are analysis/tables/paper_numbers.json's table5)
+     (the paper's protocol: its numbers are scripts/analysis/tables/paper_numbers.json's table5)
   3. sacreBLEU on detokenised text (sacremoses) against the raw references kept by
      prepare.sh (DATA/text/raw/test.en), case-insensitive, with its signature
   4. writes RUN/results-SUBSET.json (bleu_tok, sacrebleu, signature, checkpoint) for make_tables.py
@@ -75,7 +75,7 @@ mapfile -t GENERATE < <(recipe iwslt14 --generate "${SETS[@]}")
 BEAM=$(printf '%s\n' "${GENERATE[@]}" | sed -n '/^--beam$/{n;p}')  # (for the messages and results.json)
 device_for "$PRINT" "$CPU"
 if [[ $PRINT == 0 ]]; then
-    need fairseq-generate "bash tools/install.sh installs fairseq"
+    need fairseq-generate "bash scripts/tools/install.sh installs fairseq"
     [[ -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA"
 fi
 

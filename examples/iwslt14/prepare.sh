@@ -90,8 +90,8 @@ if [[ $SMALL == 1 ]]; then
 fi
 
 "$PYTHON" -c "import sacremoses, subword_nmt" 2>/dev/null \
-    || die "needs sacremoses and subword-nmt: pip install -r requirements.txt (or bash tools/install.sh)"
-command -v fairseq-preprocess >/dev/null || die "fairseq-preprocess not found: bash tools/install.sh installs fairseq"
+    || die "needs sacremoses and subword-nmt: pip install -r requirements.txt (or bash scripts/tools/install.sh)"
+command -v fairseq-preprocess >/dev/null || die "fairseq-preprocess not found: bash scripts/tools/install.sh installs fairseq"
 
 TEXT="$OUT/text"
 mkdir -p "$TEXT"

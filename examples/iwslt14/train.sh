@@ -147,7 +147,7 @@ if [[ $PRINT == 1 ]]; then
     exit 0
 fi
 
-need fairseq-train "bash tools/install.sh installs fairseq"
+need fairseq-train "bash scripts/tools/install.sh installs fairseq"
 [[ -f "$DATA/dict.de.txt" && -f "$DATA/dict.en.txt" ]] || die "no binarised data in $DATA: run examples/iwslt14/prepare.sh first"
 [[ -d "$USER_DIR" ]] || die "plugin folder $USER_DIR not found (set FOURIERFORMER_USER_DIR)"
 check_distributed "$GPUS"

@@ -64,7 +64,7 @@ done
 [[ $SMALL == 1 ]] && { STRIDE=8; BATCH=8; }
 device_for "$PRINT" "$CPU"
 if [[ $PRINT == 0 ]]; then
-    need fairseq-eval-lm "bash tools/install.sh installs fairseq"
+    need fairseq-eval-lm "bash scripts/tools/install.sh installs fairseq"
     [[ -f "$DATA/dict.txt" ]] || die "no binarised data in $DATA"
 fi
 

@@ -57,7 +57,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ $SMALL == 1 && $MAX_TRAIN_LINES == 0 ]] && MAX_TRAIN_LINES=2000
-need fairseq-preprocess "bash tools/install.sh installs fairseq"
+need fairseq-preprocess "bash scripts/tools/install.sh installs fairseq"
 
 verify() { verify_checksums "$1" "$MD5" "$SHA256"; }
 

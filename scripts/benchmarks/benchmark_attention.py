@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Side-by-side speed and memory of Fourier attention implementations and softmax SDPA.
 
-    python benchmarks/benchmark_attention.py            # full run (CPU here, CUDA if --device cuda)
-    python benchmarks/benchmark_attention.py --quick    # fewer repetitions and sweep sizes
-    python benchmarks/benchmark_attention.py --decoding # the forward at decoding shapes (N 1 to 8)
-    python benchmarks/benchmark_attention.py --scaling  # N = 256 ... 16384 at one head shape, with crossovers
-    python benchmarks/benchmark_attention.py --profile  # also the fused op's non-kernel time (torch.profiler)
-    python benchmarks/benchmark_attention.py --profile-only --shapes small,IWSLT  # that alone, at some shapes
+    python scripts/benchmarks/benchmark_attention.py            # full run (CPU here, CUDA if --device cuda)
+    python scripts/benchmarks/benchmark_attention.py --quick    # fewer repetitions and sweep sizes
+    python scripts/benchmarks/benchmark_attention.py --decoding # the forward at decoding shapes (N 1 to 8)
+    python scripts/benchmarks/benchmark_attention.py --scaling  # N = 256 ... 16384 at one head shape, with crossovers
+    python scripts/benchmarks/benchmark_attention.py --profile  # also the fused op's non-kernel time (torch.profiler)
+    python scripts/benchmarks/benchmark_attention.py --profile-only --shapes small,IWSLT  # that alone, at some shapes
 
 For each shape it prints the median time of forward and of forward+backward (the fast
 implementations timed in alternating rounds, so that they share the machine's load), the peak

@@ -7,9 +7,9 @@ every attention row, per site: ``enc`` (encoder self-attention), ``dec`` (decode
 self-attention), ``cross`` (encoder-decoder attention). Also per site: the RMS of the query and
 key projections (``q_rms``), and for Fourier layers the fraction of (query, key) pairs with a
 feature past sinc's first zero, |R (q_d - k_d)| > pi, on the scored (normalised, if
-``qk_norm``) q and k (``past_zero``). Writes JSON for ``analysis/dynamics/training_curves.py --entropy``.
+``qk_norm``) q and k (``past_zero``). Writes JSON for ``scripts/analysis/dynamics/training_curves.py --entropy``.
 
-    python analysis/dynamics/attention_entropy.py --data data-bin/multi30k --checkpoints runs/softmax/ckpt \\
+    python scripts/analysis/dynamics/attention_entropy.py --data data-bin/multi30k --checkpoints runs/softmax/ckpt \\
         --out softmax_entropy.json [--user-dir fourierformer_fairseq]
 """
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main(argv=None):
     ap.add_argument("--checkpoints", required=True, help="folder of checkpoint_*_*.pt files (or one .pt file)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--sentences", type=int, default=100)
-    ap.add_argument("--user-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "fourierformer_fairseq"))
+    ap.add_argument("--user-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "..", "fourierformer_fairseq"))
     args = ap.parse_args(argv)
 
     from fairseq import checkpoint_utils, utils

@@ -18,7 +18,7 @@ different positions of a sentence (1: every position carries the same vector), `
 target token) and ``nll_swapped``, the same targets with the next sentence's source (equal to
 ``nll``: the model does not use its source). docs/published-model.md, "At small width".
 
-    python analysis/dynamics/encoder_collapse.py --data data-bin/wbw --checkpoints runs/published/ck --init
+    python scripts/analysis/dynamics/encoder_collapse.py --data data-bin/wbw --checkpoints runs/published/ck --init
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def attention_stats(model, samples) -> dict:
 
 
 def _attention_entropy():
-    """analysis/dynamics/attention_entropy.py, beside this script, as a module."""
+    """scripts/analysis/dynamics/attention_entropy.py, beside this script, as a module."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_entropy.py")
@@ -157,7 +157,7 @@ def main(argv=None):
     ap.add_argument("--checkpoints", required=True, help="folder of checkpoint<epoch>.pt files, or one .pt file")
     ap.add_argument("--init", action="store_true", help="also a fresh model of the same config and seed, first")
     ap.add_argument("--out", help="write the points as JSON")
-    ap.add_argument("--user-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "fourierformer_fairseq"))
+    ap.add_argument("--user-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "..", "fourierformer_fairseq"))
     args = ap.parse_args(argv)
 
     from fairseq import checkpoint_utils, utils

@@ -1,7 +1,7 @@
 """The offline bundle: what a bare GPU machine without a network needs to run the GPU check.
 
-Two archives, made where there is a network (``tools/gpu_check.py --prepare-offline DIR``) and
-carried to the GPU machine (``tools/gpu_check.sh --offline DIR``):
+Two archives, made where there is a network (``scripts/tools/gpu_check.py --prepare-offline DIR``) and
+carried to the GPU machine (``scripts/tools/gpu_check.sh --offline DIR``):
 
 - ``wheels.tar.xz``: the wheels of everything the check installs beyond what the machine has
   (``OFFLINE_ROOTS`` and their requirements, minus ``ON_THE_MACHINE``), resolved for the target

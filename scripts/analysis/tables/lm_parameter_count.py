@@ -18,8 +18,8 @@ or 203 (Fourier), d_embed = d_model), term by term:
 
 and every difference between the two is itemised, so that ours = published + the sum of the items:
 
-    python analysis/tables/lm_parameter_count.py                 # small and medium, softmax and Fourier
-    python analysis/tables/lm_parameter_count.py --vocab 33280   # another vocabulary (cutoffs scaled)
+    python scripts/analysis/tables/lm_parameter_count.py                 # small and medium, softmax and Fourier
+    python scripts/analysis/tables/lm_parameter_count.py --vocab 33280   # another vocabulary (cutoffs scaled)
 """
 from __future__ import annotations
 

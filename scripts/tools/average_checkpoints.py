@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Average the parameters of fairseq checkpoints (as fairseq's tools/average_checkpoints.py).
+"""Average the parameters of fairseq checkpoints (as fairseq's scripts/tools/average_checkpoints.py).
 
-    python tools/average_checkpoints.py --inputs RUN/checkpoints --num-epoch-checkpoints 10 --output avg.pt
-    python tools/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
+    python scripts/tools/average_checkpoints.py --inputs RUN/checkpoints --num-epoch-checkpoints 10 --output avg.pt
+    python scripts/tools/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
 
 With a folder, the last N checkpointN.pt (by epoch) or checkpoint_E_U.pt (by update, with
 --num-update-checkpoints) are averaged; fewer than N there is an error (exit status 1). The output keeps the newest input's other state

@@ -6,7 +6,7 @@ recipes), and prints the total gradient norm and the norm of the query/key proje
 gradients, with the mean attention entropy of the batch's first sentence. This is what
 ``gnorm`` in the first line of a training log shows, without training.
 
-    python analysis/dynamics/gradient_scale.py --data data-bin/multi30k --task translation \\
+    python scripts/analysis/dynamics/gradient_scale.py --data data-bin/multi30k --task translation \\
         --model "softmax=--arch transformer_iwslt_de_en" \\
         --model "paper-exact=--arch fourierformer_iwslt_de_en --fourier-paper-exact" \\
         --model "default=--arch fourierformer_iwslt_de_en" -- --share-all-embeddings
@@ -27,7 +27,7 @@ def build(data, task_name, model_args, common, seed):
     from fairseq import options, tasks
 
     parser = options.get_training_parser()
-    argv = [data, "--task", task_name, "--user-dir", os.path.join(os.path.dirname(__file__), "..", "..", "fourierformer_fairseq"),
+    argv = [data, "--task", task_name, "--user-dir", os.path.join(os.path.dirname(__file__), "..", "..", "..", "fourierformer_fairseq"),
             "--criterion", "label_smoothed_cross_entropy" if task_name == "translation" else "cross_entropy",
             "--seed", str(seed), *model_args, *common]
     if task_name == "translation":

@@ -9,7 +9,7 @@ all pairs and sequences, then averages both over the layers: larger distances = 
 attend differently = less redundancy. Also draws the attention maps of one sequence (a few
 layers x all heads) as a PNG.
 
-    python analysis/tables/head_redundancy.py --checkpoint runs/wikitext103/fourier_small_seed1/checkpoints/checkpoint_best.pt \
+    python scripts/analysis/tables/head_redundancy.py --checkpoint runs/wikitext103/fourier_small_seed1/checkpoints/checkpoint_best.pt \
         --data data-bin/wikitext-103 --out runs/head_fourier_small.json --png runs/head_fourier_small.png
 
 Attention sites: LM = decoder self-attention; translation = encoder self-attention by default
@@ -27,7 +27,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
 
 def load(checkpoint: str, data: str, user_dir: str):

@@ -6,11 +6,11 @@ lines), for FourierFormers trained with ``--fourier-log-interval N`` (which adds
 PNG with a panel per quantity against updates, and prints each run's validation losses as a
 markdown table.
 
-    python analysis/dynamics/training_curves.py --run "Fourier (defaults)=runs/fourier/train.log" \\
+    python scripts/analysis/dynamics/training_curves.py --run "Fourier (defaults)=runs/fourier/train.log" \\
         --run "softmax=runs/softmax/train.log" --out curves.png [--entropy "softmax=entropy.json"]
 
 ``--entropy NAME=FILE`` adds entropies measured afterwards on checkpoints
-(``analysis/dynamics/attention_entropy.py``), e.g. for softmax runs, which do not log them.
+(``scripts/analysis/dynamics/attention_entropy.py``), e.g. for softmax runs, which do not log them.
 """
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 # Installs fourierformer-fairseq and everything it needs into the current Python
 # environment (a virtualenv is recommended), then compiles its kernels.
 #
-#   bash tools/install.sh                      # torch as below, fairseq, this package
-#   TORCH_SPEC="torch==2.14.1" bash tools/install.sh   # a torch of your choice
-#   WHEELS=DIR bash tools/install.sh           # offline: every package from the wheels in DIR
+#   bash scripts/tools/install.sh                      # torch as below, fairseq, this package
+#   TORCH_SPEC="torch==2.14.1" bash scripts/tools/install.sh   # a torch of your choice
+#   WHEELS=DIR bash scripts/tools/install.sh           # offline: every package from the wheels in DIR
 #
 # torch, unless TORCH_SPEC says otherwise: an installed CUDA build that sees a GPU is kept; on a
 # machine with an NVIDIA GPU (nvidia-smi lists one) the CUDA build torch==2.14.1 is installed;
@@ -15,7 +15,7 @@
 # fairseq: the plugin's one pin, FAIRSEQ_REQUIREMENT in fourierformer_fairseq/__init__.py (read
 # here as setup.py reads it, without importing the package).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 FAIRSEQ_SPEC=$(sed -n 's/^FAIRSEQ_REQUIREMENT = "\(.*\)"$/\1/p' fourierformer_fairseq/__init__.py)
 [[ -n "$FAIRSEQ_SPEC" ]] || { echo "[install] no FAIRSEQ_REQUIREMENT in fourierformer_fairseq/__init__.py" >&2; exit 1; }
 PYTHON=${PYTHON:-python3}

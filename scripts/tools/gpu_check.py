@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """The GPU check: everything a user does on a GPU, in one run of under ten minutes, with one table.
 
-    bash tools/gpu_check.sh [--out DIR] [--offline DIR | --wheels DIR --data-bin DIR] [--raw DIR]
+    bash scripts/tools/gpu_check.sh [--out DIR] [--offline DIR | --wheels DIR --data-bin DIR] [--raw DIR]
                               [--updates N] [--budget SECONDS] [--steps install,tests,cpu,attention,table9,generation,steptimes,train,distributed,sanitize]
-    bash tools/gpu_check.sh --dry-run [--offline DIR]   # without a GPU: every step but the GPU's
-    python tools/gpu_check.py --prepare-offline DIR     # with a network: the wheels and data for --offline DIR
+    bash scripts/tools/gpu_check.sh --dry-run [--offline DIR]   # without a GPU: every step but the GPU's
+    python scripts/tools/gpu_check.py --prepare-offline DIR     # with a network: the wheels and data for --offline DIR
 
 Steps (each logs to OUT/<name>.log; each row of the table is written to OUT/summary.md and printed
 as soon as its step ends; the table's head names the card, torch and CUDA):
 
-  install    tools/install.sh, or with --offline / --wheels: fairseq-fixed and what the check needs
+  install    scripts/tools/install.sh, or with --offline / --wheels: fairseq-fixed and what the check needs
              from the wheels folder (no network), then this package (`pip install -e .`, which builds
              the extension); then `python -m fourierformer_fairseq.info` must say the cuda backend is
              available. CXX is preset to /usr/bin/g++ when the environment's compiler is another g++
@@ -22,13 +22,13 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
   cpu        the CPU op tests and fuzz (tests/test_fourier_attention_op.py, tests/test_op_fuzz.py,
              fast tier) under the avx512 kernel variant (FOURIERFORMER_CPU_ISA=avx512), which no CI
              host has; SKIP on a CPU without AVX-512
-  attention  benchmarks/benchmark_attention.py --device cuda --quick --profile: fused against sdpa, the
+  attention  scripts/benchmarks/benchmark_attention.py --device cuda --quick --profile: fused against sdpa, the
              backward's small-grid splits against none (fused_unsplit), and the op's time outside
              its kernels
-  table9     benchmarks/benchmark_model.py: training ms per sequence and peak memory, Fourier against its
+  table9     scripts/benchmarks/benchmark_model.py: training ms per sequence and peak memory, Fourier against its
              softmax twin, the LM and the IWSLT model, fp32, fp16 and bf16
   generation beam-5 generation of the IWSLT'14 model against its softmax twin, as
-             benchmarks/benchmark_generation.py times it (--shapes mt, one thread; on the GPU --device cuda,
+             scripts/benchmarks/benchmark_generation.py times it (--shapes mt, one thread; on the GPU --device cuda,
              the dry run --small), and the op alone at decoding shapes (DECODING_OP_SHAPES: a query or a few
              per (batch, head) slice, the launcher's decoding forward on a GPU) against sdpa, no gradients
   steptimes  the WikiText-103 protocol's own models at its pass (both sizes; the softmax twin, the published
@@ -45,7 +45,7 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
              under fairseq's GPU default --ddp-backend pytorch_ddp; every parameter and buffer, the
              Performer's features and the diagnostics identical on both ranks
              (tests/test_distributed.py, its cuda tests); SKIP without a GPU
-  sanitize   compute-sanitizer's memcheck, racecheck and synccheck over benchmarks/cuda_kernel_cases.py
+  sanitize   compute-sanitizer's memcheck, racecheck and synccheck over scripts/benchmarks/cuda_kernel_cases.py
              (every kernel instance of the CUDA path once, small shapes), each tool while at least
              SANITIZE_MIN_SECONDS of the budget is left; last, since the budget decides how much of it
              runs (a tool out of time gives no verdict: SKIP); SKIP without a GPU or compute-sanitizer,
@@ -80,14 +80,14 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: the offline bundle's module
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/tools/: the offline bundle's module
 from offline_bundle import (OFFLINE_ROOTS, folder_mib, pack_data, pack_wheels, prepare_wheels,  # noqa: E402
                             unpack_data, unpack_wheels, verify_wheels)
 from fourierformer_fairseq.fairseq_runs import TIMED_OUT, fairseq_command, fairseq_log_records, run_logged
 from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes, generation_args, recipe, recipe_args,
                                                     recipe_value, validation_lengths)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
 STEPS = ("install", "tests", "cpu", "attention", "table9", "generation", "steptimes", "train", "distributed",
          "sanitize")
@@ -127,7 +127,7 @@ TINY = {  # --dry-run model sizes and batches
            "--decoder-attention-heads": "2", "--tokens-per-sample": "32", "--batch-size": "16", "--lr": "1e-2"},
 }
 
-# The sanitize step: compute-sanitizer's tools, in this order, over benchmarks/cuda_kernel_cases.py (every
+# The sanitize step: compute-sanitizer's tools, in this order, over scripts/benchmarks/cuda_kernel_cases.py (every
 # kernel instance of the CUDA path once); a tool starts only with at least SANITIZE_MIN_SECONDS of the
 # budget left, and one that runs out of time gives no verdict (SKIP): the budget decides how much of
 # this last step runs. Errors exit with SANITIZER_ERROR_EXIT.
@@ -252,7 +252,7 @@ def step_install(check: Check, args) -> None:
         log(f"install: building with {env['CXX']} instead of {os.environ.get('CXX') or shutil.which('g++')}")
     env["MAX_JOBS"] = str(os.cpu_count() or 1)
     if args.wheels:
-        # offline: what the check needs (tools/install.sh installs requirements.txt, plots included)
+        # offline: what the check needs (scripts/tools/install.sh installs requirements.txt, plots included)
         wheels = os.path.abspath(args.wheels)
         pip = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--find-links", wheels]
         cap = subprocess.run([sys.executable, "-c", "import torch; print('%d.%d' % torch.cuda.get_device_capability(0))"],
@@ -266,7 +266,7 @@ def step_install(check: Check, args) -> None:
         ])
         cmd = ["bash", "-c", script]
     else:
-        cmd = ["bash", "tools/install.sh"]
+        cmd = ["bash", "scripts/tools/install.sh"]
     rc, text = check.run("install", cmd, STEP_SECONDS["install"], env=env)
     importlib.invalidate_caches()
     if rc != 0:
@@ -351,7 +351,7 @@ def step_attention(check: Check, args) -> None:
     # --profile: the op's ATen ops, launches and time outside its kernels at each shape
     # (fused_unsplit: the CUDA backward without its small-grid splits, timed in the same rounds)
     impls = "fused,fused_unsplit,sdpa" if args.gpu else "fused,sdpa"
-    cmd = [sys.executable, "benchmarks/benchmark_attention.py", "--quick", "--impls", impls, "--json", path,
+    cmd = [sys.executable, "scripts/benchmarks/benchmark_attention.py", "--quick", "--impls", impls, "--json", path,
            "--profile"]
     cmd += ["--device", "cuda"] if args.gpu else ["--device", "cpu", "--shapes", "WikiText-103 small,sweep N=256", "--no-memory"]
     rc, text = check.run("attention", cmd, STEP_SECONDS["attention"])
@@ -383,7 +383,7 @@ def step_attention(check: Check, args) -> None:
 def step_table9(check: Check, args) -> None:
     t0 = time.perf_counter()
     path = os.path.join(check.out, "table9.json")
-    cmd = [sys.executable, "benchmarks/benchmark_model.py", "--shapes", "lm,mt", "--out", path]
+    cmd = [sys.executable, "scripts/benchmarks/benchmark_model.py", "--shapes", "lm,mt", "--out", path]
     cmd += (["--device", "cuda", "--precision", "fp32,fp16,bf16"] if args.gpu
             else ["--device", "cpu", "--small", "--precision", "fp32,bf16"])
     rc, text = check.run("table9", cmd, STEP_SECONDS["table9"])
@@ -435,12 +435,12 @@ def decoding_op_times(device: str, reps: int = 20, shapes=DECODING_OP_SHAPES) ->
 
 
 def step_generation(check: Check, args) -> None:
-    """Beam search of the IWSLT'14 model against its twin (benchmarks/benchmark_generation.py), then the
+    """Beam search of the IWSLT'14 model against its twin (scripts/benchmarks/benchmark_generation.py), then the
     op at the decoding shapes (decoding_op_times, in a process of its own); timings only."""
     t0 = time.perf_counter()
     parts, failed = [], False
     path = os.path.join(check.out, "generation.json")
-    cmd = [sys.executable, "benchmarks/benchmark_generation.py", "--shapes", "mt", "--beam", "5", "--threads", "1",
+    cmd = [sys.executable, "scripts/benchmarks/benchmark_generation.py", "--shapes", "mt", "--beam", "5", "--threads", "1",
            "--rounds", "3", "--out", path] + (["--device", "cuda"] if args.gpu else ["--small"])
     rc, text = check.run("generation", cmd, STEP_SECONDS["generation"])
     if rc != 0 or not os.path.exists(path):
@@ -451,7 +451,7 @@ def step_generation(check: Check, args) -> None:
                   f"{r['softmax_s']:.2f} s)" for r in json.load(open(path))["rows"]]
     ops = os.path.join(check.out, "decoding_ops.json")
     device = "cuda" if args.gpu else "cpu"
-    script = ("import json, sys; sys.path.insert(0, 'tools'); import gpu_check as g; "
+    script = ("import json, sys; sys.path.insert(0, 'scripts/tools'); import gpu_check as g; "
               f"json.dump(g.decoding_op_times({device!r}, {20 if args.gpu else 3}), open(sys.argv[1], 'w'))")
     rc, text = check.run("generation_ops", [sys.executable, "-c", script, ops], STEP_SECONDS["generation"])
     if rc != 0 or not os.path.exists(ops):
@@ -494,7 +494,7 @@ def judge_sanitizer(tool: str, rc: int, text: str) -> tuple[str, str]:
 
 def step_sanitize(check: Check, args) -> None:
     """compute-sanitizer's memcheck, racecheck and synccheck over every kernel instance
-    (benchmarks/cuda_kernel_cases.py); on a CPU the host emulator's thread and address sanitizer runs
+    (scripts/benchmarks/cuda_kernel_cases.py); on a CPU the host emulator's thread and address sanitizer runs
     (tests/test_cuda_emulated.py) check the same kernels."""
     if not args.gpu:
         check.record("sanitize", "SKIP", 0, "no GPU (on a CPU: run_emulated_check.py --sanitize thread / address)")
@@ -511,7 +511,7 @@ def step_sanitize(check: Check, args) -> None:
             check.record(f"sanitize ({tool})", "SKIP", 0, f"{check.left():.0f} s of the budget left")
             continue
         cmd = [tool_path, "--tool", tool, "--error-exitcode", str(SANITIZER_ERROR_EXIT), "--print-limit", "20",
-               sys.executable, "benchmarks/cuda_kernel_cases.py"]
+               sys.executable, "scripts/benchmarks/cuda_kernel_cases.py"]
         rc, text = check.run(f"sanitize_{tool}", cmd, STEP_SECONDS["sanitize"], env=env)
         status, what = judge_sanitizer(tool, rc, text)
         check.record(f"sanitize ({tool})", status, time.perf_counter() - t0, what)
@@ -730,7 +730,7 @@ def time_lm_pass(protocol: str, size: str, model: str, extra, precision: str, de
         dictionary.add_symbol(f"w{i}")
     task = tasks.get_task("language_modeling")(cfg.task, dictionary, dictionary)
     torch.manual_seed(1)
-    # bf16: the model in bfloat16, as benchmarks/benchmark_model.py measures it
+    # bf16: the model in bfloat16, as scripts/benchmarks/benchmark_model.py measures it
     net = task.build_model(cfg.model).to(device=device, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     criterion = task.build_criterion(cfg.criterion).to(device)
     net.train()
@@ -795,7 +795,7 @@ def step_steptimes(check: Check, args) -> None:
     t0 = time.perf_counter()
     out = os.path.join(check.out, "step_times.json")
     device = "cuda" if args.gpu else "cpu"
-    script = ("import json, sys; sys.path.insert(0, 'tools'); import gpu_check as g; "
+    script = ("import json, sys; sys.path.insert(0, 'scripts/tools'); import gpu_check as g; "
               f"json.dump(g.protocol_step_times({device!r}, {not args.gpu}), open(sys.argv[1], 'w'))")
     rc, text = check.run("steptimes", [sys.executable, "-c", script, out + ".entries"], STEP_SECONDS["steptimes"])
     if rc != 0 or not os.path.exists(out + ".entries"):
@@ -823,8 +823,8 @@ def step_time_record(entries: list, gpu: bool) -> dict:
 
         card = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
     return {"date": time.strftime("%Y-%m-%d"), "machine": f"{card}, {platform.node() or 'this machine'}",
-            "kernels": "this checkout's", "command": "python tools/gpu_check.py --steps steptimes",
-            "note": "measured by the GPU check at the protocol's own pass (tools/gpu_check.py: protocol_step_times)",
+            "kernels": "this checkout's", "command": "python scripts/tools/gpu_check.py --steps steptimes",
+            "note": "measured by the GPU check at the protocol's own pass (scripts/tools/gpu_check.py: protocol_step_times)",
             "step_times": entries}
 
 

@@ -17,7 +17,7 @@ measures in float64, per setting, over the rows with at least N / 2 keys:
   overflow     with the R^D factor, the share of weights (R^D prod sinc)^p that overflow float32
                (the published code forms them in the linear domain)
 
-    python analysis/dynamics/published_init.py [--batch 2] [--seed 0]
+    python scripts/analysis/dynamics/published_init.py [--batch 2] [--seed 0]
 """
 from __future__ import annotations
 

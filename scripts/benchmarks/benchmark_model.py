@@ -21,7 +21,7 @@ copy, which costs both models the same):
 
 It runs on the GPU when torch sees one (--device cuda), else on the CPU.
 
-    python benchmarks/benchmark_model.py [--batch-size B] [--context N] [--vocab V] [--shapes lm[,mt]]
+    python scripts/benchmarks/benchmark_model.py [--batch-size B] [--context N] [--vocab V] [--shapes lm[,mt]]
                                       [--precision fp32[,fp16,bf16]] [--out runs/benchmark.json]
 
 The vocabulary sets the size of the output layer (WikiText-103's is 267,744 with fairseq's
@@ -39,7 +39,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 # shape -> (name, arch) of the softmax twin and the FourierFormer, in that order
 MODELS = {
     "lm": (("softmax small", "softmax_lm_wiki103_small"), ("fourier small", "fourierformer_lm_wiki103_small")),

@@ -13,7 +13,7 @@ name of a tied weight. The two are aligned by walking the state dict in order, s
 non-parameters named below and every tensor that shares storage with one already seen, and
 checking each shape against the moment's.
 
-    python analysis/dynamics/adam_steps.py RUN/ckpt/checkpoint_4_400.pt [more.pt ...] [--json OUT]
+    python scripts/analysis/dynamics/adam_steps.py RUN/ckpt/checkpoint_4_400.pt [more.pt ...] [--json OUT]
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ power p and radius R:
 Everything is float64 and computed from the formula directly (no kernel), so it is slow for
 large M * D; the defaults take a few seconds.
 
-    python analysis/dynamics/attention_scale.py                       # the paper's configurations
-    python analysis/dynamics/attention_scale.py --dims 16 64 128 --powers 2 4 --radii 0.5 1 2 --std 0.71
+    python scripts/analysis/dynamics/attention_scale.py                       # the paper's configurations
+    python scripts/analysis/dynamics/attention_scale.py --dims 16 64 128 --powers 2 4 --radii 0.5 1 2 --std 0.71
 """
 from __future__ import annotations
 

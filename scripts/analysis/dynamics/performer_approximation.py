@@ -1,6 +1,6 @@
 """How well random-feature attention approximates exact attention as the number of features grows.
 
-    python analysis/dynamics/performer_approximation.py [--draws 5] [--input-std 0.707] [--shapes lm,iwslt]
+    python scripts/analysis/dynamics/performer_approximation.py [--draws 5] [--input-std 0.707] [--shapes lm,iwslt]
 
 For two shapes, the language model's (head dim 16, p = 4, R = 2, 256 positions, 8 heads) and
 IWSLT's (head dim 128, p = 2, R = 1, 64 positions, 4 heads), with queries and keys drawn from

@@ -2,7 +2,7 @@
 # Mutation check of the fused CPU kernel: each patch in tests/mutants/ (or the ones named on
 # the command line) plants one realistic bug in csrc/cpu/; the fast test tier must catch it.
 #
-#   tools/mutation_test.sh [--skip-baseline] [--keep] [--only TESTS ...] [PATCH ...]
+#   scripts/tools/mutation_test.sh [--skip-baseline] [--keep] [--only TESTS ...] [PATCH ...]
 #
 # The tracked (and untracked, not ignored) files of this checkout are copied to a temporary
 # folder, which is built and tested there: first unmutated (the fast tier must pass, else a
@@ -21,7 +21,7 @@
 # extension build.
 set -uo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PYTHON=${PYTHON:-python}
 skip_baseline=0
 keep=0

@@ -27,7 +27,7 @@ listed in the output and in the JSON):
 The radius R is chosen on a separate validation set (--radius auto; never on the test
 points) from 21 values between 0.5 and 50 (log-spaced), or fixed with --radius R. Plots: one PNG per experiment.
 
-    python analysis/tables/fourier_estimators.py --out runs/estimators [--small] [--density-power 1] [--regression-power 2]
+    python scripts/analysis/tables/fourier_estimators.py --out runs/estimators [--small] [--density-power 1] [--regression-power 2]
 """
 from __future__ import annotations
 

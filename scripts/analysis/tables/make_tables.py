@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Write the FourierFormer paper's tables in markdown from the logs of many runs.
 
-    python analysis/tables/make_tables.py --runs runs/ [--head-redundancy runs/head_*.json]
+    python scripts/analysis/tables/make_tables.py --runs runs/ [--head-redundancy runs/head_*.json]
                                   [--benchmark runs/benchmark.json] [--out tables.md]
 
 Reads every run folder under --runs written by examples/*/train.sh (meta.json) and
 evaluated by examples/*/evaluate.sh (results-test.json / results-lm.json, or, when those
 are missing, the raw logs generate-test.txt / eval-{valid,test}.log), groups the runs
 by model and settings, and writes mean +- std over seeds (sample std; n = runs), with the
-paper's number in a column beside ours (analysis/tables/paper_numbers.json; "—" where not filled in):
+paper's number in a column beside ours (scripts/analysis/tables/paper_numbers.json; "—" where not filled in):
 
   Table 1   WikiText-103 valid / test perplexity, small and medium, by protocol: every LM run, grouped
             by its settings; the paper's numbers beside the rows of training_recipes.PAPER_TABLES
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
 
     paper = json.load(open(args.paper)) if os.path.exists(args.paper) else {}
     runs = collect(args.runs)
-    parts = [f"<!-- written by analysis/tables/make_tables.py from {len(runs)} runs under {', '.join(args.runs)} -->"]
+    parts = [f"<!-- written by scripts/analysis/tables/make_tables.py from {len(runs)} runs under {', '.join(args.runs)} -->"]
     for t in (table1(runs, paper), table5(runs, paper),
               table6(args.head_redundancy, paper),
               ablation(runs, "table7", "Table 7: ablation over phi", "table7_phi", paper),

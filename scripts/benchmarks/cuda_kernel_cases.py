@@ -3,8 +3,8 @@
 that watches the kernels run (the GPU check runs it under compute-sanitizer's memcheck, racecheck
 and synccheck).
 
-    python benchmarks/cuda_kernel_cases.py                  # on the GPU
-    python benchmarks/cuda_kernel_cases.py --device cpu     # the same calls through the CPU kernels
+    python scripts/benchmarks/cuda_kernel_cases.py                  # on the GPU
+    python scripts/benchmarks/cuda_kernel_cases.py --device cpu     # the same calls through the CPU kernels
 
 The cases are small (a few blocks each, so that an instrumented run takes seconds) and together
 launch, per the launcher (csrc/cuda/fourier_attention_launch.h): the table kernel; the tiled forward
@@ -27,7 +27,7 @@ import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 import fourierformer_fairseq.ops  # noqa: E402,F401  (loads the extension: registers the fourierformer ops)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compile check of the CUDA backend (csrc/cuda/*.cu) on a machine without a GPU.
 #
-#   tools/check_cuda_build.sh
+#   scripts/tools/check_cuda_build.sh
 #
 # 1. creates (or reuses) a plain virtual environment, default <repo>/.venv-cuda (ignored by
 #    git via .venv*/), and installs a CUDA build of torch into it (torch==2.14.1, cu130);
@@ -22,7 +22,7 @@
 #   MAX_JOBS                parallel compile jobs           (default 2)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${FF_CUDA_VENV:-$ROOT/.venv-cuda}"
 TORCH_REQ="${FF_CUDA_TORCH:-torch==2.14.1}"
 BUILD_DIR="${FF_CUDA_BUILD_DIR:-${TMPDIR:-/tmp}/fourierformer-cuda-build}"

@@ -20,9 +20,9 @@ not depend on what the weights say), then timed in alternating rounds (twin, Fou
 so that a change in the machine's load falls on both; the median of each is reported with the
 ratio, at each --threads. Inference only (eval mode, no gradients).
 
-    python benchmarks/benchmark_generation.py [--shapes mt,lm] [--threads 1,2] [--rounds 5]
+    python scripts/benchmarks/benchmark_generation.py [--shapes mt,lm] [--threads 1,2] [--rounds 5]
                                               [--out runs/generation.json]
-    python benchmarks/benchmark_generation.py --small      # 32-dim models of a layer or two (seconds)
+    python scripts/benchmarks/benchmark_generation.py --small      # 32-dim models of a layer or two (seconds)
 
 --profile also prints torch.profiler's table of one round of each model (the op's kernel scope,
 fourierformer::cpu_forward_kernel, and the copies around it). Results go in
@@ -39,7 +39,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
 sys.path.insert(0, HERE)
 # the same models, and the same --small shapes, as Table 9's benchmark
