@@ -53,7 +53,7 @@ def variant_params():
     return [pytest.param(isa, id=isa) for isa in OTHER_ISAS] + [
         pytest.param(isa, id=isa, marks=pytest.mark.skip(
             reason=f"the {isa} CPU kernel variant is NOT tested on this host: its CPU lacks {', '.join(missing)} "
-                   f"(run the op tests and the fuzz on a host that has them: python -m pytest tests/test_op_fuzz.py "
-                   f"tests/test_fourier_attention_op.py tests/test_normaliser_eps.py, there the default variant)"))
+                   f"(run the op tests and the fuzz on a host that has them: python -m pytest tests/ops/test_op_fuzz.py "
+                   f"tests/ops/test_fourier_attention_op.py tests/ops/test_normaliser_eps.py, there the default variant)"))
         for isa, missing in MISSING_ISAS.items()
     ]

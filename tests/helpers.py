@@ -16,7 +16,7 @@ the heads' layout and the masks.
     padding_mask(lengths, T, left): a (B, T) key padding mask, True where padded.
     single_thread(): one torch thread inside the block (many small calls), then the count it found.
 
-It imports only torch: ``tests/cuda_emulation/run_emulated_check.py`` imports it before the
+It imports only torch: ``tests/cuda/emulation/run_emulated_check.py`` imports it before the
 package (which must not load the real extension there).
 """
 from __future__ import annotations

@@ -39,7 +39,7 @@ API (q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv); radius a scalar, (H, 1), (
         attention's rule against a plain float32 implementation (series=True by default: with
         the series of log|sinc| near 0, see plain_gradients), plus a few float32 eps of the
         scale, where terms cancel and the plain one can be exact by luck, e.g. a weight of
-        exactly 1, plus float32's underflow; see tests/test_op_fuzz.py).
+        exactly 1, plus float32's underflow; see tests/ops/test_op_fuzz.py).
 
     plain_attention / plain_gradients / plain_weights: the same formula in the inputs' own dtype (float32
     for float32 inputs), written the plain way: log(abs(sin(x) / x)) (sinc(0) = 1), a

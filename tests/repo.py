@@ -11,6 +11,7 @@ import os
 import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(REPO, "tests")  # the shared helpers' folder (every room imports them by name)
 ROOMS = tuple(os.path.join("scripts", *room) for room in (("benchmarks",), ("tools",), ("analysis", "tables"), ("analysis", "dynamics")))
 
 

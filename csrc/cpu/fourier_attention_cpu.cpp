@@ -54,7 +54,7 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   const int64_t b = bh / sh.H, h = bh % sh.H;
   Slice s;
   s.q = c.q.data_ptr<T>() + bh * sh.N * sh.D;
-  s.k = c.k.data_ptr<T>() + bh * sh.M * sh.D;
+  s.k = c.k.is_contiguous() ? c.k.data_ptr<T>() + bh * sh.M * sh.D : nullptr;  // (see SliceArgs::k)
   s.v = c.v.data_ptr<T>() + bh * sh.M * sh.Dv;
   s.radius = c.radius.data_ptr<T>() + h * sh.D;
   s.N = sh.N;
@@ -211,9 +211,21 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
               " are supported, got ", dtype);
-  const CallArgs c{sh,       q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
-                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed, log_eps,
-                   checked_key_table(tables, q_in, k_in)};
+  at::Tensor key_table = checked_key_table(tables, q_in, k_in);
+  // with a key table, the short-query forward reads the keys from it alone: k stays as given
+  const bool keys_from_table = key_table.defined() && sh.N < cpu::best_kernels().short_query_rows;
+  const CallArgs c{sh,
+                   q_in.contiguous(),
+                   keys_from_table ? k_in : k_in.contiguous(),
+                   v_in.contiguous(),
+                   radius_in.to(dtype).contiguous(),
+                   prepare_masks(attn_mask, key_bias, dtype),
+                   power,
+                   causal,
+                   dropout_p,
+                   seed,
+                   log_eps,
+                   key_table};
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, c.q.options());
   // lse is float64 for every input dtype (see KernelTable::forward)
   at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, c.q.options().dtype(at::kDouble));

@@ -22,6 +22,9 @@ constexpr int64_t key_table_width(int64_t M) { return (M + kKeyTableKeys - 1) / 
 // their own tables (sin and cos of R q and R k, transposed keys and values) in the workspace.
 struct SliceArgs {
   const float* q;
+  // nullptr where a key table is given and the slice has fewer than KernelTable::short_query_rows
+  // rows: the short-query forward reads the keys from the table alone, so the op leaves k
+  // uncopied (incremental decoding passes a strided view of its kept table as k).
   const float* k;
   const float* v;
   const float* radius;  // (D,)
@@ -47,6 +50,9 @@ struct SliceArgs {
 
 struct KernelTable {
   const char* isa;
+  // Forward calls of fewer query rows take the short-query path (forward_short.inc), which reads
+  // the keys from a key table alone when one is given.
+  int64_t short_query_rows;
   // Floats of scratch memory one slice needs: its tables, O((N + M) D), and a few rows of M
   // (no N x M term).
   size_t (*forward_workspace)(int64_t N, int64_t M, int64_t D, int64_t Dv);

@@ -25,7 +25,7 @@ namespace avx2 {
 #undef FF_LANES
 #undef FF_KERNEL_AVX2
 
-extern const KernelTable kKernels = {"avx2", forward_workspace, backward_workspace, forward_slice, backward_slice};
+extern const KernelTable kKernels = {"avx2", kShortQueryRows, forward_workspace, backward_workspace, forward_slice, backward_slice};
 
 }  // namespace avx2
 }  // namespace cpu

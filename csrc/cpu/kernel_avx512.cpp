@@ -25,7 +25,7 @@ namespace avx512 {
 #undef FF_LANES
 #undef FF_KERNEL_AVX512
 
-extern const KernelTable kKernels = {"avx512", forward_workspace, backward_workspace, forward_slice, backward_slice};
+extern const KernelTable kKernels = {"avx512", kShortQueryRows, forward_workspace, backward_workspace, forward_slice, backward_slice};
 
 }  // namespace avx512
 }  // namespace cpu

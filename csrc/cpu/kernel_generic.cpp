@@ -19,7 +19,7 @@ namespace generic {
 #include "fourier_cpu_kernel.inc"
 #undef FF_LANES
 
-extern const KernelTable kKernels = {"generic", forward_workspace, backward_workspace, forward_slice, backward_slice};
+extern const KernelTable kKernels = {"generic", kShortQueryRows, forward_workspace, backward_workspace, forward_slice, backward_slice};
 
 }  // namespace generic
 }  // namespace cpu

@@ -38,7 +38,7 @@ from fourierformer_fairseq.modules.option_checks import (
     check_non_negative,
     check_positive,
 )
-from fourierformer_fairseq.ops import DECLARATIONS, fourier_attention, key_table
+from fourierformer_fairseq.ops import append_to_key_table, fourier_attention, key_table, key_table_keys
 from fourierformer_fairseq.ops.gaussian import gaussian_attention, gaussian_log_weights
 from fourierformer_fairseq.ops.inputs import (PHIS, RADIUS_SHAPES, non_negative_weights, prepare_inputs,
                                               radius_parameter_shape)
@@ -58,6 +58,12 @@ def auto_radius(power: int, head_dim: int) -> float:
     R = sqrt(3 / (p sqrt(D))): 0.36 at D 128, p 2; 0.43 at D 64, p 2 and at D 16, p 4.
     """
     return math.sqrt(3.0 / (power * math.sqrt(head_dim)))
+
+
+def _holds(table: Tensor, keys: Tensor) -> bool:
+    """Whether keys (batch, heads, seq, head_dim) are the view of the table that holds them."""
+    return (keys.data_ptr() == table.data_ptr() and keys.size(0) == table.size(0)
+            and keys.stride() == key_table_keys(table, keys.size(2)).stride())
 
 
 def rms_normalise(x: Tensor) -> Tensor:
@@ -244,28 +250,29 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
             k = None if k is None else rms_normalise(k)
         return q, k
 
-    def cache_key_table(self, saved_state, k, new_keys):
-        """The CPU backend's key table of the cached keys (``ops.key_table``), kept in saved_state as
-        ``prev_key_table``: built once for static keys (encoder-decoder attention) and extended in
-        place by each step's new keys (self-attention; every step passes here, so the table holds
-        the keys cached before it), with room for ``2 * key_table_keys`` more keys when it is
-        rebuilt. It holds the keys alone, so the radius it is read under is the call's (the table
-        cannot go stale when the radius changes). None for the Gaussian kernel, the reference
-        backend, and keys the CPU backend does not take."""
+    def cache_key_table(self, saved_state, prev_key, k, static_kv):
+        """The CPU backend's key table of the cached keys (``ops.key_table``): built once for static
+        keys (encoder-decoder attention); for growing keys (self-attention) the keys' one copy,
+        extended in place by each step's keys (``ops.append_to_key_table``: a table of the least
+        room when it has none left) and rebuilt from the keys only when the cache was not kept by
+        it (another batch, or a state set from outside). It holds the keys alone, so the radius it
+        is read under is the call's (the table cannot go stale when the radius changes). None for
+        the Gaussian kernel, the reference backend, and keys the CPU backend does not take."""
         if self.kernel != "sinc" or self.backend == "reference":
             return None
-        B, _, M, _ = k.shape
         table = saved_state.get("prev_key_table")
-        if table is None or table.size(0) != B or table.size(-1) < M:
-            room = M if new_keys == M else M + 2 * DECLARATIONS["cpu"].key_table_keys  # (static keys need none)
-            table = key_table(k, room=room)
-        elif new_keys > 0:
-            table[..., M - new_keys:M] = k[:, :, M - new_keys:].transpose(2, 3)
-        if table is None:
-            saved_state.pop("prev_key_table", None)
-            return None
-        saved_state["prev_key_table"] = table
-        return table
+        if static_kv:
+            keys = prev_key if k is None else k
+            if table is None or table.size(0) != keys.size(0) or table.size(-1) < keys.size(2):
+                table = key_table(keys)
+            return table
+        assert k is not None
+        if table is not None and prev_key is not None and _holds(table, prev_key):
+            return append_to_key_table(table, prev_key.size(2), k)
+        return key_table(k if prev_key is None else torch.cat([prev_key, k], dim=2))
+
+    def key_table_keys(self, table, count):
+        return key_table_keys(table, count)
 
     def attend(self, q, k, v, *, key_padding_mask, attn_mask, causal, need_weights, key_table=None):
         if self.training and self._log_this_update:

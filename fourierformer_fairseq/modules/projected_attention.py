@@ -23,8 +23,8 @@ passes False for fairseq's ``full_context_alignment``).
 The incremental cache is the stock one (``prev_key`` / ``prev_value`` of shape (batch, heads, seq,
 head_dim), through the inherited ``_get_input_buffer`` / ``_set_input_buffer`` /
 ``_append_prev_key_padding_mask``, so ``reorder_incremental_state`` reorders it for beam search), beside which a kind may keep a table
-of the cached keys (``cache_key_table``: the Fourier kind's CPU key table, extended a step at a
-time), unless the kind keeps a state of its own for causal self-attention (``own_incremental_state``:
+of the cached keys (``cache_key_table``: the Fourier kind's CPU key table), which holds the growing
+keys of self-attention itself (``prev_key`` its view, extended a step at a time), unless the kind keeps a state of its own for causal self-attention (``own_incremental_state``:
 then ``attend_step(q, k, v, key_padding_mask, saved_state)`` computes the step from, and updates,
 the saved state).
 
@@ -143,13 +143,26 @@ class ProjectedMultiheadAttention(MultiheadAttention):
         """Per-position work on q and k (batch, heads, time, head_dim) before the cache; none by default."""
         return q, k
 
-    def cache_key_table(self, saved_state: Dict[str, Optional[Tensor]], k: Tensor, new_keys: int) -> Optional[Tensor]:
-        """In incremental decoding, after the cache: a table of the cached keys k (batch, heads,
-        seq, head_dim), of which the last ``new_keys`` joined this step, that the kind keeps in
-        saved_state beside them (so that ``reorder_incremental_state`` reorders it with the beams)
-        and ``attend`` then gets as ``key_table=``; None (the default): the kind keeps none and
-        ``attend`` gets no such argument."""
+    def cache_key_table(
+        self,
+        saved_state: Dict[str, Optional[Tensor]],
+        prev_key: Optional[Tensor],
+        k: Optional[Tensor],
+        static_kv: bool,
+    ) -> Optional[Tensor]:
+        """In incremental decoding: a table of the cached keys, prev_key (batch, heads, seq,
+        head_dim: the keys cached before this call; None at the first) followed by k (this call's
+        keys; None for static keys read from the cache), that the kind keeps in saved_state as
+        ``prev_key_table`` and ``attend`` then gets as ``key_table=``; None (the default): the kind
+        keeps none and ``attend`` gets no such argument. For keys that grow (self-attention) the
+        table is the keys' cache: ``prev_key`` is stored as ``key_table_keys(table, seq)``, a view
+        of it, so that one copy of the keys is extended a step at a time and reordered with the
+        beams (``reorder_incremental_state``)."""
         return None
+
+    def key_table_keys(self, table: Tensor, count: int) -> Tensor:
+        """The first ``count`` keys (batch, heads, count, head_dim) of a table of ``cache_key_table``: a view."""
+        raise NotImplementedError
 
     def attend_step(self, q, k, v, key_padding_mask, saved_state: Dict[str, Optional[Tensor]]) -> Tensor:
         """With ``own_incremental_state``: causal self-attention of the new positions over the saved state."""
@@ -248,14 +261,9 @@ class ProjectedMultiheadAttention(MultiheadAttention):
             return self._output(out, tgt_len, bsz), None
         key_table: Optional[Tensor] = None
         if saved_state is not None:
-            new_keys = 0 if k is None else k.size(2)
-            k, v, key_padding_mask, kv_bsz = self._cache_keys_values(
+            k, v, key_padding_mask, kv_bsz, key_table = self._cache_keys_values(
                 saved_state, incremental_state, k, v, key_padding_mask, kv_bsz, static_kv
             )
-            if not self.add_zero_attn:  # (the zero key would join k after the table)
-                key_table = self.cache_key_table(saved_state, k, new_keys)
-            if key_table is not None:
-                self._set_input_buffer(incremental_state, saved_state)
         assert v is not None
         src_len = v.size(2)
         if key_padding_mask is not None:
@@ -336,18 +344,30 @@ class ProjectedMultiheadAttention(MultiheadAttention):
         key_padding_mask: Optional[Tensor],
         kv_bsz: int,
         static_kv: bool,
-    ) -> Tuple[Tensor, Tensor, Optional[Tensor], int]:
-        """The stock cache: k, v (batch, heads, seq, head_dim) after the cached ones; stores them.
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor], int, Optional[Tensor]]:
+        """The stock cache: k, v (batch, heads, seq, head_dim) after the cached ones; stores them,
+        with the kind's key table (``cache_key_table``) where it keeps one.
 
-        Returns k, v, the key padding mask over all cached keys (as the stock cache keeps it) and
-        the keys' batch size.
+        Returns k, v, the key padding mask over all cached keys (as the stock cache keeps it), the
+        keys' batch size and the key table (None if none).
         """
-        if "prev_key" in saved_state:
-            prev_key = saved_state["prev_key"]
-            assert prev_key is not None
+        prev_key = saved_state.get("prev_key")
+        if prev_key is not None:
             kv_bsz = prev_key.size(0)
             prev_key = prev_key.reshape(kv_bsz, self.num_heads, -1, self.head_dim)
-            k = prev_key if static_kv else torch.cat([prev_key, k], dim=2)
+        # (no table with add_zero_attn: the zero key would join k after it)
+        table = None if self.add_zero_attn else self.cache_key_table(saved_state, prev_key, k, static_kv)
+        if static_kv and prev_key is not None:
+            k = prev_key
+        elif table is not None and not static_kv:  # the table holds the keys: k is its view
+            assert k is not None
+            k = self.key_table_keys(table, (0 if prev_key is None else prev_key.size(2)) + k.size(2))
+        elif prev_key is not None:
+            k = torch.cat([prev_key, k], dim=2)
+        if table is None:
+            saved_state.pop("prev_key_table", None)
+        else:
+            saved_state["prev_key_table"] = table
         if "prev_value" in saved_state:
             prev_value = saved_state["prev_value"]
             assert prev_value is not None and prev_value.size(0) == kv_bsz
@@ -362,13 +382,33 @@ class ProjectedMultiheadAttention(MultiheadAttention):
             static_kv=static_kv,
         )
         # kept contiguous: the heads' split is a view, which every later step would otherwise copy
-        # (static encoder-decoder keys: at every step; a concatenation is contiguous already)
-        k, v = k.contiguous(), v.contiguous()
+        # (static encoder-decoder keys: at every step; a concatenation is contiguous already); keys
+        # that the table holds stay its view
+        if table is None or static_kv:
+            k = k.contiguous()
+        v = v.contiguous()
         saved_state["prev_key"] = k
         saved_state["prev_value"] = v
         saved_state["prev_key_padding_mask"] = key_padding_mask
         self._set_input_buffer(incremental_state, saved_state)
-        return k, v, key_padding_mask, kv_bsz
+        return k, v, key_padding_mask, kv_bsz, table
+
+    def reorder_incremental_state(
+        self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor
+    ) -> Dict[str, Dict[str, Optional[Tensor]]]:
+        """fairseq's reorder of the cache for beam search; keys that a key table holds (growing
+        keys: ``cache_key_table``) are reordered once, with the table, and taken again as its view."""
+        saved_state = self._get_input_buffer(incremental_state)
+        table, keys = saved_state.get("prev_key_table"), saved_state.get("prev_key")
+        if table is None or keys is None or self.encoder_decoder_attention:
+            return super().reorder_incremental_state(incremental_state, new_order)
+        del saved_state["prev_key"]
+        incremental_state = super().reorder_incremental_state(incremental_state, new_order)
+        saved_state = self._get_input_buffer(incremental_state)
+        table = saved_state["prev_key_table"]
+        assert table is not None
+        saved_state["prev_key"] = self.key_table_keys(table, keys.size(2))
+        return self._set_input_buffer(incremental_state, saved_state)
 
     @staticmethod
     def _fold_beam(q: Tensor, attn_mask: Optional[Tensor], kv_bsz: int, beam: int):

@@ -40,7 +40,9 @@ __all__ = [
     "fourier_attention",
     "fourier_attention_reference",
     "get_backend",
+    "append_to_key_table",
     "key_table",
+    "key_table_keys",
     "select_backend",
 ]
 
@@ -171,3 +173,24 @@ def key_table(k: torch.Tensor, room: int | None = None) -> torch.Tensor | None:
     if room > M:
         k = torch.cat([k, k.new_zeros(B, H, room - M, D)], dim=2)
     return torch.ops.fourierformer.fourier_attention_tables(k[:, :, :0], k, k.new_zeros(H, D))
+
+
+def key_table_keys(table: torch.Tensor, count: int) -> torch.Tensor:
+    """The first ``count`` keys a key table holds, (B, H, count, D): a view of the table (no copy).
+    Passed as k with the table itself as ``key_table=``, a short-query call on the CPU reads the
+    keys from the table alone (incremental decoding keeps no other copy of them)."""
+    return table[..., :count].transpose(2, 3)
+
+
+def append_to_key_table(table: torch.Tensor, count: int, k: torch.Tensor) -> torch.Tensor:
+    """The table holding its first ``count`` keys followed by k (B, H, n, D): k is written in place
+    where the table has room for it; otherwise a table of the least room that holds them all
+    (``key_table``'s rule) is returned, the old one left as it was."""
+    total = count + k.size(2)
+    if table.size(-1) < total:
+        block = DECLARATIONS["cpu"].key_table_keys
+        grown = table.new_zeros(*table.shape[:-1], -(-total // block) * block)
+        grown[..., :count] = table[..., :count]
+        table = grown
+    table[..., count:total] = k.transpose(2, 3)
+    return table

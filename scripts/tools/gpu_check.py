@@ -16,10 +16,10 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
              (such a wrapper has been seen to build an extension whose exceptions crash the process,
              and install.sh would then build it twice). --dry-run installs nothing: it checks the
              wheels folder's dependency closure and runs `info`.
-  tests      the CUDA tests: tests/test_cuda_kernels.py, tests/test_cuda_fuzz.py (seeded fuzz against
-             the float64 oracle, every dtype), tests/test_cuda_module.py; in parallel (pytest -n, when
+  tests      the CUDA tests: tests/cuda/test_cuda_kernels.py, tests/cuda/test_cuda_fuzz.py (seeded fuzz against
+             the float64 oracle, every dtype), tests/cuda/test_cuda_module.py; in parallel (pytest -n, when
              pytest-xdist is installed), side by side with
-  cpu        the CPU op tests and fuzz (tests/test_fourier_attention_op.py, tests/test_op_fuzz.py,
+  cpu        the CPU op tests and fuzz (tests/ops/test_fourier_attention_op.py, tests/ops/test_op_fuzz.py,
              fast tier) under the avx512 kernel variant (FOURIERFORMER_CPU_ISA=avx512), which no CI
              host has; SKIP on a CPU without AVX-512
   attention  scripts/benchmarks/benchmark_attention.py --device cuda --quick --profile: fused against sdpa, the
@@ -44,7 +44,7 @@ as soon as its step ends; the table's head names the card, torch and CUDA):
              model each, 12 updates): NCCL where there are two GPUs, else gloo with both on the one,
              under fairseq's GPU default --ddp-backend pytorch_ddp; every parameter and buffer, the
              Performer's features and the diagnostics identical on both ranks
-             (tests/test_distributed.py, its cuda tests); SKIP without a GPU
+             (tests/runs/test_distributed.py, its cuda tests); SKIP without a GPU
   sanitize   compute-sanitizer's memcheck, racecheck and synccheck over scripts/benchmarks/cuda_kernel_cases.py
              (every kernel instance of the CUDA path once, small shapes), each tool while at least
              SANITIZE_MIN_SECONDS of the budget is left; last, since the budget decides how much of it
@@ -91,9 +91,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")
 STEPS = ("install", "tests", "cpu", "attention", "table9", "generation", "steptimes", "train", "distributed",
          "sanitize")
-CUDA_TESTS = ("tests/test_cuda_kernels.py", "tests/test_cuda_fuzz.py", "tests/test_cuda_module.py")
-CPU_OP_TESTS = ("tests/test_fourier_attention_op.py", "tests/test_op_fuzz.py")
-DISTRIBUTED_TESTS = ("tests/test_distributed.py",)  # its tests marked cuda: three cases, side by side
+CUDA_TESTS = ("tests/cuda/test_cuda_kernels.py", "tests/cuda/test_cuda_fuzz.py", "tests/cuda/test_cuda_module.py")
+CPU_OP_TESTS = ("tests/ops/test_fourier_attention_op.py", "tests/ops/test_op_fuzz.py")
+DISTRIBUTED_TESTS = ("tests/runs/test_distributed.py",)  # its tests marked cuda: three cases, side by side
 CPU_VARIANT = "avx512"  # the variant no CI host runs (tests/cpu_variants.py: FOURIERFORMER_CPU_ISA)
 
 # Time limits of the steps in seconds (each is also cut to what is left of --budget),
@@ -315,7 +315,7 @@ def step_distributed(check: Check, args, workers: int) -> None:
     t0 = time.perf_counter()
     step = "distributed (two ranks)"
     if not args.gpu:
-        check.record(step, "SKIP", 0, "no GPU (two CPU ranks of every kind: the full tier's tests/test_distributed.py)")
+        check.record(step, "SKIP", 0, "no GPU (two CPU ranks of every kind: the full tier's tests/runs/test_distributed.py)")
         return
     rc, text = check.run("distributed", tests_command(DISTRIBUTED_TESTS, min(workers, 3), "cuda"),
                          STEP_SECONDS["distributed"])
@@ -495,7 +495,7 @@ def judge_sanitizer(tool: str, rc: int, text: str) -> tuple[str, str]:
 def step_sanitize(check: Check, args) -> None:
     """compute-sanitizer's memcheck, racecheck and synccheck over every kernel instance
     (scripts/benchmarks/cuda_kernel_cases.py); on a CPU the host emulator's thread and address sanitizer runs
-    (tests/test_cuda_emulated.py) check the same kernels."""
+    (tests/cuda/test_cuda_emulated.py) check the same kernels."""
     if not args.gpu:
         check.record("sanitize", "SKIP", 0, "no GPU (on a CPU: run_emulated_check.py --sanitize thread / address)")
         return

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation check of the fused CPU kernel: each patch in tests/mutants/ (or the ones named on
+# Mutation check of the fused CPU kernel: each patch in tests/ops/mutants/ (or the ones named on
 # the command line) plants one realistic bug in csrc/cpu/; the fast test tier must catch it.
 #
 #   scripts/tools/mutation_test.sh [--skip-baseline] [--keep] [--only TESTS ...] [PATCH ...]
@@ -9,7 +9,7 @@
 # failure would prove nothing; --skip-baseline only builds it), then with each patch applied
 # in turn (and reverted after). Each run is
 #   FOURIERFORMER_REQUIRE_FUSED=1 python -m pytest -q -x -m "not slow" tests
-# (less tests/test_mutants.py, which checks that the patches apply to unmutated sources)
+# (less tests/ops/test_mutants.py, which checks that the patches apply to unmutated sources)
 # with PYTHONPATH at the copy, after checking that the package and its _C extension are
 # imported from the copy. --only TESTS (repeatable) runs those test files or node ids in place
 # of tests/, e.g. to see which op test catches a mutant. Rebuilds are incremental (ninja), so a
@@ -39,8 +39,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ${#patches[@]} -eq 0 ]; then
-  patches=("$ROOT"/tests/mutants/*.patch)
-  [ -e "${patches[0]}" ] || { echo "no patches in $ROOT/tests/mutants" >&2; exit 2; }
+  patches=("$ROOT"/tests/ops/mutants/*.patch)
+  [ -e "${patches[0]}" ] || { echo "no patches in $ROOT/tests/ops/mutants" >&2; exit 2; }
 fi
 [ ${#tests[@]} -gt 0 ] || tests=(tests)
 for p in "${patches[@]}"; do
@@ -86,7 +86,7 @@ check_import() {
 fast_tier() {
   (cd "$WORK" && PYTHONPATH="$WORK" FOURIERFORMER_REQUIRE_FUSED=1 \
      "$PYTHON" -m pytest -q -x -m "not slow" -p no:cacheprovider \
-     --ignore=tests/test_mutants.py "${tests[@]}") >"$LOGS/$1.tests.log" 2>&1
+     --ignore=tests/ops/test_mutants.py "${tests[@]}") >"$LOGS/$1.tests.log" 2>&1
   rc=$?
   first_failure=$(grep -m1 -E '^(FAILED|ERROR) ' "$LOGS/$1.tests.log" | awk '{print $2}')
 }

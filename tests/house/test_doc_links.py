@@ -9,7 +9,9 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo import REPO  # noqa: E402
+
+ROOT = REPO
 FENCE = re.compile(r"^```.*?^```", flags=re.S | re.M)
 
 

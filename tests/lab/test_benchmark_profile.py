@@ -23,7 +23,8 @@ import fourierformer_fairseq.ops as ops
 from fourierformer_fairseq.ops import backend_unavailable_reason
 from repo import script
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo import REPO  # noqa: E402
+
 SCRIPT = script("benchmark_attention")
 SHAPE = dict(name="small", B=1, H=2, N=16, D=8, causal=False)
 CALLS = 3

@@ -34,8 +34,9 @@ from fourierformer_fairseq.training_recipes import WIKITEXT103_VOCAB
 
 import fourierformer_fairseq
 from fairseq_helpers import create_dummy_data, create_markov_lm_data
+from repo import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO)
 README = ROOT / "README.md"
 USER_DIR = fourierformer_fairseq.USER_DIR
 MARK = re.compile(r"^<!-- readme-test: ([a-z0-9-]+) -->\s*$")

@@ -1,7 +1,7 @@
 """Performer (FAVOR+) attention: the estimator, causal prefix sums, padding, caching, redraws,
 checkpoints, the architectures, and the experimental fourier_rf kernel. The contract it shares
 with the other attention kinds (fairseq's MultiheadAttention interface, incremental decoding of a
-model, beam search, reordering) is tested over every kind in tests/test_attention_kinds.py.
+model, beam search, reordering) is tested over every kind in tests/modules/test_attention_kinds.py.
 
 Every test is seeded. Tolerances: float32 comparisons of two summation orders of the same
 quantity use 1e-5 (a few hundred float32 ulps of O(1) values); statistical checks state the
@@ -34,6 +34,7 @@ from fourierformer_fairseq.modules import PerformerMultiheadAttention
 from fourierformer_fairseq.ops import favor
 from fourierformer_fairseq.ops.reference import fourier_attention_reference
 from helpers import single_thread, split_heads
+from repo import TESTS
 
 E, H = 32, 2
 D = E // H
@@ -63,7 +64,7 @@ def make(torch_seed=0, **kw):
 
 
 def test_default_features_buffers_and_the_fourier_rf_radius():
-    """Beyond the contract of every kind (tests/test_attention_kinds.py: the stock parameter names):
+    """Beyond the contract of every kind (tests/modules/test_attention_kinds.py: the stock parameter names):
     the default number of features, the feature buffers, and fourier_rf's learnable radius."""
     m = PerformerMultiheadAttention(E, H, self_attention=True)
     assert m.num_features == round(D * math.log(D)) == 44  # the default m = round(d ln d)
@@ -493,7 +494,7 @@ def test_redraws_follow_seed_name_and_update_and_happen_only_in_training():
 
 @pytest.mark.slow
 def test_model_redraw_is_identical_in_two_fresh_processes():
-    digests = run_in_two_processes(MODEL_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    digests = run_in_two_processes(MODEL_SCRIPT.format(tests=TESTS))
     model = build_redraw_model().train()
     model.set_num_updates(10)
     assert digests[0] == digests[1] == projection_digest(model)

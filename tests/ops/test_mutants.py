@@ -1,4 +1,4 @@
-"""The mutation check's patches (tests/mutants/*.patch, run by scripts/tools/mutation_test.sh) stay usable.
+"""The mutation check's patches (tests/ops/mutants/*.patch, run by scripts/tools/mutation_test.sh) stay usable.
 
 Each patch plants one bug in the fused CPU kernel's sources; the script builds each mutant and
 runs the fast tier, which must fail. Here, without building: every patch still applies to the
@@ -13,8 +13,9 @@ import subprocess
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PATCHES = sorted(glob.glob(os.path.join(REPO, "tests", "mutants", "*.patch")))
+from repo import REPO  # noqa: E402
+
+PATCHES = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mutants", "*.patch")))
 
 
 def _git(*args):
@@ -25,7 +26,7 @@ def _git(*args):
 
 
 def test_there_are_mutants():
-    assert PATCHES, "no patches in tests/mutants"
+    assert PATCHES, "no patches in tests/ops/mutants"
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")

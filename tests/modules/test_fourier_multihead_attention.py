@@ -1,6 +1,6 @@
 """FourierMultiheadAttention: caching, masking, radius, dropout, errors. The contract it shares with
 the other attention kinds (fairseq's MultiheadAttention interface, incremental decoding, beam
-search, reordering) is tested over every kind in tests/test_attention_kinds.py.
+search, reordering) is tested over every kind in tests/modules/test_attention_kinds.py.
 
 Values are checked against an independent float64 computation: the module's own parameters
 applied with ``torch.nn.functional.linear`` in float64, and ``tests/oracle.py`` (written from
@@ -216,6 +216,8 @@ def assert_table_holds_the_cached_keys(m, state):
     M = keys.size(2)
     assert table.size(-1) >= M and table.size(-1) % DECLARATIONS["cpu"].key_table_keys == 0
     assert torch.equal(table[..., :M], keys.transpose(2, 3)), "the key table is not the cached keys"
+    if m.self_attention:  # the growing keys' one copy: the cached keys are a view of the table
+        assert keys.data_ptr() == table.data_ptr() and keys.stride(3) == table.size(-1), "the keys are a second copy"
 
 
 def spy_on_key_tables(monkeypatch):

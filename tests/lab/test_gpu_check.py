@@ -475,7 +475,7 @@ def test_distributed_row_runs_the_two_rank_gpu_tests_within_a_minute_and_reads_p
     check = FakeTestsCheck(0, "...\n3 passed, 18 deselected in 41.20s\n")
     gc.step_distributed(check, argparse.Namespace(gpu=True), 16)
     (cmd,), (limit,) = check.commands, check.limits
-    assert cmd[cmd.index("-m", 3) + 1] == "cuda" and "tests/test_distributed.py" in cmd
+    assert cmd[cmd.index("-m", 3) + 1] == "cuda" and "tests/runs/test_distributed.py" in cmd
     assert limit == gc.STEP_SECONDS["distributed"] == 60 and "distributed" in gc.STEPS
     assert check.recorded == [("distributed (two ranks)", "PASS", "3 passed, 18 deselected in 41.20s")]
 

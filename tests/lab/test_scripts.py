@@ -14,8 +14,7 @@ import sys
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from repo import load, script, tracked_texts  # noqa: E402
+from repo import REPO, load, script, tracked_texts  # noqa: E402
 
 
 def run(cmd, **kw):

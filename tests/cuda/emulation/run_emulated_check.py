@@ -1,8 +1,8 @@
 """Runs the CUDA kernels of csrc/cuda on the CPU, under a host emulator, against the reference.
 
-    python tests/cuda_emulation/run_emulated_check.py [--quick] [--fuzz N]
-    python tests/cuda_emulation/run_emulated_check.py --quick --sanitize thread    # data races
-    python tests/cuda_emulation/run_emulated_check.py --quick --sanitize address   # out of bounds
+    python tests/cuda/emulation/run_emulated_check.py [--quick] [--fuzz N]
+    python tests/cuda/emulation/run_emulated_check.py --quick --sanitize thread    # data races
+    python tests/cuda/emulation/run_emulated_check.py --quick --sanitize address   # out of bounds
 
 For machines without a GPU: compiles fourier_attention_launch.h + fourier_attention_kernels.cuh
 as plain C++ (FF_HOST_EMULATION, with the emulator of csrc/cuda/emulation/; every CUDA thread is
@@ -24,7 +24,7 @@ their order differs); a shuffle is a barrier here, which on a GPU it is not for 
 bugs (emulated_sanitizer_probe in emulated_ops.h) must then be reported, each in a child process.
 
 It does not model what only a GPU does (fast-math intrinsics, the memory model, timing); the
-real check is tests/test_cuda_kernels.py on a GPU. The real extension (fourierformer_fairseq._C)
+real check is tests/cuda/test_cuda_kernels.py on a GPU. The real extension (fourierformer_fairseq._C)
 must not load in the same process, as both define the fourierformer library: importing this
 module sets FOURIERFORMER_DISABLE_EXTENSION=1 before it imports the package.
 """
@@ -109,7 +109,7 @@ import torch  # noqa: E402
 from torch.utils.cpp_extension import load_inline  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.dirname(HERE)
+TESTS = os.path.dirname(os.path.dirname(HERE))
 ROOT = os.path.dirname(TESTS)
 CSRC = os.path.join(ROOT, "csrc")
 EMULATION = os.path.join(CSRC, "cuda", "emulation")
@@ -694,7 +694,7 @@ def special_cases():
 
 
 # NaN and infinities (docs/kernels.md, "NaN and infinity"): the cases of
-# tests/test_fourier_attention_op.py::test_nonfinite_inputs_give_nan_where_the_formula_does through
+# tests/ops/test_fourier_attention_op.py::test_nonfinite_inputs_give_nan_where_the_formula_does through
 # the CUDA kernels: the decoding forward (N <= 8), the tiled forward and backward (float32), the
 # simple ones (float64). The NaN pattern of out, dq, dk, dv and the radius gradient must be the
 # float64 oracle's exactly, the finite entries within a loose bound.

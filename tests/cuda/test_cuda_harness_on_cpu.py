@@ -1,4 +1,4 @@
-"""The CUDA fuzz's harness (tests/test_cuda_fuzz.py) run through the CPU kernels.
+"""The CUDA fuzz's harness (tests/cuda/test_cuda_fuzz.py) run through the CPU kernels.
 
 The CUDA tests run only where a GPU is lent, and rarely; a mistake of their own (a keyword the
 oracle does not take, a dropout seed drawn otherwise than the oracle's factors assume, a case
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import test_cuda_fuzz as harness  # noqa: E402
-from test_op_fuzz import draw_case  # noqa: E402
+from fuzz_cases import draw_case  # noqa: E402
 
 from fourierformer_fairseq.ops import backend_unavailable_reason  # noqa: E402
 

@@ -20,6 +20,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq_helpers import eval_translation_batch
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 from helpers import future_mask
+from repo import REPO
 
 E, H = 12, 3
 TOL = dict(rtol=0, atol=1e-6, check_dtype=False)  # fairseq returns float32 weights
@@ -113,7 +114,7 @@ def test_encoder_decoder_attention_static_cache_beam_and_reorder_equal_fairseq()
 
 
 def test_no_attention_kind_imports_another():
-    folder = os.path.join(os.path.dirname(__file__), "..", "fourierformer_fairseq", "modules")
+    folder = os.path.join(REPO, "fourierformer_fairseq", "modules")
     kinds = {"fourier_multihead_attention", "performer_multihead_attention", "global_filter_mixer"}
     for kind in kinds:
         tree = ast.parse(open(os.path.join(folder, kind + ".py")).read())

@@ -1,7 +1,7 @@
 """A test-only fairseq plugin: ``fourierformer_fairseq``, plus a record of what each rank trained.
 
 Stock ``fairseq-train`` saves checkpoints on rank 0 only, so a run's other ranks leave nothing to
-compare. Loaded with ``--user-dir tests/distributed_plugin`` (in place of ``--user-dir
+compare. Loaded with ``--user-dir tests/runs/distributed_plugin`` (in place of ``--user-dir
 fourierformer_fairseq``: it imports the package, which registers every architecture) and the
 environment variable ``FF_DIST_RECORD=FOLDER``, every training process writes, after each of its
 updates, ``FOLDER/rank<R>.pt`` (R: its data-parallel rank) holding

@@ -3,7 +3,7 @@ and in the module and architectures (``normaliser_eps``, ``--fourier-normaliser-
 ``--fourier-published``).
 
 The kernels against the float64 oracle (tests/oracle.py, which adds eps as one more key of value
-0): the fuzz of tests/test_op_fuzz.py draws eps on a third of its cases (at 0.1, 1 and 10 times the
+0): the fuzz of tests/ops/test_op_fuzz.py draws eps on a third of its cases (at 0.1, 1 and 10 times the
 median row's mass), with oracle_mismatches' bound; here the cases at the edges: rows whose keys
 all underflow next to eps, fully masked rows, an eps that takes almost everything or almost
 nothing, dropout, and the op's own checks. Tolerances: float32 results within oracle_mismatches'

@@ -4,7 +4,7 @@ The score cache of the float32 backward (csrc/cuda/score_cache.h): the pre-pass'
 for the main pass where their bytes fit a budget taken at each backward call, a quarter of the
 device memory free then, or FOURIERFORMER_SCORE_CACHE_MB MiB where that is set. The launchers (the
 GPU's, the host emulator's) call the same function as `_C.score_cache_budget`; the emulator's
-check_score_cache_budget checks that they do (tests/cuda_emulation/run_emulated_check.py).
+check_score_cache_budget checks that they do (tests/cuda/emulation/run_emulated_check.py).
 """
 import pytest
 

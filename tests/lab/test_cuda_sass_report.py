@@ -13,7 +13,9 @@ import pytest
 
 from repo import script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo import REPO  # noqa: E402
+
+ROOT = REPO
 _spec = importlib.util.spec_from_file_location("cuda_sass_report", script("cuda_sass_report"))
 sr = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = sr  # (dataclasses look their module up)

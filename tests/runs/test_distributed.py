@@ -4,7 +4,7 @@ loopback, ``--ddp-backend legacy_ddp``, one thread each) against one process wit
 fairseq gives rank r the batches r, r + 2, ... of one shuffle, which ``--update-freq 2`` groups in
 pairs, and legacy_ddp's division by the world size and the trainer's normalisation are by powers
 of two; so with every dropout at 0 the two agree bit for bit (the test-only plugin
-``tests/distributed_plugin``, which records every rank's state, Performer features, batches and
+``tests/runs/distributed_plugin``, which records every rank's state, Performer features, batches and
 logged scalars after each update, has the single process normalise a 0-dim gradient in float64 as
 fairseq does with several ranks: its docstring says why). For every attention kind and preset,
 translation and language model, the tests check: every parameter and buffer identical on both
@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from repo import REPO
 from fairseq_helpers import (
     LM_DIMS,
     TRANSLATION_DIMS,
@@ -38,8 +39,8 @@ from fairseq_helpers import (
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-PLUGIN = ROOT / "tests" / "distributed_plugin"
+ROOT = Path(REPO)
+PLUGIN = Path(__file__).resolve().parent / "distributed_plugin"
 # 5 batches an epoch, 3 updates (the second rank's third is fairseq's dummy batch): 120 translation
 # pairs in batches of 24; the LM's blocks of 32 tokens in batches of ceil(blocks / 5)
 BATCHES, MT_PAIRS, LM_LINES, LM_CONTEXT = 5, 120, 100, 32
@@ -110,7 +111,7 @@ def fairseq_train_exe() -> list[str]:
 class Run:
     """Stock fairseq-train with the recording plugin, started: ``ranks`` processes of one run (gloo on
     the loopback) or, with ranks=1, one process with --update-freq 2. ``records()`` waits for them and
-    returns each rank's record (tests/distributed_plugin)."""
+    returns each rank's record (tests/runs/distributed_plugin)."""
 
     def __init__(self, data, task: str, arch: str, options, out: Path, ranks: int,
                  save_dir: Path | None = None, epochs: int = EPOCHS, device: str = "cpu"):

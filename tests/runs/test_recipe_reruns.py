@@ -15,7 +15,8 @@ import sys
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo import REPO  # noqa: E402
+
 EXAMPLES = os.path.join(REPO, "examples")
 
 

@@ -982,7 +982,7 @@ def test_the_package_has_no_import_cycle():
     package it belongs to is not counted: that package is being imported already)."""
     import ast
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from repo import REPO as root
     files = {}
     for folder, _, names in os.walk(os.path.join(root, "fourierformer_fairseq")):
         for f in names:

@@ -1,6 +1,6 @@
 """Seeded fuzz of the CUDA op against the float64 oracle (tests/oracle.py); needs a GPU.
 
-The cases are the CPU fuzz's (tests/test_op_fuzz.py: draw_case): every remainder of N and M,
+The cases are the CPU fuzz's (tests/fuzz_cases.py: draw_case): every remainder of N and M,
 exact and near duplicates (q == k, 1e-6, 1e-3), keys on and next to sinc's zeros, large |R q|,
 powers 2, 4, 6, every radius shape, causal, key padding (fully padded sequences too), additive
 and bool masks; the forward and all four gradients are checked, in every dtype the CUDA
@@ -26,7 +26,7 @@ import torch
 
 from oracle import (EPS32, NAMES, PLAIN_FACTOR, SCALE_FACTOR, UNDERFLOW, float64_mismatches, oracle_mismatches,  # noqa: E402
                     lse_mismatches, oracle_gradient_scales, oracle_gradients, plain_gradients)
-from test_op_fuzz import draw_case, op_forward_args  # noqa: E402
+from fuzz_cases import draw_case, op_forward_args  # noqa: E402
 
 from fourierformer_fairseq.ops import backend_unavailable_reason, fourier_attention  # noqa: E402
 
@@ -34,7 +34,7 @@ _reason = backend_unavailable_reason("cuda")
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_reason), reason=f"CUDA kernels: {_reason}")]
 
 N_CASES = 140
-# Where the tests run: on CPU, tests/test_cuda_harness_on_cpu.py runs some of them through the
+# Where the tests run: on CPU, tests/cuda/test_cuda_harness_on_cpu.py runs some of them through the
 # CPU kernels, so that a mistake of the harness shows without a GPU.
 DEVICE, BACKEND = "cuda", "cuda"
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -233,7 +233,7 @@ def test_cuda_autograd_builds_the_tables_once(monkeypatch):
 def test_cuda_fuzz_lse_against_oracle():
     """The float32 forward's log-normaliser (the tables' row and key constants enter it, and the
     backward and the null key read it) on every fuzz case against the oracle's log-sum, within
-    lse_mismatches' bound (as tests/test_op_fuzz.py does for the CPU kernels)."""
+    lse_mismatches' bound (as tests/ops/test_op_fuzz.py does for the CPU kernels)."""
     failures = []
     for seed in range(N_CASES):
         case = _rounded(draw_case(seed), torch.float32)

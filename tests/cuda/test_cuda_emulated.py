@@ -2,7 +2,7 @@
 
 Every CUDA thread becomes an OS thread with real barriers and shuffles, so the kernels'
 indexing, masking, reductions and synchronisation are checked against the float64
-reference on machines without a GPU (see cuda_emulation/run_emulated_check.py for what it
+reference on machines without a GPU (see emulation/run_emulated_check.py for what it
 cannot model). It runs in a subprocess: the emulated library must not share a process with the
 real extension, both register the fourierformer ops.
 """
@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "cuda_emulation", "run_emulated_check.py")
+from repo import REPO, TESTS  # noqa: E402
+
+ROOT = REPO
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emulation", "run_emulated_check.py")
 
 
 def _text(output):
@@ -109,8 +111,7 @@ sys.exit(1 if failures else 0)
 
 @pytest.mark.slow
 def test_cuda_kernels_take_negative_zero_and_tiny_radii_under_host_emulation():
-    here = os.path.dirname(os.path.abspath(__file__))
-    result = subprocess.run([sys.executable, "-c", _RADIUS_CODE, os.path.dirname(SCRIPT), here],
+    result = subprocess.run([sys.executable, "-c", _RADIUS_CODE, os.path.dirname(SCRIPT), TESTS],
                             capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "radius cases failed: 0" in result.stdout

@@ -18,7 +18,8 @@ import tarfile
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo import REPO, load, script
+
 IWSLT = os.path.join(REPO, "examples", "iwslt14")
 WIKI = os.path.join(REPO, "examples", "wikitext103")
 TEST_SETS = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")
@@ -27,7 +28,6 @@ TEST_SETS = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.t
 import sacremoses  # noqa: E402,F401
 import subword_nmt  # noqa: E402,F401
 from fairseq_helpers import token_bleu  # noqa: E402
-from repo import load, script  # noqa: E402
 
 
 def load_prepare_text():
@@ -557,8 +557,8 @@ def test_reproduce_table_survives_a_diverging_row(wiki_data, tmp_path):
     table goes on: the row after it (|x|) trains and is evaluated, and the table says "not converge"
     beside the paper's "not converge". The rows before are evaluated runs reproduce.sh reuses."""
     from fourierformer_fairseq.fairseq_runs import options_given
-    from fourierformer_fairseq.training_recipes import table_runs
 
+    table_runs = load_paper_runs().table_runs
     assert wiki_data["prepare"].returncode == 0, wiki_data["prepare"].stderr[-3000:]
     runs = tmp_path / "runs"
     trained = ("published_small_power3", "published_small_phiabs")
@@ -595,6 +595,14 @@ def test_reproduce_table_survives_a_diverging_row(wiki_data, tmp_path):
     assert cells[2] == cells[3] == said and cells[5] == cells[6] == "not converge", row
     assert f"| phi |x| | paper | {after['valid_ppl']:.2f} |" in table
     assert "without evaluation results" not in table
+
+
+def load_paper_runs():
+    """examples/paper_runs.py, the paper tables' runs and their cost, from its file."""
+    spec = importlib.util.spec_from_file_location("paper_runs", os.path.join(REPO, "examples", "paper_runs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 # --------------------------------------------------------------------------- full-size comparison

@@ -28,7 +28,8 @@ from fourierformer_fairseq import training_recipes as tr
 from fourierformer_fairseq.models.lm_options import PUBLISHED_INIT_STD, softmax_attentions
 from repo import load
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo import REPO  # noqa: E402
+
 pc = load("lm_parameter_count")
 
 
