@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""The paper tables' runs as examples/reproduce.sh trains them: what a diverged run leaves, and what
-the runs cost.
+"""The paper tables' runs as examples/reproduce.sh trains them (``PAPER_TABLES``), what a diverged run
+leaves, and what the runs cost.
 
-    python examples/paper_runs.py diverged RUN       # a failed training: record it as not converged?
     python examples/paper_runs.py plan table1 table8 # the distinct runs of the tables, one a line
+    python examples/paper_runs.py diverged RUN       # a failed training: record it as not converged?
     python examples/paper_runs.py dry-run table7 --timings docs/records/step_times.json [--commands FILE]
+
+**The plan.** Each table's runs (``PAPER_TABLES``): a run's name, model, size and the fairseq-train
+arguments beyond its recipe's (fourierformer_fairseq/training_recipes.py, which this file reads as a
+file); scripts/analysis/tables/make_tables.py reads the rows back from here.
 
 **Not converged.** A row that diverges (the paper reports x, x^3 and sigmoid as not converging) stops
 fairseq-train: its trainer raises FloatingPointError ("gradients are Nan/Inf" in float32; "Minimum
@@ -25,7 +29,6 @@ share it.
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib.util
 import json
 import os
@@ -50,6 +53,89 @@ tr = _load_recipes()
 NOT_CONVERGED = "not_converged.json"
 # fairseq's words for a training that overflowed or went NaN (its trainer and loss scalers)
 DIVERGENCE_MESSAGES = ("gradients are Nan/Inf", "Minimum loss scale reached")
+
+
+# ------------------------------------------------------------------------------------- the plan
+
+# The runs of each paper table, as examples/reproduce.sh trains them (per seed) and
+# scripts/analysis/tables/make_tables.py reads them back (by this file): (run name, model, size, fairseq-train arguments beyond
+# the protocol's, the row's label, the paper's row in scripts/analysis/tables/paper_numbers.json or None for a row
+# of this project's own). The paper's FourierFormer is the published attention (--fourier-published)
+# with the row's phi or radius; this project's rows (the defaults: unit-RMS q / k and the automatic
+# radius; the Gaussian kernel) stand beside them. A run named in several tables is trained once.
+_PUBLISHED = ("--fourier-published",)
+PAPER_TABLES = {
+    "table1": {"task": "wikitext103", "runs": (
+        ("softmax_small", "softmax", "small", (), "softmax small", "softmax small"),
+        ("published_small", "fourier", "small", _PUBLISHED, "FourierFormer small (published attention)", "fourier small"),
+        ("fourier_small", "fourier", "small", (), "FourierFormer small (defaults)", None),
+        ("softmax_medium", "softmax", "medium", (), "softmax medium", "softmax medium"),
+        ("published_medium", "fourier", "medium", _PUBLISHED, "FourierFormer medium (published attention)", "fourier medium"),
+        ("fourier_medium", "fourier", "medium", (), "FourierFormer medium (defaults)", None),
+    )},
+    "table5": {"task": "iwslt14", "runs": (
+        ("softmax", "softmax", None, (), "softmax", "softmax"),
+        ("fourier", "fourier", None, (), "FourierFormer (defaults)", "fourier"),
+    )},
+    "table7": {"task": "wikitext103", "runs": (
+        ("published_small_power2", "fourier", "small", _PUBLISHED + ("--fourier-power", "2"), "phi x^2", "x^2"),
+        ("published_small", "fourier", "small", _PUBLISHED, "phi x^4", "x^4"),
+        ("published_small_power6", "fourier", "small", _PUBLISHED + ("--fourier-power", "6"), "phi x^6", "x^6"),
+        ("published_small_power1", "fourier", "small", _PUBLISHED + ("--fourier-power", "1"), "phi x", "x"),
+        ("published_small_power3", "fourier", "small", _PUBLISHED + ("--fourier-power", "3"), "phi x^3", "x^3"),
+        ("published_small_phiabs", "fourier", "small", _PUBLISHED + ("--fourier-phi", "abs"), "phi |x|", "|x|"),
+        ("published_small_phirelu", "fourier", "small", _PUBLISHED + ("--fourier-phi", "relu"), "phi ReLU", "ReLU"),
+        ("published_small_phisigmoid", "fourier", "small", _PUBLISHED + ("--fourier-phi", "sigmoid"), "phi sigmoid",
+         "sigmoid"),
+        ("fourier_small", "fourier", "small", (), "defaults (x^4, unit-RMS q / k, automatic radius)", None),
+        ("fourier_small_gaussian", "fourier", "small", ("--fourier-kernel", "gaussian"), "defaults, Gaussian kernel",
+         None),
+    )},
+    "table8": {"task": "wikitext103", "runs": (
+        ("published_small_radius0.1", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "0.1"), "R_init 0.1",
+         "R_init 0.1"),
+        ("published_small_radius1.0", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "1.0"), "R_init 1.0",
+         "R_init 1.0"),
+        ("published_small", "fourier", "small", _PUBLISHED, "R_init 2.0", "R_init 2.0"),
+        ("published_small_radius3.0", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "3.0"), "R_init 3.0",
+         "R_init 3.0"),
+        ("published_small_radius4.0", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "4.0"), "R_init 4.0",
+         "R_init 4.0"),
+        ("published_small_vector", "fourier", "small", _PUBLISHED + ("--fourier-radius-shape", "vector"),
+         "R a learnable vector, 2.0", "R vector 2.0"),
+        ("fourier_small", "fourier", "small", (), "defaults (automatic radius, a scalar)", None),
+        ("fourier_small_radius_head", "fourier", "small", ("--fourier-radius-shape", "head"),
+         "defaults, a radius per head", None),
+        ("fourier_small_radius_feature", "fourier", "small", ("--fourier-radius-shape", "feature"),
+         "defaults, a radius per head and feature", None),
+    )},
+}
+PAPER_TABLES["table6"] = {"task": "wikitext103",  # head redundancy of table 1's small models
+                          "runs": tuple(r for r in PAPER_TABLES["table1"]["runs"] if r[2] == "small")}
+PAPER_SEEDS = 3
+
+
+def table_runs(table: str):
+    try:
+        return PAPER_TABLES[table]
+    except KeyError:
+        raise ValueError(f"unknown table '{table}' (choose from {', '.join(PAPER_TABLES)})") from None
+
+
+def distinct_runs(tables) -> list:
+    """Each distinct run of the tables once, in the order they first appear: (task, run, model, size,
+    extra, label, [tables that train it]). A run is the same run in two tables by its name."""
+    seen, out = {}, []
+    for table in tables:
+        spec = table_runs(table)
+        for run, model, size, extra, label, _ in spec["runs"]:
+            key = (spec["task"], run)
+            if key not in seen:
+                seen[key] = [spec["task"], run, model, size, tuple(extra), label, []]
+                out.append(seen[key])
+            if table not in seen[key][6]:
+                seen[key][6].append(table)
+    return [tuple(r) for r in out]
 
 
 # ------------------------------------------------------------------------------------- not converged
@@ -93,23 +179,7 @@ def record_divergence(run: str) -> dict | None:
     return found
 
 
-# ------------------------------------------------------------------------------------- the plan
-
-def distinct_runs(tables) -> list:
-    """Each distinct run of the tables once, in the order they first appear: (task, run, model, size,
-    extra, label, [tables that train it]). A run is the same run in two tables by its name."""
-    seen, out = {}, []
-    for table in tables:
-        spec = tr.table_runs(table)
-        for run, model, size, extra, label, _ in spec["runs"]:
-            key = (spec["task"], run)
-            if key not in seen:
-                seen[key] = [spec["task"], run, model, size, tuple(extra), label, []]
-                out.append(seen[key])
-            if table not in seen[key][6]:
-                seen[key][6].append(table)
-    return [tuple(r) for r in out]
-
+# ------------------------------------------------------------------------------------- the cost
 
 def attention_setting(extra) -> dict:
     """phi and power of a Fourier run from its --fourier-* arguments (an option not given: its default)."""
@@ -151,9 +221,11 @@ def head_dim(size: str) -> int:
     return {"small": 16, "medium": 32}[size]
 
 
-# ------------------------------------------------------------------------------------- the cost
-
-STEP_TIMES_RECORD = "docs/records/step_times.json"
+# The IWSLT'14 recipe stops after epochs, not updates. Its training set, as fairseq's
+# prepare-iwslt14.sh makes it, is 160,239 sentence pairs; at 4,096 tokens a batch fairseq makes
+# about 1,100 updates an epoch of it (an estimate, not measured here: about 27 BPE tokens a
+# sentence with padding, 150 sentences a batch). Only the dry run's GPU-hours use it.
+IWSLT14_UPDATES_PER_EPOCH_ESTIMATE = 1100
 # Multi-GPU scaling assumed until it is measured: data-parallel efficiency by GPU count (1.0:
 # linear, the same GPU-hours on any count).
 ASSUMED_SCALING_EFFICIENCY = {1: 1.0, 2: 1.0, 8: 1.0}
@@ -162,9 +234,31 @@ TRAINED_PRECISION = "fp32"
 
 
 def step_times(path: str) -> dict:
-    """A step-time record (relative paths: to the repository)."""
-    with open(path if os.path.isabs(path) else os.path.join(REPO, path)) as fh:
+    """A step-time record (reproduce.sh passes the dated one, docs/records/step_times.json, or its --timings)."""
+    with open(path) as fh:
         return json.load(fh)
+
+
+def shown_path(path: str) -> str:
+    """A path as the dry run prints it: relative to the repository where it lies inside it."""
+    full = os.path.abspath(path)
+    return os.path.relpath(full, REPO) if full.startswith(REPO + os.sep) else path
+
+
+def updates_per_run(name: str, protocol: str = None, size: str = None) -> int:
+    """The updates of one run of the recipe as the paper's tables train it."""
+    if name == "iwslt14":
+        return int(tr.recipe_value(name, "--max-epoch")) * IWSLT14_UPDATES_PER_EPOCH_ESTIMATE
+    return int(tr.recipe_value(name, "--max-update", protocol, size))
+
+
+def tokens_per_update(name: str, protocol: str = None, size: str = None) -> int:
+    """Tokens an update: sequences x context (LM); --max-tokens, the most there can be (translation)."""
+    if name == "iwslt14":
+        return int(tr.recipe_value(name, "--max-tokens"))
+    rec = tr.recipe(name, protocol, size)
+    values = dict(rec["options"])
+    return int(values["--batch-size"]) * int(values["--update-freq"]) * int(values["--tokens-per-sample"])
 
 
 def lm_pass(protocol: str, size: str) -> tuple:
@@ -194,7 +288,7 @@ def step_time_of(record: dict, task: str, protocol, size, attention: str, precis
         how = "measured" if e["sequences_per_pass"] == seqs else \
             f"scaled from {e['sequences_per_pass']} to {seqs} sequences a pass"
         return ms, how
-    tokens = tr.tokens_per_update(task)
+    tokens = tokens_per_update(task)
     ms = e["ms_per_pass"] * tokens / e["tokens_per_pass"]
     return ms, "measured" if e["tokens_per_pass"] == tokens else f"scaled from {e['tokens_per_pass']} to {tokens} tokens"
 
@@ -202,8 +296,8 @@ def step_time_of(record: dict, task: str, protocol, size, attention: str, precis
 def run_cost(task, run, model, size, extra, protocol, record) -> dict:
     """One seed of a run: its updates, tokens, attention backend and GPU-hours on one GPU (None: unknown, with why)."""
     protocol = protocol if task == "wikitext103" else None
-    updates = tr.updates_per_run(task, protocol, size)
-    tokens = updates * tr.tokens_per_update(task, protocol, size)
+    updates = updates_per_run(task, protocol, size)
+    tokens = updates * tokens_per_update(task, protocol, size)
     if model == "softmax":
         attention, backend_why = "softmax", "the softmax twin"
     else:
@@ -223,17 +317,21 @@ def run_cost(task, run, model, size, extra, protocol, record) -> dict:
     return out
 
 
-def dry_run_lines(tables, protocol=None, record=None, record_path=STEP_TIMES_RECORD, seeds: int = tr.PAPER_SEEDS,
+def dry_run_lines(tables, protocol=None, record=None, record_path: str = None, seeds: int = PAPER_SEEDS,
                   commands: dict = None) -> list:
     """What reproduce.sh --dry-run prints: each distinct run once (the tables that share it, its attention
     backend, updates, tokens, GPU-hours a seed on 1, 2 and 8 GPUs or why unknown, its commands: {run: [lines]}),
     then each table's total (its runs, as if trained alone) and, for several tables, the total of the
-    distinct runs."""
+    distinct runs. The step times: record (a dict) or the file record_path."""
     protocol = protocol or tr.DEFAULT_LM_PROTOCOL
-    record = record if record is not None else step_times(record_path)
+    if record is None:
+        if record_path is None:
+            raise ValueError("no step-time record (--timings FILE)")
+        record = step_times(record_path)
     counts = sorted(ASSUMED_SCALING_EFFICIENCY)
     note = record.get("note", "")
-    lines = [f"# step times: {record_path} ({record.get('date', '?')}, {record.get('machine', '?')}; "
+    source = shown_path(record_path) if record_path else "the record given"
+    lines = [f"# step times: {source} ({record.get('date', '?')}, {record.get('machine', '?')}; "
              f"{record.get('kernels', '?')}){': ' + note if note else ''}",
              f"# GPU-hours a seed on 1 GPU at the {TRAINED_PRECISION} step time of what the run executes; on "
              + ", ".join(f"{n} GPUs" for n in counts[1:]) + " with the assumed multi-GPU efficiency "
@@ -268,7 +366,7 @@ def dry_run_lines(tables, protocol=None, record=None, record_path=STEP_TIMES_REC
         return text + (f"; cost unknown: {', '.join(unknown)}" if unknown else "")
 
     for table in tables:
-        spec = tr.table_runs(table)
+        spec = table_runs(table)
         keys = list(dict.fromkeys((spec["task"], r[0]) for r in spec["runs"]))
         lines.append(total(keys, table))
     if len(tables) > 1:
@@ -281,17 +379,18 @@ def dry_run_lines(tables, protocol=None, record=None, record_path=STEP_TIMES_REC
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
-    d = sub.add_parser("diverged", help="record RUN's failed training as not converged (exit 1: not a divergence)")
-    d.add_argument("run")
     pl = sub.add_parser("plan", help="each distinct run of the tables once: task, name, model, size and the "
                                      "extra arguments, tab-separated")
     pl.add_argument("tables", nargs="+")
+    d = sub.add_parser("diverged", help="record RUN's failed training as not converged (exit 1: not a divergence)")
+    d.add_argument("run")
     dr = sub.add_parser("dry-run", help="each distinct run of the tables once, its backend, updates, tokens and "
                                         "GPU-hours, and the totals")
     dr.add_argument("tables", nargs="+")
     dr.add_argument("--protocol", help=f"the WikiText-103 protocol (default {tr.DEFAULT_LM_PROTOCOL})")
-    dr.add_argument("--timings", default=STEP_TIMES_RECORD, help=f"the step-time record (default {STEP_TIMES_RECORD})")
-    dr.add_argument("--seeds", type=int, default=tr.PAPER_SEEDS)
+    dr.add_argument("--timings", required=True, metavar="FILE",
+                    help="the step-time record (reproduce.sh passes docs/records/step_times.json or its --timings)")
+    dr.add_argument("--seeds", type=int, default=PAPER_SEEDS)
     dr.add_argument("--commands", help="a file of 'RUN<tab>COMMAND' lines (a recipe's --print-command), printed "
                                        "under their run")
     args = p.parse_args(argv)

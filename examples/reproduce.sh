@@ -30,7 +30,7 @@ TABLE is one of
            vector at 2; the published attention), and our defaults (automatic radius: a scalar, per head,
            per head and feature) beside them; small LM
   table9   training / inference ms per sample and peak memory, small LMs, same batch
-The runs of each table: python fourierformer_fairseq/training_recipes.py --table-runs TABLE. A run that
+The runs of each table: python examples/paper_runs.py plan TABLE. A run that
 diverges (fairseq-train stops on a NaN or an overflow) is recorded as not converged (RUN/not_converged.json,
 with the update it stopped at) and the table goes on: make_tables.py prints "not converge" for it.
 Tables 1, 6, 7 and 8 train under the WikiText-103 recipe's --protocol: published (the default, the
@@ -50,7 +50,7 @@ Options:
                        and GPU-hours on 1, 2 and 8 GPUs (or why unknown), and the totals
                        (examples/paper_runs.py)
   --timings FILE       the step times the GPU-hours come from (default: the dated record,
-                       docs/records/step_times.json)
+                       docs/records/step_times.json of this checkout)
   --small              every step in its small mode (the whole path in minutes on a CPU)
   -h, --help
 EOF
@@ -98,7 +98,8 @@ if [[ $DRY == 1 ]]; then
         fi | sed "s/^/$name\t/" >> "$COMMANDS"
     done < <("$PYTHON" "$EX/paper_runs.py" plan "${TRAINED[@]}")
     "$PYTHON" "$EX/paper_runs.py" dry-run "${TRAINED[@]}" --seeds "$(wc -w <<< "$SEEDS")" \
-        ${PROTOCOL:+--protocol "$PROTOCOL"} ${TIMINGS:+--timings "$TIMINGS"} --commands "$COMMANDS"
+        ${PROTOCOL:+--protocol "$PROTOCOL"} --timings "${TIMINGS:-$REPO_ROOT/docs/records/step_times.json}" \
+        --commands "$COMMANDS"
     exit 0
 fi
 PROTO=()
@@ -144,17 +145,17 @@ mt() {
         "$EX/iwslt14/evaluate.sh" --data "$IWSLT_DATA" "${SM[@]}" "$run"
     done
 }
-# lm_table TABLE: train + evaluate every run of a paper table (training_recipes.py --table-runs)
+# lm_table TABLE: train + evaluate every run of a paper table (paper_runs.py plan: task, name, model, size, extra)
 lm_table() {
     local name model size extra
     while IFS=$'\t' read -r -a fields; do
-        name="${fields[0]}" model="${fields[1]}" size="${fields[2]}" extra=("${fields[@]:3}")
+        name="${fields[1]}" model="${fields[2]}" size="${fields[3]}" extra=("${fields[@]:4}")
         lm "$model" "$size" "$name" "${extra[@]}"
-    done < <(recipe --table-runs "$1")
+    done < <("$PYTHON" "$EX/paper_runs.py" plan "$1")
 }
 tables() {  # tables OUT [make_tables args]
     local out="$1"; shift
-    "$PYTHON" "$REPO_ROOT/analysis/tables/make_tables.py" --out "$out" "$@"
+    "$PYTHON" "$REPO_ROOT/scripts/analysis/tables/make_tables.py" --out "$out" "$@"
     cat "$out"
 }
 
@@ -175,13 +176,13 @@ for T in "${TABLES[@]}"; do
             lm_table table6
             HR=()
             while IFS=$'\t' read -r -a fields; do
-                name="${fields[0]}"
+                name="${fields[1]}"
                 seed="${SEEDS%% *}"
                 ck="$RUNS/wikitext103/${name}_seed$seed/checkpoints/checkpoint_best.pt"
-                "$PYTHON" "$REPO_ROOT/analysis/tables/head_redundancy.py" --checkpoint "$ck" --data "$WIKI_DATA" --label "$name" \
+                "$PYTHON" "$REPO_ROOT/scripts/analysis/tables/head_redundancy.py" --checkpoint "$ck" --data "$WIKI_DATA" --label "$name" \
                     --out "$RUNS/head_redundancy_$name.json" --png "$RUNS/attention_maps_$name.png" "${SM[@]}"
                 HR+=("$RUNS/head_redundancy_$name.json")
-            done < <(recipe --table-runs table6)
+            done < <("$PYTHON" "$EX/paper_runs.py" plan table6)
             tables "$RUNS/table6.md" --runs "$RUNS/none" --head-redundancy "${HR[@]}" ;;
         table7)
             prep_wiki
@@ -192,9 +193,9 @@ for T in "${TABLES[@]}"; do
             lm_table table8
             tables "$RUNS/table8.md" --runs "$RUNS/wikitext103" ;;
         table9)
-            "$PYTHON" "$REPO_ROOT/benchmarks/benchmark_model.py" --out "$RUNS/benchmark.json" "${SM[@]}"
+            "$PYTHON" "$REPO_ROOT/scripts/benchmarks/benchmark_model.py" --out "$RUNS/benchmark.json" "${SM[@]}"
             tables "$RUNS/table9.md" --runs "$RUNS/none" --benchmark "$RUNS/benchmark.json" ;;
         e4)
-            "$PYTHON" "$REPO_ROOT/analysis/tables/fourier_estimators.py" --out "$RUNS/estimators" "${SM[@]}" ;;
+            "$PYTHON" "$REPO_ROOT/scripts/analysis/tables/fourier_estimators.py" --out "$RUNS/estimators" "${SM[@]}" ;;
     esac
 done

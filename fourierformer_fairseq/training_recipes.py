@@ -4,13 +4,13 @@ recipe's generation protocol (``GENERATION``).
 ``examples/iwslt14/train.sh`` and ``examples/wikitext103/train.sh`` train with them (the command-line
 interface below prints them for a shell), ``examples/full_size/compare.sh``, ``scripts/tools/gpu_check.py``
 and the quickstart train with them and change what their own budgets need, by name. The softmax twin
-of each architecture is ``fourierformer_fairseq.models.SOFTMAX_TWINS``.
+of each architecture is ``fourierformer_fairseq.models.SOFTMAX_TWINS``; the paper tables' runs and
+their cost, ``examples/paper_runs.py``.
 
     python fourierformer_fairseq/training_recipes.py iwslt14                 # the options, one a line
     python fourierformer_fairseq/training_recipes.py iwslt14 --set lr 1e-3 --drop max-epoch
     python fourierformer_fairseq/training_recipes.py wikitext103 --shell     # NAME=value lines for a shell
     python fourierformer_fairseq/training_recipes.py wikitext103 --protocol fairseq --size medium
-    python fourierformer_fairseq/training_recipes.py --table-runs table7     # a paper table's runs
     python fourierformer_fairseq/training_recipes.py iwslt14 --generate      # fairseq-generate's options
 
 This file imports nothing of the package (nor fairseq or torch), so a shell can run it as a file.
@@ -178,76 +178,6 @@ def lm_recipe(protocol: str = None, size: str = "small") -> dict:
     return {"arch": LM_SIZES[size]["arch"], "options": options, "sizes": LM_SIZES}
 
 
-# The IWSLT'14 recipe stops after epochs, not updates. Its training set, as fairseq's
-# prepare-iwslt14.sh makes it, is 160,239 sentence pairs; at 4,096 tokens a batch fairseq makes
-# about 1,100 updates an epoch of it (an estimate, not measured here: about 27 BPE tokens a
-# sentence with padding, 150 sentences a batch). Only the dry run's GPU-hours use it (examples/paper_runs.py).
-IWSLT14_UPDATES_PER_EPOCH_ESTIMATE = 1100
-
-# The runs of each paper table, as examples/reproduce.sh trains them (per seed) and
-# scripts/analysis/tables/make_tables.py reads them back: (run name, model, size, fairseq-train arguments beyond
-# the protocol's, the row's label, the paper's row in scripts/analysis/tables/paper_numbers.json or None for a row
-# of this project's own). The paper's FourierFormer is the published attention (--fourier-published)
-# with the row's phi or radius; this project's rows (the defaults: unit-RMS q / k and the automatic
-# radius; the Gaussian kernel) stand beside them. A run named in several tables is trained once.
-_PUBLISHED = ("--fourier-published",)
-PAPER_TABLES = {
-    "table1": {"task": "wikitext103", "runs": (
-        ("softmax_small", "softmax", "small", (), "softmax small", "softmax small"),
-        ("published_small", "fourier", "small", _PUBLISHED, "FourierFormer small (published attention)", "fourier small"),
-        ("fourier_small", "fourier", "small", (), "FourierFormer small (defaults)", None),
-        ("softmax_medium", "softmax", "medium", (), "softmax medium", "softmax medium"),
-        ("published_medium", "fourier", "medium", _PUBLISHED, "FourierFormer medium (published attention)", "fourier medium"),
-        ("fourier_medium", "fourier", "medium", (), "FourierFormer medium (defaults)", None),
-    )},
-    "table5": {"task": "iwslt14", "runs": (
-        ("softmax", "softmax", None, (), "softmax", "softmax"),
-        ("fourier", "fourier", None, (), "FourierFormer (defaults)", "fourier"),
-    )},
-    "table7": {"task": "wikitext103", "runs": (
-        ("published_small_power2", "fourier", "small", _PUBLISHED + ("--fourier-power", "2"), "phi x^2", "x^2"),
-        ("published_small", "fourier", "small", _PUBLISHED, "phi x^4", "x^4"),
-        ("published_small_power6", "fourier", "small", _PUBLISHED + ("--fourier-power", "6"), "phi x^6", "x^6"),
-        ("published_small_power1", "fourier", "small", _PUBLISHED + ("--fourier-power", "1"), "phi x", "x"),
-        ("published_small_power3", "fourier", "small", _PUBLISHED + ("--fourier-power", "3"), "phi x^3", "x^3"),
-        ("published_small_phiabs", "fourier", "small", _PUBLISHED + ("--fourier-phi", "abs"), "phi |x|", "|x|"),
-        ("published_small_phirelu", "fourier", "small", _PUBLISHED + ("--fourier-phi", "relu"), "phi ReLU", "ReLU"),
-        ("published_small_phisigmoid", "fourier", "small", _PUBLISHED + ("--fourier-phi", "sigmoid"), "phi sigmoid",
-         "sigmoid"),
-        ("fourier_small", "fourier", "small", (), "defaults (x^4, unit-RMS q / k, automatic radius)", None),
-        ("fourier_small_gaussian", "fourier", "small", ("--fourier-kernel", "gaussian"), "defaults, Gaussian kernel",
-         None),
-    )},
-    "table8": {"task": "wikitext103", "runs": (
-        ("published_small_radius0.1", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "0.1"), "R_init 0.1",
-         "R_init 0.1"),
-        ("published_small_radius1.0", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "1.0"), "R_init 1.0",
-         "R_init 1.0"),
-        ("published_small", "fourier", "small", _PUBLISHED, "R_init 2.0", "R_init 2.0"),
-        ("published_small_radius3.0", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "3.0"), "R_init 3.0",
-         "R_init 3.0"),
-        ("published_small_radius4.0", "fourier", "small", _PUBLISHED + ("--fourier-radius-init", "4.0"), "R_init 4.0",
-         "R_init 4.0"),
-        ("published_small_vector", "fourier", "small", _PUBLISHED + ("--fourier-radius-shape", "vector"),
-         "R a learnable vector, 2.0", "R vector 2.0"),
-        ("fourier_small", "fourier", "small", (), "defaults (automatic radius, a scalar)", None),
-        ("fourier_small_radius_head", "fourier", "small", ("--fourier-radius-shape", "head"),
-         "defaults, a radius per head", None),
-        ("fourier_small_radius_feature", "fourier", "small", ("--fourier-radius-shape", "feature"),
-         "defaults, a radius per head and feature", None),
-    )},
-}
-PAPER_TABLES["table6"] = {"task": "wikitext103",  # head redundancy of table 1's small models
-                          "runs": tuple(r for r in PAPER_TABLES["table1"]["runs"] if r[2] == "small")}
-PAPER_SEEDS = 3
-
-def table_runs(table: str):
-    try:
-        return PAPER_TABLES[table]
-    except KeyError:
-        raise ValueError(f"unknown table '{table}' (choose from {', '.join(PAPER_TABLES)})") from None
-
-
 def recipe(name: str, protocol: str = None, size: str = None) -> dict:
     """A recipe: its arch and options. wikitext103: the protocol's (default DEFAULT_LM_PROTOCOL), at a size
     (default small)."""
@@ -322,22 +252,6 @@ def _changed(options, set_options, drop, what: str) -> list:
     return out
 
 
-def updates_per_run(name: str, protocol: str = None, size: str = None) -> int:
-    """The updates of one run of the recipe as the paper's tables train it."""
-    if name == "iwslt14":
-        return int(recipe_value(name, "--max-epoch")) * IWSLT14_UPDATES_PER_EPOCH_ESTIMATE
-    return int(recipe_value(name, "--max-update", protocol, size))
-
-
-def tokens_per_update(name: str, protocol: str = None, size: str = None) -> int:
-    """Tokens an update: sequences x context (LM); --max-tokens, the most there can be (translation)."""
-    if name == "iwslt14":
-        return int(recipe_value(name, "--max-tokens"))
-    rec = recipe(name, protocol, size)
-    values = dict(rec["options"])
-    return int(values["--batch-size"]) * int(values["--update-freq"]) * int(values["--tokens-per-sample"])
-
-
 def _shell_name(option: str) -> str:
     return "R_" + option.lstrip("-").replace("-", "_").upper()
 
@@ -359,8 +273,6 @@ def main(argv=None) -> int:
                    help="with --generate: the validation's length limit added (the short runs' generation)")
     p.add_argument("--eval-bleu-args", action="store_true",
                    help="print fairseq-train's --eval-bleu-args, the validation's generation (JSON)")
-    p.add_argument("--table-runs", metavar="TABLE", help="print a paper table's runs, one a line: name, model, size "
-                                                         "and the extra arguments, tab-separated")
     p.add_argument("--scaled-cutoffs", type=int, metavar="VOCAB",
                    help="print the published cutoffs scaled to a vocabulary of VOCAB words")
     p.add_argument("--cutoffs-for", metavar="DATA",
@@ -378,10 +290,6 @@ def main(argv=None) -> int:
             return 0
         if args.scaled_warmup:
             print(scaled_warmup(args.protocol, args.size or "small", args.scaled_warmup))
-            return 0
-        if args.table_runs:
-            for run, model, size, extra, _, _ in table_runs(args.table_runs)["runs"]:
-                print("\t".join([run, model, size or "-", *extra]))
             return 0
         if not args.name:
             p.error("name a recipe")

@@ -84,8 +84,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/tools/
 from offline_bundle import (OFFLINE_ROOTS, folder_mib, pack_data, pack_wheels, prepare_wheels,  # noqa: E402
                             unpack_data, unpack_wheels, verify_wheels)
 from fourierformer_fairseq.fairseq_runs import TIMED_OUT, fairseq_command, fairseq_log_records, run_logged
-from fourierformer_fairseq.training_recipes import (PAPER_TABLES, cutoff_changes, generation_args, recipe, recipe_args,
-                                                    recipe_value, validation_lengths)
+from fourierformer_fairseq.training_recipes import (cutoff_changes, generation_args, recipe, recipe_args, recipe_value,
+                                                    validation_lengths)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 USER_DIR = os.path.join(REPO, "fourierformer_fairseq")

@@ -11,9 +11,11 @@ max_step)) / 2 (u > warmup). Written here from that text, not from fairseq's sch
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -276,7 +278,7 @@ def test_dry_run_gpu_hours_recomputed_from_their_inputs():
     t1, _ = total("table1 total")
     assert abs(t1 - 3 * (small / 2 + small * 2 + medium / 2 + medium * 2)) <= 0.51
     t7, line7 = total("table7 total")
-    fused7 = [r for r in tr.table_runs("table7")["runs"] if pr.attention_backend(r[3], 16)[0] == "fused"]
+    fused7 = [r for r in pr.table_runs("table7")["runs"] if pr.attention_backend(r[3], 16)[0] == "fused"]
     assert abs(t7 - 3 * small * len(fused7)) <= 0.51 and f"{len(fused7)} of 10 runs" in line7
     both, _ = total("all 2 tables")
     assert abs(both - (t1 + t7 - 3 * small * 2)) <= 1.1  # published_small and fourier_small once
@@ -292,12 +294,13 @@ def load_paper_runs():
 
 
 def test_reproduce_dry_run_prints_every_run_once_with_its_command_and_trains_nothing(tmp_path):
+    pr = load_paper_runs()
     r = subprocess.run(["bash", os.path.join(REPO, "examples", "reproduce.sh"), "--dry-run", "--runs", str(tmp_path / "r"),
                         "--seeds", "1", "table5", "table6"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     for table in ("table5", "table6"):
-        for run, model, size, extra, *_ in tr.table_runs(table)["runs"]:
-            head = next(l for l in r.stdout.splitlines() if f" {run}" in l and l.startswith(tr.table_runs(table)["task"]))
+        for run, model, size, extra, *_ in pr.table_runs(table)["runs"]:
+            head = next(l for l in r.stdout.splitlines() if f" {run}" in l and l.startswith(pr.table_runs(table)["task"]))
             i = r.stdout.splitlines().index(head)
             cmd = next(l for l in r.stdout.splitlines()[i:] if l.strip().startswith("fairseq-train "))
             assert f"--save-dir {tmp_path / 'r'}" in cmd and "--arch " in cmd and "--seed 1 " in cmd
@@ -307,11 +310,31 @@ def test_reproduce_dry_run_prints_every_run_once_with_its_command_and_trains_not
     assert not (tmp_path / "r").exists()
 
 
+def test_the_dry_runs_step_times_are_the_record_reproduce_passes(tmp_path):
+    """reproduce.sh hands paper_runs.py the step-time record (--timings, else the dated one of this
+    checkout); paper_runs.py has no default of its own, and the package holds no paper table."""
+    record = tmp_path / "times.json"
+    record.write_text(json.dumps({"date": "a day", "machine": "a card", "step_times": [
+        {"task": "iwslt14", "attention": att, "precision": "fp32", "protocol": None, "size": None,
+         "tokens_per_pass": 2048, "ms_per_pass": ms} for att, ms in (("softmax", 360.0), ("fused", 720.0))]}))
+    r = subprocess.run(["bash", os.path.join(REPO, "examples", "reproduce.sh"), "--dry-run", "--seeds", "1",
+                        "--timings", str(record), "table5"], capture_output=True, text=True, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert f"# step times: {record} (a day, a card" in r.stdout
+    hours = 50 * 1100 * (360.0 + 720.0) * 2 / 3.6e6  # both runs: epochs x updates an epoch x ms at 4096 tokens
+    assert f"table5 total: {hours:.0f} GPU-hours on 1 GPU" in r.stdout, r.stdout[-2000:]
+    r = subprocess.run([sys.executable, os.path.join(REPO, "examples", "paper_runs.py"), "dry-run", "table5"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode != 0 and "--timings" in r.stderr
+    assert not hasattr(tr, "PAPER_TABLES") and not hasattr(tr, "table_runs")
+
+
 # --------------------------------------------------------------------------- every row of the LM tables
 def _row_runs():
+    pr = load_paper_runs()
     seen = {}
     for table in ("table1", "table6", "table7", "table8"):
-        for row in tr.table_runs(table)["runs"]:
+        for row in pr.table_runs(table)["runs"]:
             seen.setdefault(row[0], row)
     return sorted(seen.values())
 

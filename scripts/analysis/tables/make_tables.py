@@ -11,11 +11,11 @@ by model and settings, and writes mean +- std over seeds (sample std; n = runs),
 paper's number in a column beside ours (scripts/analysis/tables/paper_numbers.json; "—" where not filled in):
 
   Table 1   WikiText-103 valid / test perplexity, small and medium, by protocol: every LM run, grouped
-            by its settings; the paper's numbers beside the rows of training_recipes.PAPER_TABLES
+            by its settings; the paper's numbers beside the rows of PAPER_TABLES (examples/paper_runs.py)
             (its Fourier column is the published attention) trained under the published protocol
   Table 5   IWSLT'14 De-En BLEU (tokenised, beam 5) and sacreBLEU (detokenised)
   Table 6   head redundancy (from head_redundancy.py JSON files)
-  Table 7   the paper's ablation over phi: the rows of training_recipes.PAPER_TABLES["table7"], by protocol
+  Table 7   the paper's ablation over phi: the rows of PAPER_TABLES["table7"], by protocol
   Table 8   the paper's ablation over the radius: the rows of PAPER_TABLES["table8"], by protocol
   Table 9   efficiency (from benchmark_model.py JSON)
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import glob
+import importlib.util
 import json
 import math
 import os
@@ -34,9 +35,20 @@ import sys
 from collections import defaultdict
 
 from fourierformer_fairseq.fairseq_runs import options_given
-from fourierformer_fairseq.training_recipes import PAPER_TABLES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+
+
+def _paper_runs():
+    """examples/paper_runs.py, the paper tables' runs as examples/reproduce.sh trains them, from its file."""
+    spec = importlib.util.spec_from_file_location("paper_runs", os.path.join(REPO, "examples", "paper_runs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+PAPER_TABLES = _paper_runs().PAPER_TABLES
 
 TASKS = ("iwslt14", "wikitext103")
 # A run's options are the --fourier-* arguments it gave fairseq-train (meta.json's "fourier",
@@ -222,7 +234,7 @@ def _normalised(options: dict) -> dict:
 
 
 def table_row_of(run: dict, table: str):
-    """The row of training_recipes.PAPER_TABLES[table] a run is (same model, size and options), or None."""
+    """The row of PAPER_TABLES[table] a run is (same model, size and options), or None."""
     for row in PAPER_TABLES[table]["runs"]:
         name, model, size, extra, label, paper_row = row
         if (run.get("model") == model and (size is None or run.get("size") == size)
