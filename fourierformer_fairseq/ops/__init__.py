@@ -22,7 +22,7 @@ import torch
 
 from .backends import BACKENDS, DECLARATIONS, get_backend
 from .extension import extension_status
-from .fused import fused_forward, fused_weights
+from .fused import fused_forward, fused_forward_and_weights
 from .inputs import AttentionInputs, prepare_inputs
 from .reference import (
     attention_weights,
@@ -131,13 +131,14 @@ def fourier_attention(
             (sum_j w_ij + eps): a null key of log-weight log(eps) and value 0 (the weights of a
             row then sum to less than 1); 0 (default): exact normalisation over the keys.
         need_weights: also return the normalised weights (B, H, N, M) (materialised), after
-            dropout, as the backend computed them (a fused backend runs its kernel again with
-            the identity as the values: out = P I).
+            dropout, as the backend computed them (a fused backend takes the identity as values,
+            P I = P: beside v in the same call where both fit its value width, else in calls of
+            their own; see ``fused.fused_forward_and_weights``).
         backend: "auto" (cuda, then cpu, then reference), or one of them explicitly.
         key_table: ``key_table(k)``, or one with room for more keys (incremental decoding keeps it
-            between steps): the CPU backend reads it instead of transposing k; the other backends,
-            and the weights of need_weights, ignore it. It holds the keys alone, so it holds
-            under any radius.
+            between steps): the CPU backend reads it instead of transposing k (k may then be its
+            view, ``key_table_keys``); the other backends, and weights that need calls of their
+            own, ignore it. It holds the keys alone, so it holds under any radius.
 
     Rows whose keys are all masked give a zero output and zero gradients (also with
     normaliser_eps, as do rows whose weights all underflow next to eps). A NaN or infinite input
@@ -153,10 +154,10 @@ def fourier_attention(
     seed = draw_seed() if inp.dropout_p > 0 else 0
     if name == "reference":
         return reference_from_inputs(inp, need_weights, seed)
-    out = fused_forward(inp, seed, tables=key_table if name == "cpu" else None)
-    if need_weights:  # the kernel's own weights (a second pass with the identity as values)
-        return out, fused_weights(inp, seed, get_backend(name).max_head_dim)
-    return out
+    tables = key_table if name == "cpu" else None
+    if need_weights:  # the kernel's own weights (the identity as values, beside v where it fits)
+        return fused_forward_and_weights(inp, seed, get_backend(name).max_head_dim, tables)
+    return fused_forward(inp, seed, tables=tables)
 
 
 def key_table(k: torch.Tensor, room: int | None = None) -> torch.Tensor | None:

@@ -221,3 +221,19 @@ def fused_weights(inp: AttentionInputs, seed: int, max_head_dim: int | None) -> 
         for c0 in range(0, M, width)
     ]
     return torch.cat(parts, -1) if parts else inp.q.new_zeros(B, H, N, 0)
+
+
+def fused_forward_and_weights(inp: AttentionInputs, seed: int, max_head_dim: int | None,
+                              tables: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """out (B, H, N, Dv) and the normalised weights (B, H, N, M) (see fused_weights). Where the
+    values and the identity fit the kernel's value width together (and WEIGHTS_COLUMNS, when set,
+    holds all M columns), one call takes them side by side, [v | I], and computes the scores
+    once for both (the same weights, dropout mask included: out = P [v | I] = [P v | P]);
+    otherwise the output's call and fused_weights' calls. ``tables`` as fused_forward's."""
+    B, H, N, _ = inp.q.shape
+    M, Dv = inp.k.shape[2], inp.v.shape[-1]
+    if (max_head_dim is None or Dv + M <= max_head_dim) and (WEIGHTS_COLUMNS is None or M <= WEIGHTS_COLUMNS):
+        eye = torch.eye(M, dtype=inp.v.dtype, device=inp.v.device).expand(B, H, M, M)
+        both = fused_forward(inp, seed, torch.cat([inp.v, eye], -1), tables)
+        return both[..., :Dv], both[..., Dv:]
+    return fused_forward(inp, seed, tables=tables), fused_weights(inp, seed, max_head_dim)
