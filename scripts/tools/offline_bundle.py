@@ -24,10 +24,37 @@ import zipfile
 
 from fourierformer_fairseq import FAIRSEQ_REQUIREMENT
 
-# What the check installs, for a CPython 3.12 manylinux x86-64
-# machine that already has torch, sacrebleu, sentencepiece and pytest (and what they require)
-OFFLINE_ROOTS = (FAIRSEQ_REQUIREMENT, "sacremoses==0.2.0", "subword-nmt==0.3.8", "pytest-xdist", "ninja",
-                 "cython", "setuptools>=64", "wheel", "numpy", "sacrebleu>=2.0", "sentencepiece", "pytest")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def requirements(section: str) -> list[str]:
+    """requirements.txt's requirements in a section (the lines after the comment line that starts with
+    ``# SECTION``, up to the next comment line), without their comments: the one list of the recipe,
+    test and build dependencies, which setup.py's extras read too."""
+    out, inside = [], False
+    with open(os.path.join(REPO, "requirements.txt")) as fh:
+        for line in fh:
+            line = line.strip()
+            if line.startswith("#"):
+                inside = line.startswith(f"# {section}")
+            elif inside and line:
+                out.append(line.split("#")[0].strip())
+    if not out:
+        raise RuntimeError(f"requirements.txt has no section '# {section}'")
+    return out
+
+
+# Of requirements.txt, what the check does not use: the analysis' plots (scripts/tools/install.sh
+# installs them where there is a network).
+NOT_CARRIED = {"matplotlib"}
+# What the check installs, for a CPython 3.12 manylinux x86-64 machine that already has torch,
+# sacrebleu, sentencepiece and pytest (and what they require): the pinned fairseq, requirements.txt's
+# recipe, test and build sections, and what the check itself needs beyond them (parallel tests,
+# fairseq's build from its source).
+OFFLINE_ROOTS = (FAIRSEQ_REQUIREMENT,
+                 *(r for section in ("extra: recipes", "extra: test", "build") for r in requirements(section)
+                   if re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0].lower() not in NOT_CARRIED),
+                 "pytest-xdist", "cython", "setuptools>=64", "wheel")
 ON_THE_MACHINE = {  # never in the wheels folder: torch (a CUDA build is there) and what the image has
     "torch", "triton", "filelock", "typing-extensions", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",
     "fsspec", "setuptools", "sacrebleu", "portalocker", "regex", "tabulate", "numpy", "colorama", "lxml",

@@ -169,6 +169,25 @@ def complete_folder(bundle, folder):
             fake_wheel(folder, req.name, version)
 
 
+def test_the_bundle_reads_the_dependencies_of_requirements_txt(bundle, tmp_path, monkeypatch):
+    """OFFLINE_ROOTS carries requirements.txt's recipe, test and build requirements as that file writes
+    them (but what the check does not use, NOT_CARRIED), read from it, not copied: a pin changed there is
+    the bundle's pin."""
+    from packaging.requirements import Requirement
+
+    text = open(os.path.join(bundle.REPO, "requirements.txt")).read()
+    listed = [line.split("#")[0].strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert listed and bundle.NOT_CARRIED
+    for r in listed:
+        carried = bundle.canonical(Requirement(r).name) not in bundle.NOT_CARRIED
+        assert (r in bundle.OFFLINE_ROOTS) == carried, r
+    (tmp_path / "requirements.txt").write_text("# extra: recipes\nsacremoses>=9.9  # why\n\n# extra: test\npytest\n")
+    monkeypatch.setattr(bundle, "REPO", str(tmp_path))
+    assert bundle.requirements("extra: recipes") == ["sacremoses>=9.9"] and bundle.requirements("extra: test") == ["pytest"]
+    with pytest.raises(RuntimeError, match="no section"):
+        bundle.requirements("build")
+
+
 def test_verify_wheels_finds_what_is_missing_and_nothing_more(bundle, tmp_path):
     folder = str(tmp_path)
     complete_folder(bundle, folder)
