@@ -310,7 +310,7 @@ def test_language_model_trains_resumes_and_evaluates_with_stock_fairseq(tmp_path
     assert not torch.equal(first["model"][name], second["model"][name])
     result = eval_lm_main(data_dir, os.path.join(save_dir, "checkpoint_last.pt"))
     # it learned from context: under half the unigram perplexity of the test set (which no model
-    # that ignores its context can reach; the threshold of tests/models/test_architectures.py's LMs)
+    # that ignores its context can reach; the threshold of tests/runs/test_stock_cli.py's LMs)
     threshold = unigram_perplexity(os.path.join(data_dir, "train.out"), os.path.join(data_dir, "test.out")) / 2
     assert 1 < float(result["perplexity"]) < threshold, (result["perplexity"], threshold)
 

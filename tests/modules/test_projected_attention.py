@@ -10,8 +10,6 @@ lines of softmax). fairseq computes its softmax in float32 (``utils.softmax``) a
 inputs, so they agree to float32 rounding, not float64's: 1e-6 absolute for outputs and weights
 of order 1 (about 8 float32 eps; measured differences up to 1.3e-7).
 """
-import ast
-import os
 
 import pytest
 import torch
@@ -20,7 +18,6 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq_helpers import eval_translation_batch
 from fourierformer_fairseq.modules.projected_attention import ProjectedMultiheadAttention
 from helpers import future_mask
-from repo import REPO
 
 E, H = 12, 3
 TOL = dict(rtol=0, atol=1e-6, check_dtype=False)  # fairseq returns float32 weights
@@ -111,22 +108,6 @@ def test_encoder_decoder_attention_static_cache_beam_and_reorder_equal_fairseq()
     for (a, wa), (b, wb) in zip(outs["stock"], outs["kind"]):
         torch.testing.assert_close(b, a, **TOL)
         torch.testing.assert_close(wb, wa, **TOL)
-
-
-def test_no_attention_kind_imports_another():
-    folder = os.path.join(REPO, "fourierformer_fairseq", "modules")
-    kinds = {"fourier_multihead_attention", "performer_multihead_attention", "global_filter_mixer"}
-    for kind in kinds:
-        tree = ast.parse(open(os.path.join(folder, kind + ".py")).read())
-        imported = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                imported.add(node.module.split(".")[-1])
-                imported.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.Import):
-                imported.update(alias.name.split(".")[-1] for alias in node.names)
-        assert not (imported & (kinds - {kind})), (kind, imported & kinds)
-        assert "modules" not in imported, f"{kind} imports the modules package"
 
 
 def test_full_context_alignment_makes_the_causal_kind_see_every_position():
