@@ -39,7 +39,7 @@
 // element: u, s' (3), x, c', the floor (2), the fraction (fma, mul, a reciprocal and a mul), x^2
 // and the series (3), the select and the two sums (2).
 // Instructions per element, registers and spills of each kernel: scripts/benchmarks/cuda_sass_report.py,
-// its current table in docs/kernels.md and its history in docs/records/speed.md. Threads whose
+// its counts for each version of the kernels in docs/records/speed.md. Threads whose
 // pairs hold no visible one (micro_tile_live) skip dP and g. The launch bounds (256, 2) cap every
 // kernel at 128 registers, two blocks per SM, and the code keeps what lives across the score code
 // small enough not to spill at that cap. dq's sums over key blocks are float atomics, so its last
@@ -59,6 +59,10 @@ constexpr int kBwdMaxFeatures = limits::kCudaTiledBackwardMaxHeadDim;  // larges
 // largest Dv of the tiled backward: its shared memory (about 100 KiB at Dv = 128) then fits
 // every GPU the build targets (sm_80 allows 163 KiB per block)
 constexpr int kBwdMaxValueColumns = limits::kCudaTiledBackwardMaxHeadDim;
+static_assert(MainPassColumns::kLargest == kBwdMaxValueColumns, "the main pass's instances cover its value columns");
+// Whether the tiled backward takes padded features Dp and value columns Dv (the launcher also asks
+// that its shared memory fit the GPU's).
+FF_HD constexpr bool tiled_backward_takes(int Dp, int Dv) { return Dp <= kBwdMaxFeatures && Dv <= kBwdMaxValueColumns; }
 // The main pass's feature splits. Its grid has one block per key tile; where that would leave
 // the GPU's resident block slots (`resident` blocks at once) half empty or worse (the IWSLT
 // shape, B 32 H 4 N 64, launches 128 blocks on 132 SMs), each key tile's features are split over
@@ -111,8 +115,8 @@ FF_DEV float dlog_sinc_g(float q, float t, float t_low, float k, float X, float 
   return dlog_sinc_tables(q, t, t_low, k, X, Y, Y_low, x_per_u, u);
 }
 
-// The main pass's dv = P^T dO for value columns up to 4 kO (kO = 1, 2, 4, 8, 16, 32 for Dv up to
-// 4, 8, 16, 32, 64, 128): thread tid takes keys 4 kg + (0..3) (kg = tid % 16) and, in register
+// The main pass's dv = P^T dO for value columns up to 4 kO (kO by Dv: MainPassColumns in
+// tile_switch.h): thread tid takes keys 4 kg + (0..3) (kg = tid % 16) and, in register
 // tiles of 4 keys x 4 columns (per query: a float4 of P f, a float4 of dO, 16 FMAs), the column
 // groups cg0 + 16 n (n < kGroups) of every kPhases-th query of the tile, from query qs, where
 // tid / 16 = cg0 + kColumnGroups qs. With kPhases > 1 (Dv <= 32) the phases' partial sums are

@@ -5,7 +5,7 @@
 // The tiled forward (forward_tiled.cuh) gives a block 64 query rows and sweeps every key: with one
 // query it computes 64 rows to keep one, and a (batch, head) slice is one block, however many keys.
 // Here a block takes every query row of a slice (N <= kDecodeMaxRows, in registers: kRows of them,
-// the launcher's decode_rows(N)) and one chunk of kDecKeys keys, one key per thread, so that a
+// the launcher's DecodeRows::of(N), tile_switch.h) and one chunk of kDecKeys keys, one key per thread, so that a
 // slice is decode_splits(M) blocks:
 //   1. forward_decode_kernel: the rows' table fields (q c, t_hi, t_lo of tables.cuh) staged in
 //      shared memory (rows past N: row N - 1's, never visible); per feature the thread reads its
@@ -35,7 +35,7 @@ namespace cuda {
 // kDecodeMaxRows query rows per (batch, head) slice, with whatever it asks for (masks, causal, key
 // padding, dropout, normaliser_eps: the null key scales the combined out by lse afterwards, as for
 // the tiled forward); more rows take the tiled forward. The backward is the same for both.
-constexpr int kDecodeMaxRows = 8;
+constexpr int kDecodeMaxRows = DecodeRows::kLargest;  // (tile_switch.h)
 FF_HD bool decode_forward(int64_t N) { return N <= kDecodeMaxRows; }
 
 constexpr int kDecKeys = 64;              // keys per block, one per thread
@@ -43,10 +43,6 @@ constexpr int kDecThreads = kDecKeys;
 constexpr int kDecWarps = kDecThreads / 32;
 constexpr int kCombineThreads = 128;
 static_assert(kDecThreads % 32 == 0, "whole warps");
-
-// Rows held in registers for N query rows: the kernel instance the launcher runs.
-FF_HD int decode_rows(int64_t N) { return N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : 8; }
-static_assert(kDecodeMaxRows == 8, "decode_rows covers 1 .. kDecodeMaxRows");
 
 // Key chunks (blocks) per (batch, head) slice.
 FF_HD int64_t decode_splits(int64_t M) { return (M + kDecKeys - 1) / kDecKeys; }

@@ -60,6 +60,7 @@
 #include <type_traits>
 
 #include "tables.cuh"
+#include "tile_switch.h"
 
 namespace fourierformer {
 namespace cuda {
@@ -89,17 +90,24 @@ FF_HD int padded_value_columns(int Dv) { return (Dv + 15) / 16 * 16; }
 // exponents over through the chunk region.
 template <int kO>
 FF_HD constexpr int forward_split() { return kO > 16 ? 2 : 1; }
-FF_HD int forward_threads(int Dv) { return kFwdThreads * (Dv > 64 ? forward_split<32>() : 1); }
+template <int kO>
+struct ForwardSplit {
+  static FF_HD constexpr int at(int64_t) { return forward_split<kO>(); }
+};
+// threads per block of the instance the launcher runs at Dv (ForwardColumns, tile_switch.h)
+FF_HD int forward_threads(int Dv) { return kFwdThreads * ForwardColumns::apply<ForwardSplit>(Dv); }
 constexpr int kSplitExchangeFloats = (2 * kMicro * kMicro + 2) * kFwdThreads;  // see tile_scores_impl
 
-// Row stride of the forward's V tile: up to Dv = 128, 4 kO, the most value columns of the kernel
-// instance that the launcher runs at Dv (forward_tiled_kernel<scalar_t, kO>, kO = 4, 16, 32 for
-// Dv up to 16, 64, 128): a compile-time stride in the P V loop (a runtime one costs address
+// Row stride of the forward's V tile: up to kO = 32, 4 kO, the most value columns of the kernel
+// instance that the launcher runs at Dv (forward_tiled_kernel<scalar_t, kO>, kO by ForwardColumns
+// in tile_switch.h): a compile-time stride in the P V loop (a runtime one costs address
 // arithmetic per key and column group there); above, Dv padded to 16 (kO = 64: a fixed 256
 // would cost shared memory that GPUs with 99 KiB per block do not have).
-FF_HD int forward_value_stride(int Dv) {
-  return Dv <= 16 ? 16 : Dv <= 64 ? 64 : Dv <= 128 ? 128 : padded_value_columns(Dv);
-}
+template <int kO>
+struct ForwardValueStride {
+  static FF_HD int at(int64_t Dv) { return kO <= 32 ? 4 * kO : padded_value_columns((int)Dv); }
+};
+FF_HD int forward_value_stride(int Dv) { return ForwardColumns::apply<ForwardValueStride>(Dv); }
 
 FF_HD int64_t tiled_forward_region_floats(int Dv) {
   const int64_t chunk = (int64_t)kChunk * (kRowFields * kFwdRows + kKeyFields * kFwdKeys);

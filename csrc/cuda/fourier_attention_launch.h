@@ -229,16 +229,10 @@ void launch_decode(const AttentionShape& sh, Params<scalar_t, float>& p, const a
       at::empty({decode_partial_floats(sh.B * sh.H, sh.N, sh.M, sh.Dv)}, options.dtype(at::kFloat));
   p.decode_partials = partials.data_ptr<float>();
   p.decode_splits = (int)splits;
-  const int rows = decode_rows(sh.N);
-  const size_t smem = sizeof(float) * decode_smem_floats(p.Dp, rows);
-  if (rows == 1)
-    launch(forward_decode_kernel<scalar_t, 1>, blocks, kDecThreads, smem, p);
-  else if (rows == 2)
-    launch(forward_decode_kernel<scalar_t, 2>, blocks, kDecThreads, smem, p);
-  else if (rows == 4)
-    launch(forward_decode_kernel<scalar_t, 4>, blocks, kDecThreads, smem, p);
-  else
-    launch(forward_decode_kernel<scalar_t, 8>, blocks, kDecThreads, smem, p);
+  const size_t smem = sizeof(float) * decode_smem_floats(p.Dp, DecodeRows::of(sh.N));
+  DecodeRows::dispatch(sh.N, [&](auto kRows) {  // (tile_switch.h)
+    launch(forward_decode_kernel<scalar_t, decltype(kRows)::value>, blocks, kDecThreads, smem, p);
+  });
   launch(forward_combine_kernel<scalar_t>, sh.B * sh.H, kCombineThreads, 0, p);
 }
 
@@ -265,14 +259,9 @@ void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const 
     const at::Tensor tables = build_tables(sh, p, options, launch, given_tables);
     const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
     const int threads = forward_threads(p.Dv);
-    if (p.Dv <= 16)
-      launch(forward_tiled_kernel<scalar_t, 4>, blocks, threads, smem, p);
-    else if (p.Dv <= 64)
-      launch(forward_tiled_kernel<scalar_t, 16>, blocks, threads, smem, p);
-    else if (p.Dv <= 128)
-      launch(forward_tiled_kernel<scalar_t, 32>, blocks, threads, smem, p);
-    else
-      launch(forward_tiled_kernel<scalar_t, 64>, blocks, threads, smem, p);
+    ForwardColumns::dispatch(p.Dv, [&](auto kO) {  // (tile_switch.h)
+      launch(forward_tiled_kernel<scalar_t, decltype(kO)::value>, blocks, threads, smem, p);
+    });
   }
 }
 
@@ -336,8 +325,8 @@ int64_t resident_blocks(const Launcher& launch, size_t smem) {
   return (int64_t)launch.sm_count * (per_sm < 1 ? 1 : per_sm > 2 ? 2 : per_sm);
 }
 
-// The main pass of the tiled backward, by its value columns (up to 4 kO, DvTile) and by
-// whether it reads the pre-pass's scores (kCache: p.score_cache) or computes them; with the
+// The main pass of the tiled backward, by its value columns (up to 4 kO, DvTile: MainPassColumns in
+// tile_switch.h) and by whether it reads the pre-pass's scores (kCache: p.score_cache) or computes them; with the
 // cache, split over the features where the grid is small (main_pass_splits).
 template <typename scalar_t, bool kCache, typename Launcher>
 void launch_main_tiled(const AttentionShape& sh, Params<scalar_t, float> p, const Launcher& launch) {
@@ -347,18 +336,9 @@ void launch_main_tiled(const AttentionShape& sh, Params<scalar_t, float> p, cons
   p.split_features = main_split_features(p.Dp, splits);
   p.main_splits = (p.Dp + p.split_features - 1) / p.split_features;
   const int64_t blocks = tiles * p.main_splits;
-  if (p.Dv <= 4)
-    launch(backward_main_tiled_kernel<scalar_t, 1, kCache>, blocks, kFwdThreads, smem, p);
-  else if (p.Dv <= 8)
-    launch(backward_main_tiled_kernel<scalar_t, 2, kCache>, blocks, kFwdThreads, smem, p);
-  else if (p.Dv <= 16)
-    launch(backward_main_tiled_kernel<scalar_t, 4, kCache>, blocks, kFwdThreads, smem, p);
-  else if (p.Dv <= 32)
-    launch(backward_main_tiled_kernel<scalar_t, 8, kCache>, blocks, kFwdThreads, smem, p);
-  else if (p.Dv <= 64)
-    launch(backward_main_tiled_kernel<scalar_t, 16, kCache>, blocks, kFwdThreads, smem, p);
-  else
-    launch(backward_main_tiled_kernel<scalar_t, 32, kCache>, blocks, kFwdThreads, smem, p);
+  MainPassColumns::dispatch(p.Dv, [&](auto kO) {
+    launch(backward_main_tiled_kernel<scalar_t, decltype(kO)::value, kCache>, blocks, kFwdThreads, smem, p);
+  });
 }
 
 // float64 and head dims above kBwdMaxFeatures / kBwdMaxValueColumns: the simple path
@@ -385,7 +365,7 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
             : 1;
     const size_t tiled_smem = std::max(delta_split == 2 ? delta_split_smem : delta_smem,
                                        sizeof(float) * (size_t)tiled_main_smem_floats(Dp, p.Dv));
-    if (Dp <= kBwdMaxFeatures && p.Dv <= kBwdMaxValueColumns && tiled_smem <= launch.smem_optin) {
+    if (tiled_backward_takes(Dp, p.Dv) && tiled_smem <= launch.smem_optin) {
       const at::Tensor tables = build_tables(sh, p, options, launch, given_tables);
       const at::Tensor dq_acc = at::zeros({sh.B * sh.H * sh.N * p.Dp}, options.dtype(at::kFloat));
       p.dq_acc = dq_acc.data_ptr<float>();

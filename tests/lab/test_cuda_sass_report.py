@@ -1,4 +1,6 @@
-"""The SASS reading of scripts/benchmarks/cuda_sass_report.py on tiny kernels compiled here for sm_90.
+"""The SASS report (scripts/benchmarks/sass_report/, run as scripts/benchmarks/cuda_sass_report.py): its
+SASS reading on tiny kernels compiled here for sm_90, its annotations, and the launcher's choices it
+reads from csrc/cuda/tile_switch.h.
 
 Needs nvcc and nvdisasm (and cuobjdump for the register cross-check); without them the tests
 are skipped with the reason (python -m pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump).
@@ -7,19 +9,19 @@ are not compiled here (that is the script's own job).
 """
 import importlib.util
 import os
+import subprocess
 import sys
 
 import pytest
 
-from repo import script
+from repo import REPO
 
-from repo import REPO  # noqa: E402
-
-ROOT = REPO
-_spec = importlib.util.spec_from_file_location("cuda_sass_report", script("cuda_sass_report"))
-sr = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = sr  # (dataclasses look their module up)
-_spec.loader.exec_module(sr)
+PACKAGE = os.path.join(REPO, "scripts", "benchmarks", "sass_report")
+_spec = importlib.util.spec_from_file_location("sass_report", os.path.join(PACKAGE, "__init__.py"),
+                                               submodule_search_locations=[PACKAGE])
+sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # (its modules and dataclasses look it up)
+_spec.loader.exec_module(sys.modules[_spec.name])
+from sass_report import annotations, build, count, disassembly, occupancy  # noqa: E402
 
 BODY = 64  # dependent FMAs per element in the single body
 
@@ -65,8 +67,8 @@ extern "C" __global__ void __launch_bounds__(256) strided(float* out, const floa
 
 def _tool(name):
     try:
-        return sr.find_tool(name)
-    except sr.ToolMissing as e:
+        return build.find_tool(name)
+    except build.ToolMissing as e:
         pytest.skip(str(e))
 
 
@@ -77,14 +79,14 @@ def compiled(tmp_path_factory):
     d = tmp_path_factory.mktemp("sass")
     src, cub = d / "tiny.cu", d / "tiny.cubin"
     src.write_text(SOURCE)
-    log = sr.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-lineinfo", "-Xptxas", "-v", "-o", str(cub), str(src)])
-    funcs = sr.parse_nvdisasm(sr.run([nvdisasm, "-g", "-gi", "-c", str(cub)]))
+    log = build.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-lineinfo", "-Xptxas", "-v", "-o", str(cub), str(src)])
+    funcs = disassembly.parse_nvdisasm(build.run([nvdisasm, "-g", "-gi", "-c", str(cub)]))
     return dict(cubin=str(cub), log=log, funcs=funcs, src=str(src))
 
 
 def _loops(compiled, name):
     fn = compiled["funcs"][name]
-    return fn, sr.find_loops(fn)
+    return fn, disassembly.find_loops(fn)
 
 
 def _count(insts, opcode):
@@ -107,8 +109,8 @@ def test_doubled_body_doubles_the_count_per_element(compiled):
     _, (two,) = _loops(compiled, "doubled")
     assert _count(one.insts, "FFMA") == BODY
     assert _count(two.insts, "FFMA") == 2 * BODY
-    u1, _ = sr.unroll_factor(one, 1)
-    u2, _ = sr.unroll_factor(two, 1)
+    u1, _ = disassembly.unroll_factor(one, 1)
+    u2, _ = disassembly.unroll_factor(two, 1)
     assert u1 == u2 == 1
     per_one, per_two = len(one.insts) / u1, len(two.insts) / u2
     # the loop overhead (load, increment, test, branch) is counted once in both
@@ -121,24 +123,24 @@ def test_unroll_factor_of_the_main_loop(compiled):
     per_one = len(one.insts)
     for name in ("unrolled", "strided"):
         fn, loops = _loops(compiled, name)
-        factors = sorted(sr.unroll_factor(lp, 1 if name == "unrolled" else 256)[0] for lp in loops)
-        assert factors[-1] == 4, (name, factors, [sr.unroll_factor(lp, 1)[1] for lp in loops])
+        factors = sorted(disassembly.unroll_factor(lp, 1 if name == "unrolled" else 256)[0] for lp in loops)
+        assert factors[-1] == 4, (name, factors, [disassembly.unroll_factor(lp, 1)[1] for lp in loops])
         main = max(loops, key=lambda lp: len(lp.insts))
-        u, how = sr.unroll_factor(main, 1 if name == "unrolled" else 256)
+        u, how = disassembly.unroll_factor(main, 1 if name == "unrolled" else 256)
         assert _count(main.insts, "FFMA") == u * BODY, how
         # instructions per element of the unrolled loop: about the single loop's, less overhead
         assert BODY <= len(main.insts) / u <= per_one, (name, len(main.insts), u, per_one)
 
 
 def test_registers_and_spills_from_ptxas(compiled):
-    props = sr.parse_ptxas(compiled["log"])
+    props = occupancy.parse_ptxas(compiled["log"])
     for name in ("single", "doubled", "unrolled", "strided"):
         assert props[name]["entry"] and props[name]["spill_stores"] == 0 and props[name]["spill_loads"] == 0
         assert 1 <= props[name]["regs"] <= 255
-    cuobjdump = sr.find_tool("cuobjdump", required=False)
+    cuobjdump = build.find_tool("cuobjdump", required=False)
     if cuobjdump is None:
-        pytest.skip("cuobjdump not found: " + sr.INSTALL_HINT)
-    res = sr.parse_res_usage(sr.run([cuobjdump, "-res-usage", compiled["cubin"]]))
+        pytest.skip("cuobjdump not found: " + build.INSTALL_HINT)
+    res = occupancy.parse_res_usage(build.run([cuobjdump, "-res-usage", compiled["cubin"]]))
     assert {n: props[n]["regs"] for n in res} == res
 
 
@@ -150,7 +152,7 @@ ptxas info    : Used 128 registers, used 1 barriers, 80 bytes cumulative stack s
 ptxas info    : Function properties for helper
     0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
 """
-    p = sr.parse_ptxas(log)
+    p = occupancy.parse_ptxas(log)
     assert p["kern"] == dict(entry=True, stack=80, spill_stores=68, spill_loads=60, regs=128, smem=2048)
     assert p["helper"]["entry"] is False and p["helper"]["spill_stores"] == 8
 
@@ -162,9 +164,9 @@ def test_launch_bounds_with_a_constexpr_template_helper(tmp_path, monkeypatch):
                       "template <typename scalar_t, int kO>\n"
                       "FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kT * halves<kO>(), kO <= 16 ? 2 : 1)\n"
                       "    kern(const Params<scalar_t, float> p) {}\n")
-    monkeypatch.setattr(sr, "header_files", lambda: [str(header)])
-    assert sr.launch_bounds("kern<float, 4>", dict(kT=256, kO=4)) == (256, 2)
-    assert sr.launch_bounds("kern<float, 32>", dict(kT=256, kO=32)) == (512, 1)
+    monkeypatch.setattr(build, "header_files", lambda: [str(header)])
+    assert occupancy.launch_bounds("kern<float, 4>", dict(kT=256, kO=4)) == (256, 2)
+    assert occupancy.launch_bounds("kern<float, 32>", dict(kT=256, kO=32)) == (512, 1)
 
 
 @pytest.mark.parametrize("regs,threads,smem,warps,limit", [
@@ -178,17 +180,17 @@ def test_launch_bounds_with_a_constexpr_template_helper(tmp_path, monkeypatch):
     (16, 32, 0, 32, "blocks"),
 ])
 def test_occupancy_sm90(regs, threads, smem, warps, limit):
-    got, _, why = sr.occupancy(regs, threads, smem)
+    got, _, why = occupancy.occupancy(regs, threads, smem)
     assert (got, why) == (warps, limit)
 
 
 def test_missing_disassembler_says_how_to_install(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setenv("CUDA_HOME", "/nonexistent")
-    monkeypatch.setattr(sr, "_wheel_bin_dirs", lambda: [])
-    monkeypatch.setattr(sr.os.path, "isfile", lambda p: False)
-    with pytest.raises(sr.ToolMissing, match="pip install nvidia-cuda-nvdisasm"):
-        sr.find_tool("nvdisasm")
+    monkeypatch.setattr(build, "_wheel_bin_dirs", lambda: [])
+    monkeypatch.setattr(build.os.path, "isfile", lambda p: False)
+    with pytest.raises(build.ToolMissing, match="pip install nvidia-cuda-nvdisasm"):
+        build.find_tool("nvdisasm")
 
 
 @pytest.mark.parametrize("name,trips", [("single", 10), ("unrolled", 10), ("unrolled", 3)])
@@ -196,17 +198,17 @@ def test_whole_kernel_count_weights_loops_by_trips(compiled, monkeypatch, name, 
     """Whole-kernel count = instructions outside the loop + each loop copy's body x its trips; the
     trips of a source loop go to the unrolled main copy (whole SASS iterations) and the rest to
     the remainder copy."""
-    monkeypatch.setattr(sr, "header_files", lambda: [])
-    monkeypatch.setitem(sr.EXTRA_SOURCES, "tiny.cu", compiled["src"])
-    monkeypatch.setattr(sr, "LOOPS", {"tiny": "loop", "tiny_unrolled": "loop"})
+    monkeypatch.setattr(build, "header_files", lambda: [])
+    monkeypatch.setitem(annotations.EXTRA_SOURCES, "tiny.cu", compiled["src"])
+    monkeypatch.setattr(annotations, "LOOPS", {"tiny": "loop", "tiny_unrolled": "loop"})
     fn = compiled["funcs"][name]
-    loops = sr.find_loops(fn)
-    inst = sr.Instance("test", name, {}, "kFwdThreads", None)
-    per_thread, rows, _, outside = sr.analyse(inst, fn, {"T": trips}, sr.Sources())
+    loops = disassembly.find_loops(fn)
+    inst = build.Instance("test", name, {}, "kFwdThreads", None)
+    per_thread, rows, _, outside = count.analyse(inst, fn, {"T": trips}, annotations.Sources())
     assert rows and all(row["name"] == "loop" for row in rows)  # named by the annotation
     in_loops = {i.addr for lp in loops for i in lp.insts}
     assert outside == sum(1 for i in fn.insts if i.addr not in in_loops)
-    by_unroll = {sr.unroll_factor(lp, 1)[0]: len(lp.insts) for lp in loops}
+    by_unroll = {disassembly.unroll_factor(lp, 1)[0]: len(lp.insts) for lp in loops}
     if name == "single":
         assert set(by_unroll) == {1}
         expected = outside + trips * by_unroll[1]
@@ -231,7 +233,7 @@ def _sass(file, body):
         out.append(f'\t//## File "/x/{file}", line {line}')
         out.append(f"        /*{addr:04x}*/                   {text} ;")
         addr += 0x10
-    return sr.parse_nvdisasm("\n".join(out) + "\n")["kern"]
+    return disassembly.parse_nvdisasm("\n".join(out) + "\n")["kern"]
 
 
 def test_unroll_factor_of_a_down_counter_against_a_constant():
@@ -243,8 +245,8 @@ def test_unroll_factor_of_a_down_counter_against_a_constant():
             (2, "ISETP.NE.AND P0, PT, R13, RZ, PT"), (2, "FFMA R55, R36, R70, R55"), (2, "@P0 BRA `(.L_x_2)"),
             (3, "EXIT")]
     fn = _sass("k.cuh", rows)
-    loops = sr.find_loops(fn)
-    assert [sr.unroll_factor(lp, 1)[0] for lp in loops] == [16, 4], [sr.unroll_factor(lp, 1) for lp in loops]
+    loops = disassembly.find_loops(fn)
+    assert [disassembly.unroll_factor(lp, 1)[0] for lp in loops] == [16, 4], [disassembly.unroll_factor(lp, 1) for lp in loops]
 
 
 @pytest.mark.parametrize("test_line", [True, False])
@@ -261,8 +263,8 @@ def test_a_regions_test_counts_up_to_its_branch(tmp_path, monkeypatch, test_line
                    "  // SASS: cold=dropout end\n"
                    "}\n"
                    "z = x + y;\n")
-    monkeypatch.setattr(sr, "header_files", lambda: [])
-    monkeypatch.setitem(sr.EXTRA_SOURCES, "t.cuh", str(src))
+    monkeypatch.setattr(build, "header_files", lambda: [])
+    monkeypatch.setitem(annotations.EXTRA_SOURCES, "t.cuh", str(src))
     rows = [(1, "IADD3 R1, R2, R3, RZ"),
             (3, "LDC R49, c[0x0][0x324]"), (1, "IADD3 R4, R1, R1, RZ"), (3, "FSETP.GT.AND P0, PT, R49, RZ, PT"),
             (3, "MOV R30, R34"), (3, "@!P0 BRA `(.L_x_9)"),
@@ -270,8 +272,8 @@ def test_a_regions_test_counts_up_to_its_branch(tmp_path, monkeypatch, test_line
             (4, "FMUL R7, R7, R8"), (4, "FMUL R7, R7, R8"), (None, ".L_x_9"),
             (7, "FADD R9, R1, R7"), (7, "EXIT")]
     fn = _sass("t.cuh", rows)
-    inst = sr.Instance("test", "kern", {}, "kFwdThreads", None)
-    per_thread, _, _, _ = sr.analyse(inst, fn, {}, sr.Sources())
+    inst = build.Instance("test", "kern", {}, "kFwdThreads", None)
+    per_thread, _, _, _ = count.analyse(inst, fn, {}, annotations.Sources())
     # lines 1 and 7: 4; the test line: LDC, FSETP, MOV, BRA with the flag test
     assert per_thread == (8 if test_line else 4)
 
@@ -279,12 +281,12 @@ def test_a_regions_test_counts_up_to_its_branch(tmp_path, monkeypatch, test_line
 # The model beside the code: the `// SASS:` annotations of the kernel headers (no tools needed).
 
 def test_every_annotation_names_a_known_loop_or_region_and_every_known_one_is_annotated():
-    ann = sr.read_annotations()  # (an unknown id or a malformed annotation raises)
-    assert sr.missing_annotations(ann) == ([], []), "ids of LOOPS / REGIONS that no header annotates"
+    ann = annotations.read_annotations()  # (an unknown id or a malformed annotation raises)
+    assert annotations.missing_annotations(ann) == ([], []), "ids of LOOPS / REGIONS that no header annotates"
     ids = [spec["id"] for spec in ann.loops.values()]
-    assert sorted(ids) == sorted(sr.LOOPS), "each loop of LOOPS is annotated exactly once"
+    assert sorted(ids) == sorted(annotations.LOOPS), "each loop of LOOPS is annotated exactly once"
     for (f, line), spec in ann.loops.items():  # above its `for`, whose expressions the report evaluates
-        assert sr.Sources().lines(f)[line - 1].strip().startswith("for ("), (f, line)
+        assert annotations.Sources().lines(f)[line - 1].strip().startswith("for ("), (f, line)
         compile(spec["trips"], f"{f}:{spec['where']}", "eval")
         compile(spec["step"], f"{f}:{spec['where']}", "eval")
     for reg in ann.regions:
@@ -320,8 +322,8 @@ FF_DEV void k(int n) {
 ])
 def test_an_annotation_with_a_missing_or_unknown_field_is_refused_with_its_line(annotation, why):
     text = KERNEL.replace("// SASS: loop=pv step=4 trips=kFwdKeys/4 elements=4*fwd_cols unit=qkc", annotation)
-    with pytest.raises(sr.AnnotationError) as e:
-        sr.parse_annotations(text, "k.cuh")
+    with pytest.raises(annotations.AnnotationError) as e:
+        annotations.parse_annotations(text, "k.cuh")
     assert str(e.value).startswith("k.cuh:3: SASS annotation: ") and why in str(e.value), str(e.value)
 
 
@@ -336,8 +338,8 @@ def test_an_annotation_with_a_missing_or_unknown_field_is_refused_with_its_line(
 def test_a_misplaced_annotation_is_refused_with_its_line(edit, where, why):
     text = KERNEL.replace(*edit)
     assert text != KERNEL
-    with pytest.raises(sr.AnnotationError) as e:
-        sr.parse_annotations(text, "k.cuh")
+    with pytest.raises(annotations.AnnotationError) as e:
+        annotations.parse_annotations(text, "k.cuh")
     assert str(e.value).startswith(f"k.cuh:{where}: SASS annotation: ") and why in str(e.value), str(e.value)
 
 
@@ -346,7 +348,7 @@ def _reworded(text):
     annotations removed (fewer lines)."""
     out, fewer = [], []
     for line in text.splitlines():
-        if sr.ANNOTATION_RE.match(line):
+        if annotations.ANNOTATION_RE.match(line):
             out.append(line)
             fewer.append(line)
             continue
@@ -374,13 +376,68 @@ def _model(ann, lines):
 @pytest.mark.parametrize("name", ["forward_tiled.cuh", "forward_decode.cuh", "backward_tiled.cuh", "tables.cuh",
                                   "fourier_element_math.h"])
 def test_comments_do_not_change_the_annotations(name):
-    path = [f for f in sr.header_files() if os.path.basename(f) == name][0]
+    path = [f for f in build.header_files() if os.path.basename(f) == name][0]
     text = open(path).read()
     reworded, fewer = _reworded(text)
     assert reworded != text and len(fewer.splitlines()) < len(text.splitlines())
-    a = sr.parse_annotations(text, name)
+    a = annotations.parse_annotations(text, name)
     assert a.loops or a.regions
-    b = sr.parse_annotations(reworded, name)
+    b = annotations.parse_annotations(reworded, name)
     assert b.loops == a.loops and b.regions == a.regions  # the same lines
-    c = sr.parse_annotations(fewer, name)
+    c = annotations.parse_annotations(fewer, name)
     assert _model(c, {name: fewer.splitlines()}) == _model(a, {name: text.splitlines()})
+
+
+# The launcher's choices: stated once in csrc/cuda/tile_switch.h and read by the report through its host
+# program (nvcc needed, no disassembler).
+
+@pytest.fixture(scope="module")
+def host_info(tmp_path_factory):
+    nvcc = _tool("nvcc")
+    d = tmp_path_factory.mktemp("host")
+    b = build.Builder(str(d / "cache"), str(d / "work"), nvcc, build.setup_nvcc_flags())
+    head_dims = (4, 8, 16, 24, 64, 96, 128)
+    info, _ = b.host_info(head_dims)
+    return head_dims, info
+
+
+def test_the_instances_are_the_launchers_choices_at_each_head_dim(host_info):
+    """Each head dim's instances take their template arguments from tile_switch.h's choices: the forward's
+    and the main pass's columns per thread cover the head dim's value columns (4 threads a row), grow with
+    it, and every instance the report compiles is one the launcher's choices name."""
+    head_dims, info = host_info
+    c = info["constants"]
+    assert (c["decode_rows_one"], c["decode_rows_most"]) == (1, c["kDecodeMaxRows"])
+    previous = (0, 0)
+    for hd in head_dims:
+        sizes = info["sizes"][str(hd)]
+        fwd, main = sizes["fwd_columns"], sizes["main_columns"]
+        assert 4 * fwd >= hd and 4 * main >= hd, (hd, fwd, main)
+        assert (fwd, main) >= previous, (hd, fwd, main, previous)
+        previous = (fwd, main)
+        assert sizes["tiled_backward"] == 1  # (D <= 128: the tiled backward)
+        assert sizes["fwd_threads"] == c["kFwdThreads"] * (2 if fwd > 16 else 1)  # (forward_split)
+        templates = {i.kind: i.template for i in build.launcher_instances(c, sizes)}
+        assert templates["forward"] == f"forward_tiled_kernel<float, {fwd}>"
+        assert templates["main"] == f"backward_main_tiled_kernel<float, {main}, true>"
+        assert templates["decode"] == f"forward_decode_kernel<float, {c['decode_rows_most']}>"
+        assert ("delta2" in templates) == (sizes["Dp"] >= c["kDeltaSplitMinFeatures"])
+        without = {i.kind: i.template for i in build.launcher_instances(c, sizes, score_cache=False)}
+        assert without["main"] == f"backward_main_tiled_kernel<float, {main}, false>" and "delta2" not in without
+
+
+def test_the_report_keeps_no_copy_of_the_launchers_choices():
+    """The kernels' template arguments come from the host program (tile_switch.h): no rule by head dim in
+    launcher_instances, and no module of the report reads the launcher's text."""
+    import inspect
+
+    assert "<=" not in inspect.getsource(build.launcher_instances)
+    for name in os.listdir(PACKAGE):
+        if name.endswith(".py"):
+            assert "LAUNCH_HEADER" not in open(os.path.join(PACKAGE, name)).read(), name
+
+
+def test_the_command_line_is_the_packages():
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "benchmarks", "cuda_sass_report.py"), "--help"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "tile_switch.h" in r.stdout and "--no-score-cache" in r.stdout, r.stderr
