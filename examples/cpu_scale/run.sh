@@ -77,6 +77,6 @@ if [[ " $STEPS " == *" lm "* ]]; then
 fi
 
 if [[ " $STEPS " == *" tables "* ]]; then
-    "$PYTHON" "$REPO_ROOT/analysis/tables/make_tables.py" --runs "$WORK/runs" --out "$WORK/tables.md"
+    "$PYTHON" "$REPO_ROOT/scripts/analysis/tables/make_tables.py" --runs "$WORK/runs" --out "$WORK/tables.md"
     cat "$WORK/tables.md"
 fi

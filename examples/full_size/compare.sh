@@ -127,7 +127,7 @@ evaluate() {  # evaluate TASK CONFIG UPDATE
         timeout "$EVAL_SECONDS" "$PYTHON" -m fairseq_cli.generate "$data" --user-dir "$USER_DIR" $DEVICE_ARGS \
             --path "$ckpt" --gen-subset test "${GENERATE[@]}" > "$dir/gen_$update.txt" 2> "$dir/gen_$update.err" || true
     fi
-    OMP_NUM_THREADS=1 timeout "$EVAL_SECONDS" "$PYTHON" "$REPO_ROOT/analysis/dynamics/attention_entropy.py" --data "$data" \
+    OMP_NUM_THREADS=1 timeout "$EVAL_SECONDS" "$PYTHON" "$REPO_ROOT/scripts/analysis/dynamics/attention_entropy.py" --data "$data" \
         --checkpoints "$ckpt" --out "$dir/entropy_$update.json" --sentences "$SENTENCES" --user-dir "$USER_DIR" \
         > "$dir/entropy_$update.log" 2>&1 || true
 }

@@ -98,7 +98,7 @@ for RUN in "${RUNS_ARGS[@]}"; do
             *) die "--avg-by must be epochs or updates" ;;
         esac
         say "$RUN: averaging the last $AVG $AVG_BY checkpoints"
-        "$PYTHON" "$REPO_ROOT/tools/average_checkpoints.py" --inputs "$CK" "$FLAG" "$AVG" --output "$MODEL" >&2 \
+        "$PYTHON" "$REPO_ROOT/scripts/tools/average_checkpoints.py" --inputs "$CK" "$FLAG" "$AVG" --output "$MODEL" >&2 \
             || die "$RUN: no $AVG $AVG_BY checkpoints to average (a --max-update run may stop before it saves" \
                    "any epoch checkpoint): pass --avg 0 to evaluate checkpoint_best.pt, or a smaller --avg"
     fi
