@@ -6,6 +6,7 @@ import math
 from .annotations import EXTERNAL_LOOPS, active_cold_regions, cold_and_test_lines, evaluate
 from .disassembly import find_loops, unroll_factor
 
+
 def match_spec(lp, sources):
     """The model of a SASS loop: the annotation of the `for` that its latch branch is named by
     (or an EXTERNAL_LOOPS entry of that file), and that line's text."""

@@ -4,6 +4,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+
 @dataclass
 class Inst:
     addr: int

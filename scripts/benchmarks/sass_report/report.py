@@ -18,6 +18,7 @@ from .count import analyse, whole_per_element
 from .disassembly import parse_nvdisasm
 from .occupancy import SM90, launch_bounds, occupancy, parse_ptxas, parse_res_usage
 
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="cuda_sass_report.py", description=sys.modules[__package__].__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
