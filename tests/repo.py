@@ -1,8 +1,9 @@
 """Where the project's tools live, for tests that run or import them.
 
 The tools sit in rooms by purpose beside the package: ``scripts/benchmarks/``, ``scripts/tools/``,
-``scripts/analysis/tables/`` and ``scripts/analysis/dynamics/``. Tests name a tool by its file name; ``script``
-finds it in whichever room holds it, so a tool can move between rooms without touching its tests.
+``scripts/analysis/tables/`` and ``scripts/analysis/dynamics/``. A test names the tool it tests
+by its path in the repository (``script("scripts/tools/average_checkpoints.py")``), so that
+``git grep`` for a tool's path finds its tests, and a tool that moves fails its tests by name.
 """
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")  # the shared helpers' folder (every room imports them by name)
-ROOMS = tuple(os.path.join("scripts", *room) for room in (("benchmarks",), ("tools",), ("analysis", "tables"), ("analysis", "dynamics")))
 
 
-def script(name: str) -> str:
-    """The path of the tool ``name`` (``make_tables`` or ``make_tables.py``, ``install.sh``)."""
-    fname = name if os.path.splitext(name)[1] else f"{name}.py"
-    found = [os.path.join(REPO, room, fname) for room in ROOMS if os.path.isfile(os.path.join(REPO, room, fname))]
-    if len(found) != 1:
-        raise FileNotFoundError(f"{fname}: {'in ' + ', '.join(found) if found else 'in none'} of {', '.join(ROOMS)}")
-    return found[0]
+def script(path: str) -> str:
+    """The absolute path of the tool at ``path``, relative to the repository
+    (``scripts/analysis/tables/make_tables.py``, ``scripts/tools/install.sh``)."""
+    if os.path.isabs(path) or "/" not in path:
+        raise ValueError(f"{path}: name a tool by its path in the repository, e.g. scripts/tools/install.sh")
+    full = os.path.join(REPO, path)
+    if not os.path.isfile(full):
+        raise FileNotFoundError(f"{path}: no such tool in {REPO}")
+    return full
 
 
 def tracked_texts(*paths: str):
@@ -42,9 +44,11 @@ def tracked_texts(*paths: str):
     return found
 
 
-def load(name: str):
-    """Import the tool ``name`` as a module (its ``main`` is not run)."""
-    spec = importlib.util.spec_from_file_location(name, script(name))
+def load(path: str):
+    """Import the tool at ``path`` (relative to the repository) as a module named after its file
+    (its ``main`` is not run)."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, script(path))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -48,10 +48,10 @@ def test_the_fairseq_pin_has_one_home():
     namespace = {"__file__": os.path.join(REPO, "setup.py")}
     exec(compile(setup_text.split("\next_modules, cmdclass =")[0], "setup.py", "exec"), namespace)
     assert namespace["package_constant"]("FAIRSEQ_REQUIREMENT") == FAIRSEQ_REQUIREMENT
-    (line,) = [l for l in open(script("install.sh")).read().splitlines() if l.startswith("FAIRSEQ_SPEC=")]
+    (line,) = [l for l in open(script("scripts/tools/install.sh")).read().splitlines() if l.startswith("FAIRSEQ_SPEC=")]
     r = run(["bash", "-c", f"{line}; printf %s \"$FAIRSEQ_SPEC\""], cwd=REPO)
     assert r.stdout == FAIRSEQ_REQUIREMENT, r.stderr
-    assert FAIRSEQ_REQUIREMENT in load("offline_bundle").OFFLINE_ROOTS
+    assert FAIRSEQ_REQUIREMENT in load("scripts/tools/offline_bundle.py").OFFLINE_ROOTS
 
 
 def test_the_papers_numbers_have_one_home():

@@ -55,7 +55,7 @@ def _adam_checkpoint(tmp_path, spike):
 
 
 def test_adam_steps_aligns_the_optimizer_state_with_the_parameters(tmp_path):
-    mod = load("adam_steps")
+    mod = load("scripts/analysis/dynamics/adam_steps.py")
     path, expected = _adam_checkpoint(tmp_path, spike=1.0)
     got = mod.adam_steps(torch.load(path, weights_only=False))
     assert set(got) == set(expected)
@@ -65,13 +65,13 @@ def test_adam_steps_aligns_the_optimizer_state_with_the_parameters(tmp_path):
     spiked = mod.adam_steps(torch.load(_adam_checkpoint(tmp_path, spike=1e6)[0], weights_only=False))
     assert spiked["radius"] < 0.05 * got["radius"]
     assert spiked["fc.weight"] > 0.5 * got["fc.weight"]  # the other weights keep their steps
-    out = run([sys.executable, script("adam_steps"), str(path)])
+    out = run([sys.executable, script("scripts/analysis/dynamics/adam_steps.py"), str(path)])
     assert out.returncode == 0, out.stderr
     assert f"radii {expected['radius']:.3f}" in out.stdout
 
 
 def test_adam_steps_refuses_a_misaligned_state(tmp_path):
-    mod = load("adam_steps")
+    mod = load("scripts/analysis/dynamics/adam_steps.py")
     path, _ = _adam_checkpoint(tmp_path, spike=1.0)
     ck = torch.load(path, weights_only=False)
     del ck["last_optimizer_state"]["state"][max(ck["last_optimizer_state"]["state"])]
@@ -108,7 +108,7 @@ def test_attention_entropy_measures_the_modules_own_q_k_and_radius(radius_shape)
             return self.encoder.self_attn(x, x, x)
 
     x = torch.randn(T, 1, E)
-    got = load("attention_entropy").entropies(Model(), [{"net_input": {"x": x}}])
+    got = load("scripts/analysis/dynamics/attention_entropy.py").entropies(Model(), [{"net_input": {"x": x}}])
     with torch.no_grad():
         q, k = (rms_normalise(proj(x[:, 0]).double().reshape(T, H, D)) for proj in (attention.q_proj, attention.k_proj))
     r = attention.radius.detach().double()

@@ -32,7 +32,7 @@ def fake_run(root, name, meta, results=None, files=None):
 
 
 def test_make_tables_all_tables(tmp_path):
-    mt = load("make_tables")
+    mt = load("scripts/analysis/tables/make_tables.py")
     root = str(tmp_path / "runs")
     for seed, (bs, bf) in enumerate([(34.0, 34.5), (34.2, 34.9), (34.4, 34.7)], 1):
         fake_run(root, f"iwslt/softmax_seed{seed}", {"task": "iwslt14", "model": "softmax", "seed": seed},
@@ -115,20 +115,20 @@ def test_make_tables_all_tables(tmp_path):
 
 
 def test_make_tables_parses_fairseq_generate(tmp_path):
-    mt = load("make_tables")
+    mt = load("scripts/analysis/tables/make_tables.py")
     p = tmp_path / "generate-test.txt"
     p.write_text("S-0\tx\nH-0\t-0.1\ty\n2026-01-01 | INFO | fairseq_cli.generate | Generate test with beam=5: BLEU4 = 34.42, 68.0/42.1/28.2/19.3 (BP=0.9)\n")
     assert mt.read_bleu_from_generate(str(p)) == 34.42
 
 
 def test_make_tables_empty(tmp_path):
-    r = run([sys.executable, script("make_tables"), "--runs", str(tmp_path)])
+    r = run([sys.executable, script("scripts/analysis/tables/make_tables.py"), "--runs", str(tmp_path)])
     assert r.returncode == 0 and "No runs" in r.stdout
 
 
 # --------------------------------------------------------------------------- fourier_estimators
 def test_fourier_density_integrates_to_one():
-    fe = load("fourier_estimators")
+    fe = load("scripts/analysis/tables/fourier_estimators.py")
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -151,7 +151,7 @@ def test_fourier_density_integrates_to_one():
 
 
 def test_nw_regression_is_fourier_attention():
-    fe = load("fourier_estimators")
+    fe = load("scripts/analysis/tables/fourier_estimators.py")
     import numpy as np
 
     rng = np.random.default_rng(1)
@@ -166,7 +166,7 @@ def test_nw_regression_is_fourier_attention():
 @pytest.mark.slow
 def test_fourier_estimators_small(tmp_path):
     # a fixed radius: no grid search, seconds
-    r = run([sys.executable, script("fourier_estimators"), "--small", "--radius", "4", "--out", str(tmp_path)])
+    r = run([sys.executable, script("scripts/analysis/tables/fourier_estimators.py"), "--small", "--radius", "4", "--out", str(tmp_path)])
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.load(open(tmp_path / "results.json"))
     for name in ("density_1d", "density_2d", "regression"):

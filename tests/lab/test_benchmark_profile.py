@@ -25,7 +25,7 @@ from repo import script
 
 from repo import REPO  # noqa: E402
 
-SCRIPT = script("benchmark_attention")
+SCRIPT = script("scripts/benchmarks/benchmark_attention.py")
 SHAPE = dict(name="small", B=1, H=2, N=16, D=8, causal=False)
 CALLS = 3
 

@@ -21,7 +21,7 @@ def run(cmd, **kw):
 @pytest.mark.slow
 def test_benchmark_model_small(tmp_path):
     out = tmp_path / "bench.json"
-    r = run([sys.executable, script("benchmark_model"), "--small", "--device", "cpu", "--out", str(out)])
+    r = run([sys.executable, script("scripts/benchmarks/benchmark_model.py"), "--small", "--device", "cpu", "--out", str(out)])
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.load(open(out))
     names = [m["name"] for m in res["models"]]
@@ -38,7 +38,7 @@ def test_benchmark_generation_small(tmp_path):
     of the pair; a row and a ratio per part and thread count, and the hypotheses of both
     translation models of the pinned length (the run stops otherwise)."""
     out = tmp_path / "generation.json"
-    r = run([sys.executable, script("benchmark_generation"), "--small", "--shapes", "mt,lm,cli", "--threads", "1",
+    r = run([sys.executable, script("scripts/benchmarks/benchmark_generation.py"), "--small", "--shapes", "mt,lm,cli", "--threads", "1",
              "--rounds", "1", "--device", "cpu", "--out", str(out)])
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.load(open(out))["rows"]
@@ -53,7 +53,7 @@ def test_benchmark_generation_decoding_steps_grow_the_keys():
     """The LM round decodes a token at a time through the incremental state: after it, each
     self-attention layer holds one cached key per decoded token (and, for the FourierFormer, the key
     table holding them)."""
-    bg = load("benchmark_generation")
+    bg = load("scripts/benchmarks/benchmark_generation.py")
     import argparse
 
     args = argparse.Namespace(lm_batch=2, lm_tokens=5, device="cpu")
@@ -69,7 +69,7 @@ SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
 def test_benchmark_attention_crossover():
-    ba = load("benchmark_attention")
+    ba = load("scripts/benchmarks/benchmark_attention.py")
     # a linear op 40 N against a quadratic one N^2 / 100: faster from N > 4000 on
     lin = {n: 40.0 * n for n in SWEEP}
     quad = {n: n * n / 100.0 for n in SWEEP}
@@ -96,7 +96,7 @@ def test_benchmark_attention_crossover():
 
 def test_benchmark_attention_scaling_report():
     """The scaling table and the crossover table from a synthetic timing table."""
-    ba = load("benchmark_attention")
+    ba = load("scripts/benchmarks/benchmark_attention.py")
     impls = ["fused", "sdpa", "performer", "fourier_rf"]
     cost = {  # ms as a function of N, per (causal, backward) group: scaled so that the crossovers differ
         "fused": lambda n, s: s * n * n / 1000.0,
@@ -142,7 +142,7 @@ def test_benchmark_attention_scaling_report():
 
 def test_benchmark_attention_scaling_quick():
     """--scaling runs end to end at small N: the table's rows and cells, the ratios, the crossovers."""
-    r = run([sys.executable, script("benchmark_attention"), "--device", "cpu", "--scaling", "--quick",
+    r = run([sys.executable, script("scripts/benchmarks/benchmark_attention.py"), "--device", "cpu", "--scaling", "--quick",
              "--sizes", "32,64", "--scaling-shape", "1,2,16", "--reps", "2", "--no-memory"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
@@ -185,14 +185,14 @@ def test_benchmark_attention_scaling_quick():
 
 def test_benchmark_attention_linear_ops_selectable(monkeypatch):
     """The default table takes the linear-time ops through --impls; unknown names are refused."""
-    path = script("benchmark_attention")
+    path = script("scripts/benchmarks/benchmark_attention.py")
     r = run([sys.executable, path, "--device", "cpu", "--quick", "--reps", "2", "--shapes", "sweep N=256",
              "--impls", "fused,sdpa,performer,fourier_rf", "--no-memory"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| sweep N=256")]
     assert [line.split("|")[2].strip() for line in rows] == ["fused", "sdpa", "performer", "fourier_rf"]
     assert all(float(line.split("|")[3]) > 0 and line.split("|")[4].strip().endswith("x") for line in rows)
-    ba = load("benchmark_attention")  # the refusal comes before any timing: in this process
+    ba = load("scripts/benchmarks/benchmark_attention.py")  # the refusal comes before any timing: in this process
     monkeypatch.setattr(sys, "argv", [path, "--device", "cpu", "--impls", "fused,favor"])
     with pytest.raises(SystemExit, match=r"unknown \['favor'\]"):
         ba.main()

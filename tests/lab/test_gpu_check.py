@@ -17,12 +17,12 @@ from repo import load
 
 @pytest.fixture(scope="module")
 def gc():
-    return load("gpu_check")
+    return load("scripts/tools/gpu_check.py")
 
 
 @pytest.fixture(scope="module")
 def bundle():
-    return load("offline_bundle")
+    return load("scripts/tools/offline_bundle.py")
 
 
 def fairseq_log(losses, ups, valid, overflows=0, amp_overflows=0):
@@ -464,7 +464,7 @@ def test_sanitize_fails_a_tool_that_exits_otherwise(gc):
 def test_the_kernel_cases_run_through_the_cpu_kernels(capsys):
     """scripts/benchmarks/cuda_kernel_cases.py (what the sanitize step runs on a GPU), here through the CPU
     kernels: every float32 and float64 case runs with finite outputs, the half ones are named."""
-    cases = load("cuda_kernel_cases")
+    cases = load("scripts/benchmarks/cuda_kernel_cases.py")
     assert cases.main(["--device", "cpu"]) == 0
     out = capsys.readouterr().out
     halves = sum(dtype not in (cases.torch.float32, cases.torch.float64) for _, _, dtype, _ in cases.CASES)

@@ -9,7 +9,7 @@ from repo import load
 
 @pytest.fixture(scope="module")
 def pub():
-    return load("published_init")
+    return load("scripts/analysis/dynamics/published_init.py")
 
 
 def test_equal_queries_and_keys_give_uniform_rows_and_the_eps_share_of_a_count(pub):

@@ -17,7 +17,7 @@ def run(cmd, **kw):
 
 # --------------------------------------------------------------------------- average_checkpoints
 def test_average_checkpoints(tmp_path):
-    ac = load("average_checkpoints")
+    ac = load("scripts/tools/average_checkpoints.py")
     ck = tmp_path / "ck"
     ck.mkdir()
     for e in range(1, 5):
@@ -41,7 +41,7 @@ def test_average_checkpoints_refuses_fewer_checkpoints_than_asked(tmp_path, flag
     for e in range(1, 5):
         torch.save({"model": {"w": torch.full((2,), float(e))}}, ck / f"checkpoint{e}.pt")
     out = tmp_path / "avg.pt"
-    r = run([sys.executable, script("average_checkpoints"), "--inputs", str(ck), flag, asked, "--output", str(out)])
+    r = run([sys.executable, script("scripts/tools/average_checkpoints.py"), "--inputs", str(ck), flag, asked, "--output", str(out)])
     assert r.returncode == 1 and not out.exists(), r.stderr
     found = "4 (checkpoint1.pt, checkpoint2.pt, checkpoint3.pt, checkpoint4.pt)" if "epoch" in flag else "0 (none)"
     assert f"asked for the last {asked} " in r.stderr and f"found {found}" in r.stderr, r.stderr

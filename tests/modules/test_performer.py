@@ -714,7 +714,7 @@ def test_approximation_script_prints_its_table(capsys, monkeypatch):
 
     from repo import script as tool
 
-    script = tool("performer_approximation")
+    script = tool("scripts/analysis/dynamics/performer_approximation.py")
     monkeypatch.setattr(sys, "argv", [script, "--draws", "1", "--shapes", "lm"])
     runpy.run_path(script, run_name="__main__")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()

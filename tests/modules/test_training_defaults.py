@@ -254,7 +254,7 @@ def test_attention_scale_script_separates_the_paper_settings_from_the_defaults()
     normalisation the module runs)."""
     from fourierformer_fairseq.modules import fourier_multihead_attention as fma
 
-    mod = load("attention_scale")
+    mod = load("scripts/analysis/dynamics/attention_scale.py")
     assert mod.auto_radius is fma.auto_radius and mod.rms_normalise is fma.rms_normalise
     paper = mod.measure(64, 2, 1.0, 1.0, qk_norm=False, N=32, M=64)
     default = mod.measure(64, 2, fma.auto_radius(2, 64), 1.0, qk_norm=True, N=32, M=64)
@@ -266,7 +266,7 @@ def test_attention_scale_script_separates_the_paper_settings_from_the_defaults()
 def test_training_curves_reads_fairseq_json_logs(tmp_path):
     import json
 
-    mod = load("training_curves")
+    mod = load("scripts/analysis/dynamics/training_curves.py")
     log = tmp_path / "train.log"
     lines = []
     for u in (10, 20):

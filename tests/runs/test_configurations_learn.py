@@ -24,7 +24,7 @@ import pytest
 from fairseq_helpers import preprocess_translation_data, train_translation_model
 from repo import script
 
-SCRIPT = script("encoder_collapse")
+SCRIPT = script("scripts/analysis/dynamics/encoder_collapse.py")
 
 SMALL_MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "2",

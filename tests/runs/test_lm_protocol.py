@@ -32,7 +32,7 @@ from repo import load
 
 from repo import REPO  # noqa: E402
 
-pc = load("lm_parameter_count")
+pc = load("scripts/analysis/tables/lm_parameter_count.py")
 
 
 def published_lr(u: int, lr: float, warmup: int, max_step: int) -> float:

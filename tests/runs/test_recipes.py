@@ -201,7 +201,7 @@ def test_every_fourier_option_reaches_meta_and_the_run_name(tmp_path):
 
     from fourierformer_fairseq.models.fourierformer import FourierAttentionConfig
 
-    make_tables = load("make_tables")
+    make_tables = load("scripts/analysis/tables/make_tables.py")
 
     names = [f.name[len("fourier_"):] for f in dataclasses.fields(FourierAttentionConfig)]
     extra = ["--lr", "3"]
@@ -389,7 +389,7 @@ def test_iwslt_small_end_to_end(iwslt_runs, tmp_path):
         assert res["sacrebleu_references"].startswith("raw references")
         epochs = sorted(int(p.name[len("checkpoint"):-3]) for p in ck.glob("checkpoint[0-9]*.pt"))
         assert_average_of(ck / "checkpoint_avg2.pt", [ck / f"checkpoint{e}.pt" for e in epochs[-2:]])
-    r = run([sys.executable, script("make_tables"), "--runs", str(runs)])
+    r = run([sys.executable, script("scripts/analysis/tables/make_tables.py"), "--runs", str(runs)])
     assert r.returncode == 0, r.stderr
     assert "Table 5" in r.stdout and "34.42" in r.stdout
     for m in models:  # the table shows what was measured
@@ -486,7 +486,7 @@ def test_wikitext_small_end_to_end(wiki_runs):
         assert res["context"] == 32 and "test_ppl" not in res
         assert res["valid_ppl"] == pytest.approx(2 ** res["valid_loss_base2"], rel=2e-3)
         assert res["valid_ppl"] < unigram / 4, (m, res["valid_ppl"], unigram)
-    r = run([sys.executable, script("make_tables"), "--runs", str(runs)])
+    r = run([sys.executable, script("scripts/analysis/tables/make_tables.py"), "--runs", str(runs)])
     assert r.returncode == 0, r.stderr
     assert "Table 1" in r.stdout and "softmax small" in r.stdout
     for m in models:  # the table shows what was measured
@@ -542,7 +542,7 @@ def test_reproduce_small_tables_offline(iwslt_runs, wiki_runs, tmp_path):
         twin = tmp_path / f"{model}_twin_heads.pt"
         torch.save(state, twin)
         out = tmp_path / f"{model}_twin_heads.json"
-        r = run([sys.executable, script("head_redundancy"), "--small", "--cpu",
+        r = run([sys.executable, script("scripts/analysis/tables/head_redundancy.py"), "--small", "--cpu",
                  "--checkpoint", str(twin), "--data", str(wiki_runs["data"]), "--out", str(out), "--label", model])
         assert r.returncode == 0, r.stderr[-3000:]
         twin_hr = json.load(open(out))
