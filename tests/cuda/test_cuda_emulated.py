@@ -24,7 +24,6 @@ def _text(output):
     return output.decode(errors="replace") if isinstance(output, bytes) else output
 
 
-@pytest.mark.slow
 def test_cuda_kernels_under_host_emulation_match_the_reference():
     try:
         result = subprocess.run(
@@ -44,7 +43,6 @@ def test_cuda_kernels_under_host_emulation_match_the_reference():
 # barrier, a read past shared memory, a read past a tensor) are reported, so that a run with no
 # report is not an uninstrumented one. Skipped, with the script's reason, where the compiler has
 # no such runtime.
-@pytest.mark.slow
 @pytest.mark.parametrize("sanitizer", ["thread", "address"])
 def test_cuda_kernels_under_host_emulation_with_sanitizer(sanitizer):
     try:
@@ -109,7 +107,6 @@ sys.exit(1 if failures else 0)
 '''
 
 
-@pytest.mark.slow
 def test_cuda_kernels_take_negative_zero_and_tiny_radii_under_host_emulation():
     result = subprocess.run([sys.executable, "-c", _RADIUS_CODE, os.path.dirname(SCRIPT), TESTS],
                             capture_output=True, text=True, timeout=1200, cwd=ROOT)

@@ -191,7 +191,6 @@ def test_a_subpackage_imported_first_registers_the_plugin(first):
     assert proc.stdout.strip().splitlines()[-1:] == ["RESULT True"], proc.stderr[-2000:]
 
 
-@pytest.mark.slow
 def test_the_readme_names_what_a_forgotten_user_dir_gives(translation_data, tmp_path):
     """fairseq-generate on a checkpoint of the stock softmax twin, without --user-dir: torch's loader
     refuses it with the message that the README's troubleshooting quotes; with it, it runs."""

@@ -20,7 +20,6 @@ def run_python(code, **env):
 
 
 @needs_cpu_kernel
-@pytest.mark.slow
 def test_fake_and_autograd_registered_at_import():
     # in a fresh process: import the ops package, make no call, then run the op on fake tensors
     # and with autograd

@@ -10,8 +10,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from repo import load, script
 
 
@@ -163,7 +161,6 @@ def test_nw_regression_is_fourier_attention():
     assert np.max(np.abs(a - b)) < 1e-8
 
 
-@pytest.mark.slow
 def test_fourier_estimators_small(tmp_path):
     # a fixed radius: no grid search, seconds
     r = run([sys.executable, script("scripts/analysis/tables/fourier_estimators.py"), "--small", "--radius", "4", "--out", str(tmp_path)])

@@ -18,7 +18,6 @@ def run(cmd, **kw):
 
 
 # --------------------------------------------------------------------------- model scripts
-@pytest.mark.slow
 def test_benchmark_model_small(tmp_path):
     out = tmp_path / "bench.json"
     r = run([sys.executable, script("scripts/benchmarks/benchmark_model.py"), "--small", "--device", "cpu", "--out", str(out)])
@@ -31,7 +30,6 @@ def test_benchmark_model_small(tmp_path):
     assert "| fourier small |" in r.stdout
 
 
-@pytest.mark.slow
 def test_benchmark_generation_small(tmp_path):
     """Every part of the generation benchmark runs on its --small models: beam search with fairseq's
     SequenceGenerator, the LM's incremental decoding and the stock fairseq-generate on checkpoints

@@ -208,7 +208,6 @@ def test_verify_wheels_refuses_torch_in_the_folder(bundle, tmp_path):
     assert any("torch is in" in p for p in bundle.verify_wheels(str(tmp_path)))
 
 
-@pytest.mark.slow
 def test_step_times_of_the_protocols_own_passes_are_the_record_the_dry_run_reads(gc, tmp_path):
     """The steptimes step's code path on the CPU (tiny layers, the protocol's pass): an entry for each size,
     attention (the twin, the fused published attention, a reference row while one is not fused) and

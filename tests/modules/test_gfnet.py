@@ -291,7 +291,6 @@ def test_gfnet_init_std_sets_the_filters_initial_taps(std):
     assert abs(taps.mean().item()) < 0.1 * taps.std().item()
 
 
-@pytest.mark.slow
 def test_language_model_trains_resumes_and_evaluates_with_stock_fairseq(tmp_path):
     """fairseq-train for 20 updates, resumed from checkpoint_last to 40, then fairseq-eval-lm."""
     data_dir = str(tmp_path / "data")
@@ -315,7 +314,6 @@ def test_language_model_trains_resumes_and_evaluates_with_stock_fairseq(tmp_path
     assert 1 < float(result["perplexity"]) < threshold, (result["perplexity"], threshold)
 
 
-@pytest.mark.slow
 def test_language_model_learns_from_two_positions_back(tmp_path):
     """The GFNet language model on text where only the letter two back predicts the next: after a
     fixed number of updates its test perplexity is under half the unigram perplexity, which

@@ -447,7 +447,6 @@ def run_in_two_processes(script):
     return digests
 
 
-@pytest.mark.slow  # two fresh interpreters importing torch: seconds each, more on a loaded machine
 def test_feature_draws_are_identical_across_processes():
     digests = run_in_two_processes(DRAW_SCRIPT.format(path=favor.__file__))
     h = hashlib.sha256()
@@ -492,7 +491,6 @@ def test_redraws_follow_seed_name_and_update_and_happen_only_in_training():
     assert projection_digest(other) == after
 
 
-@pytest.mark.slow
 def test_model_redraw_is_identical_in_two_fresh_processes():
     digests = run_in_two_processes(MODEL_SCRIPT.format(tests=TESTS))
     model = build_redraw_model().train()
@@ -669,7 +667,6 @@ def test_fourier_rf_attention_approaches_the_fourier_op_and_learns_the_radius():
 # ============================================================================ end to end
 
 
-@pytest.mark.slow
 def test_performer_lm_trains_with_redraws_and_evaluates(lm_data, tmp_path):
     """fairseq-train (30 updates of 128 tokens on the learnable Markov data, features redrawn every
     4 updates), then fairseq-eval-lm: the model must score under half the unigram perplexity (which
@@ -706,7 +703,6 @@ def test_performer_lm_trains_with_redraws_and_evaluates(lm_data, tmp_path):
           f"half the unigram perplexity {threshold:.4f}")
 
 
-@pytest.mark.slow
 def test_approximation_script_prints_its_table(capsys, monkeypatch):
     """scripts/analysis/dynamics/performer_approximation.py at the LM shape, one draw: a row per estimator and m;
     fourier_rf never has a non-positive normaliser; FAVOR+'s error falls from m = 16 to 1024."""

@@ -297,7 +297,6 @@ def test_cpu_empty_batch_queries_or_keys(shape):
 
 
 @needs_cpu_kernel
-@pytest.mark.slow
 def test_cpu_workspace_above_the_kept_size():
     # a slice's tables above 16 MiB (4M floats: 4 key fields x D x M = 4.2M here) take the
     # per-call workspace instead of the thread's kept one
@@ -856,7 +855,6 @@ def test_requested_cpu_kernel_variant_is_in_use():
 # with FOURIERFORMER_CPU_ISA set.
 
 
-@pytest.mark.slow
 @needs_cpu_kernel
 @pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
 @pytest.mark.parametrize("isa", variant_params())

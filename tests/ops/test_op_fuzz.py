@@ -275,7 +275,6 @@ def test_every_cpu_kernel_variant_quick(isa):
         assert part in result.stdout, f"{part} did not run under {isa}"
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(REQUESTED_ISA is not None, reason="already a variant's subprocess")
 @pytest.mark.parametrize("isa", variant_params())
 def test_fuzz_every_cpu_kernel_variant(isa):

@@ -98,7 +98,6 @@ def train_small(data_dir, save_dir, arch, extra=()):
     return collapse_measures(data_dir, save_dir)
 
 
-@pytest.mark.slow
 def test_small_translation_model_defaults_and_the_published_preset(word_by_word_data, tmp_path):
     # measured with the same data and recipe (seed 1): docs/records/training/encoder-collapse-small-width.md
     d = train_small(word_by_word_data, str(tmp_path / "defaults"), "fourierformer_iwslt_de_en")
@@ -131,7 +130,6 @@ def source_measures(data_dir: str, save_dir: str) -> dict:
                 "enc_cos": script.position_cosine(model, samples)}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gfnet_iwslt_de_en", "performer_iwslt_de_en"])
 def test_small_gfnet_and_performer_translation_models_learn_from_their_source(word_by_word_data, tmp_path, arch):
     """The other token mixers at the same small size, recipe and epochs learn the task as the

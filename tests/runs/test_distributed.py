@@ -37,8 +37,6 @@ from fairseq_helpers import (
     preprocess_translation_data,
 )
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(REPO)
 PLUGIN = Path(__file__).resolve().parent / "distributed_plugin"
 # 5 batches an epoch, 3 updates (the second rank's third is fairseq's dummy batch): 120 translation

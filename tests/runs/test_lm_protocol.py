@@ -339,7 +339,6 @@ def _row_runs():
     return sorted(seen.values())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("row", _row_runs(), ids=lambda r: r[0])
 def test_every_row_of_the_lm_tables_builds_its_setting_and_trains_a_step(row):
     """Each run of tables 1, 6, 7 and 8 under the published protocol (1 layer): the model has the row's

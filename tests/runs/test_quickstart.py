@@ -94,7 +94,6 @@ QUICKSTART_UPDATES = 150
 BLEU_MARGIN = 8.0  # points above the better baseline that each trained model must reach
 
 
-@pytest.mark.slow
 def test_quickstart_small_mode_end_to_end(tmp_path):
     out_dir = tmp_path / "qs"
     env = dict(os.environ)

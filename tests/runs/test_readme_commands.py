@@ -243,7 +243,6 @@ def _run_block(blocks, name: str, root: Path) -> str:
     return out
 
 
-@pytest.mark.slow
 def test_readme_commands_end_to_end_on_tiny_data(blocks, tmp_path):
     root = tmp_path
     os.symlink(USER_DIR, root / "fourierformer_fairseq")
@@ -284,7 +283,6 @@ RECIPES = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("block", sorted(RECIPES))
 def test_readme_training_command_is_the_recipes(blocks, block, tmp_path):
     """The README's fairseq-train line and the one the recipe runs parse to the same settings.

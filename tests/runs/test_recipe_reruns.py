@@ -82,7 +82,6 @@ def updates_of(checkpoint) -> int:
     return torch.load(checkpoint, map_location="cpu", weights_only=False)["optimizer_history"][-1]["num_updates"]
 
 
-@pytest.mark.slow
 def test_a_rerun_keeps_the_log_skips_a_trained_run_and_resumes_a_longer_one(lm_data, tmp_path):
     """The WikiText recipe (small mode) three times in one run folder: 6 updates with the progress on
     the console; the same again, which is skipped (the checkpoint and the log untouched); then 10

@@ -259,7 +259,6 @@ def test_prepare_checksum_mismatch_fails(tmp_path):
     assert r.returncode != 0 and "MD5 mismatch" in r.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("curl") or shutil.which("wget")), reason="needs curl or wget")
 def test_prepare_download_path(tmp_path):
     """The online path, with a file:// URL: download, checksum, extraction; a second call reuses
@@ -349,7 +348,6 @@ def iwslt_runs(recipe_base):
     return out
 
 
-@pytest.mark.slow
 def test_iwslt_small_end_to_end(iwslt_runs, tmp_path):
     """prepare -> train (both twins) -> evaluate -> tables.
 
@@ -463,7 +461,6 @@ def wiki_runs(recipe_base, wiki_data):
     return out
 
 
-@pytest.mark.slow
 def test_wikitext_small_end_to_end(wiki_runs):
     """prepare -> train (both twins, 300 updates) -> evaluate -> tables; each model's valid
     perplexity must be under a quarter of the unigram perplexity of the same data."""
@@ -494,7 +491,6 @@ def test_wikitext_small_end_to_end(wiki_runs):
         assert f"{res['valid_ppl']:.2f}" in r.stdout
 
 
-@pytest.mark.slow
 def test_reproduce_small_tables_offline(iwslt_runs, wiki_runs, tmp_path):
     """examples/reproduce.sh, the one command per table, in small mode from local raw files,
     over the pipelines above: it must reuse their prepared data and evaluated runs (table 5:
@@ -550,7 +546,6 @@ def test_reproduce_small_tables_offline(iwslt_runs, wiki_runs, tmp_path):
         assert twin_hr["mean"] < 1e-5 * hr["mean"], (model, twin_hr["mean"], hr["mean"])
 
 
-@pytest.mark.slow
 def test_reproduce_table_survives_a_diverging_row(wiki_data, tmp_path):
     """A row whose training goes NaN (x^3 at a learning rate of 1e30, through a fairseq-train on PATH that
     adds it to that row's command) is recorded as not converged, with the update it stopped at, and the
@@ -716,7 +711,6 @@ def markdown_table(text: str, title: str) -> tuple[list[str], list[list[str]]]:
     return table[0], table[2:]
 
 
-@pytest.mark.slow
 def test_full_size_compare_end_to_end_on_the_cpu(wiki_data, tmp_path):
     """compare.sh with tiny language models on the CPU: two configurations side by side, the
     common update (the largest checkpoint both runs saved), the attention of both checkpoints

@@ -58,7 +58,6 @@ def lm_threshold(data_dir):
     return unigram_perplexity(os.path.join(data_dir, "train.out"), os.path.join(data_dir, "valid.out")) / 2
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", TRANSLATION_ARCHS)
 def test_translation_arch_trains_validates_and_generates(arch, translation_data, tmp_path, capsys):
     save_dir = str(tmp_path)
@@ -85,7 +84,6 @@ def test_translation_arch_trains_validates_and_generates(arch, translation_data,
     assert len(alignments) == 15 and all(re.fullmatch(r"A-\d+\t(\d+-\d+ ?)+", a) for a in alignments)
 
 
-@pytest.mark.slow
 def test_radius_is_learned_and_training_resumes_from_checkpoint_last(translation_data, tmp_path, caplog):
     save_dir = str(tmp_path)
     train_translation_model(translation_data, save_dir, "fourierformer_iwslt_de_en",
@@ -108,7 +106,6 @@ def test_radius_is_learned_and_training_resumes_from_checkpoint_last(translation
     assert os.path.exists(os.path.join(save_dir, "checkpoint2.pt"))
 
 
-@pytest.mark.slow
 def test_checkpoint_loads_in_fresh_stock_processes(translation_data, tmp_path, capsys):
     """fairseq-generate / -interactive / -validate, new processes, torch.load with weights_only=True;
     the reloaded model scores every test reference as the model did before it was saved."""
@@ -140,7 +137,6 @@ def test_checkpoint_loads_in_fresh_stock_processes(translation_data, tmp_path, c
     assert "valid on 'test' subset" in val.stdout + val.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", LM_ARCHS)
 def test_language_model_arch_trains_and_evaluates(arch, lm_data, tmp_path):
     save_dir = str(tmp_path)
@@ -154,7 +150,6 @@ def test_language_model_arch_trains_and_evaluates(arch, lm_data, tmp_path):
     assert windowed["loss"] < plain["loss"] + 0.5
 
 
-@pytest.mark.slow
 def test_language_model_with_adaptive_input_and_softmax(lm_data, tmp_path):
     save_dir = str(tmp_path)
     cutoffs = ["--adaptive-input", "--adaptive-input-cutoff", "8,16", "--adaptive-softmax-cutoff", "8,16",
@@ -169,7 +164,6 @@ def test_language_model_with_adaptive_input_and_softmax(lm_data, tmp_path):
     assert ppl < lm_threshold(lm_data), (ppl, lm_threshold(lm_data))
 
 
-@pytest.mark.slow
 def test_language_model_checkpoint_in_fresh_fairseq_eval_lm(lm_data, tmp_path):
     """The checkpoint, reloaded by a fresh fairseq-eval-lm, scores what the model scored before it was saved."""
     save_dir = str(tmp_path)
@@ -190,7 +184,6 @@ def test_language_model_checkpoint_in_fresh_fairseq_eval_lm(lm_data, tmp_path):
     assert float(before["perplexity"]) < lm_threshold(lm_data)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["fourierformer_iwslt_de_en", "gfnet_iwslt_de_en", "fourierformer_lm_wiki103_small",
                                   "softmax_lm_wiki103_small"])
 def test_checkpoints_record_the_plugin_version(arch, translation_data, lm_data, tmp_path):

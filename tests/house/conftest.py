@@ -1,0 +1,7 @@
+"""The house rules: fast."""
+from tiers import room_tiers
+
+ROOM = "fast"
+EXCEPTIONS: dict = {}
+
+pytest_collection_modifyitems = room_tiers(__file__, ROOM, EXCEPTIONS)
