@@ -7,6 +7,10 @@ stops before any test runs, with the loader's reason, unless the fused CPU backe
 and loaded. Without it the header of every run says whether the kernel loaded, and the
 skipped tests are listed with their reasons at the end (``-rfEs`` in pyproject.toml).
 
+The tests marked ``release`` (the two-rank runs beyond one per plugin path) are deselected unless
+``-m`` names ``release`` or ``FOURIERFORMER_RELEASE=1`` is set; a release runs them
+(docs/testing.md). A test's tier (fast or slow) is its room's: tests/<room>/conftest.py.
+
 The data the tests share: ``translation_data`` (the reversed-letters pair) and ``lm_data`` (the
 learnable Markov text), made and binarised once a session by ``fairseq_helpers``; the tests only
 read them (trainings write to their own ``tmp_path``).
@@ -52,6 +56,19 @@ def lm_data(tmp_path_factory):
     create_markov_lm_data(data_dir)
     preprocess_lm_data(data_dir)
     return data_dir
+
+
+RELEASE = "FOURIERFORMER_RELEASE"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The ``release`` tests run when asked: ``-m`` naming ``release``, or FOURIERFORMER_RELEASE=1."""
+    if os.environ.get(RELEASE, "0") == "1" or "release" in (config.option.markexpr or ""):
+        return
+    release = [item for item in items if item.get_closest_marker("release") is not None]
+    if release:
+        config.hook.pytest_deselected(items=release)
+        items[:] = [item for item in items if item.get_closest_marker("release") is None]
 
 
 def pytest_sessionstart(session):
