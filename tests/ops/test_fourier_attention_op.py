@@ -960,6 +960,41 @@ def test_zero_radius_gives_the_mean_of_the_visible_values_and_is_stationary(back
 
 
 @needs_cpu_kernel
+@pytest.mark.parametrize("N", [3, 13], ids=["short_query", "row_groups"])
+def test_need_weights_and_output_come_from_one_call_where_they_fit(N, monkeypatch):
+    """Where v and the identity fit the kernel's value width together, need_weights takes one
+    kernel call, [v | I]: its output is bit for bit the call without weights, and its weights
+    those of the identity's calls of their own (WEIGHTS_COLUMNS below M), dropout and the null
+    key included; with a key table too."""
+    from fourierformer_fairseq.ops import fused, key_table
+
+    B, H, M, D, Dv = 2, 2, 21, 16, 5
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=47)
+    r = torch.tensor(0.9)
+    kw = dict(power=4, causal=True, dropout_p=0.25, normaliser_eps=1e-3, backend="cpu")
+    calls = []
+    real = fused.fused_forward
+    monkeypatch.setattr(fused, "fused_forward", lambda *a, **k_: calls.append(1) or real(*a, **k_))
+
+    def run(**extra):
+        with torch.random.fork_rng():
+            torch.manual_seed(3)
+            return fourier_attention(q, k, v, r, **kw, **extra)
+
+    out, weights = run(need_weights=True)
+    assert len(calls) == 1, f"{len(calls)} kernel calls for the output and the weights"
+    assert torch.equal(out, run())
+    monkeypatch.setattr(fused, "WEIGHTS_COLUMNS", M - 1)  # the identity in calls of its own
+    calls.clear()
+    out_apart, weights_apart = run(need_weights=True)
+    assert len(calls) == 3 and torch.equal(out_apart, out) and torch.equal(weights_apart, weights)
+    monkeypatch.setattr(fused, "WEIGHTS_COLUMNS", None)
+    table = key_table(k, room=M + 5)
+    out_t, weights_t = run(need_weights=True, key_table=table)
+    assert torch.equal(out_t, out) and torch.equal(weights_t, weights)
+
+
+@needs_cpu_kernel
 def test_fused_need_weights_come_from_the_kernel(monkeypatch):
     # The fused backend's need_weights returns its kernel's weights, not the reference's (which
     # it once did, so that comparing them with the reference compared the reference with

@@ -39,7 +39,8 @@ from fuzz_cases import (CLASSES, DROPOUTS, MASKS, NULL_KEY_FACTORS, RADIUS_SHAPE
 from helpers import single_thread
 from oracle import float64_mismatches, lse_mismatches, oracle_gradients, oracle_mismatches
 
-from fourierformer_fairseq.ops import backend_unavailable_reason, fourier_attention  # noqa: E402
+from fourierformer_fairseq.ops import (DECLARATIONS, backend_unavailable_reason, fourier_attention,  # noqa: E402
+                                       key_table, key_table_keys)
 
 CPU_FUSED = not backend_unavailable_reason("cpu")
 pytestmark = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
@@ -102,6 +103,33 @@ def test_fuzz_lse_against_oracle():
             _, lse = torch.ops.fourierformer.fourier_attention_forward(*op_forward_args(case, torch.float32))
             bad = lse_mismatches(lse, case["q"], case["k"], case["radius"], **case["kwargs"])
             failures += [case["label"] + ": " + b for b in bad]
+    assert not failures, "\n".join(failures)
+
+
+def test_fuzz_key_table_reads_the_keys_as_the_keys_do():
+    """Every float32 fuzz case's forward with its key table (room for more keys) and, as
+    incremental decoding passes them, the keys as a strided view of that table: bit for bit the
+    forward from the keys themselves (which the fuzz above checks against the oracle), NaN where
+    it is NaN. Slices of fewer rows than the row groups read the keys from the table alone (the
+    view is not copied), the others copy the view."""
+    failures = []
+    block = DECLARATIONS["cpu"].key_table_keys
+    with single_thread(), torch.no_grad():
+        for seed in range(0, N_CASES, FUZZ_STRIDE):
+            case = draw_case(seed)
+            q, k, v, radius = (case[n] for n in ("q", "k", "v", "radius"))
+            M = k.size(2)
+            with torch.random.fork_rng():
+                torch.manual_seed(case.get("seed", 0))
+                want = fourier_attention(q, k, v, radius, backend="cpu", **case["kwargs"])
+            table = key_table(k, room=M + block + 3)
+            with torch.random.fork_rng():
+                torch.manual_seed(case.get("seed", 0))
+                got = fourier_attention(q, key_table_keys(table, M), v, radius, backend="cpu", key_table=table,
+                                        **case["kwargs"])
+            if not torch.equal(torch.nan_to_num(got, 7.0), torch.nan_to_num(want, 7.0)) or not torch.equal(
+                    got.isnan(), want.isnan()):
+                failures.append(case["label"] + f": max difference {(got - want).abs().nan_to_num(0).max():.3g}")
     assert not failures, "\n".join(failures)
 
 
@@ -253,7 +281,7 @@ QUICK_VARIANT_SELECTION = (
     "requested or float32_against_oracle or weight_on_one_key or every_power_radius "
     "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64) "
     "or stored_output or (test_normaliser_eps and cpu_float32) or powers_of_8 or finite_additive_masks "
-    "or column_chunks"
+    "or column_chunks or key_table_reads_the_keys"
 )
 
 
