@@ -4,7 +4,7 @@ Where a row group's G (4 rows x D x the keys padded to 16) fits kOneSweepGradien
 floats), one sweep of products gives P, f dP and G and a pass over the kept G the gradients; beyond
 it, a first sweep of the forward's products gives P and f dP and a second computes the products again
 for G. The fuzz (test_op_fuzz.py) draws keys up to 100 at head dims up to 128, all of them within
-one sweep; here the same cases with their keys tiled until the group's G passes that size (keys,
+one sweep; here the cases of head dim 64 and 128 with their keys tiled until the group's G passes that size (keys,
 values, masks and padding repeated; causal rows then see the tiled keys their alignment gives them;
 dropout's mask drawn again for the wider shape), forward and gradients against the float64 oracle,
 with the fuzz's bound (oracle.oracle_mismatches, stated in test_op_fuzz.py's docstring).
@@ -66,9 +66,11 @@ def gradients(case):
     return (out.detach(), *(torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)))
 
 
-# fuzz seeds of head dim 16 and more (their tiled keys stay a few hundred), every case class,
-# mask, radius shape and sign, the null key and dropout among them
-SEEDS = [s for s in range(140) if draw_case(s)["k"].shape[3] >= 16][:21]
+# fuzz seeds of head dim 64 and more, whose tiled keys stay a few hundred (at D 16 they would be
+# over a thousand, where a float32 sum over the keys drifts past the fuzz's bound, calibrated to
+# its own at most 100 keys, in the forward as much as in the backward): every case class, mask,
+# radius shape and sign, the null key and dropout among them
+SEEDS = [s for s in range(140) if draw_case(s)["k"].shape[3] >= 64]
 
 
 def test_the_seeds_draw_every_class():
