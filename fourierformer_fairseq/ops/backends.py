@@ -19,6 +19,22 @@ from .extension import extension_status
 from .inputs import AttentionInputs
 
 
+def _kept(fn):
+    """A property computed on its first read and kept on the instance: functools.cached_property
+    without the lock it takes under Python 3.11, which torch.compile cannot trace (a compiled
+    first call of a process would fail on the declarations' first read)."""
+    name = "_kept_" + fn.__name__
+
+    @functools.wraps(fn)
+    def read(self):
+        kept = self.__dict__.get(name, _kept)
+        if kept is _kept:
+            kept = self.__dict__[name] = fn(self)
+        return kept
+
+    return property(read)
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_device_visible() -> bool:
     return torch.cuda.is_available()
@@ -58,7 +74,7 @@ class FusedBackend:
         self.name = name
         self.supported_device = name
 
-    @functools.cached_property
+    @_kept
     def _limits(self) -> Optional[dict]:
         status = extension_status()
         return status.module.backend_limits[self.name] if status.loaded else None
@@ -84,7 +100,7 @@ class FusedBackend:
         """The key table's room is a multiple of this (ops.key_table); None: the backend reads none."""
         return None if self._limits is None else self._limits.get("key_table_keys")
 
-    @functools.cached_property
+    @_kept
     def _availability_reasons(self) -> Tuple[str, ...]:
         status = extension_status()
         if not status.loaded:
@@ -96,7 +112,7 @@ class FusedBackend:
                 return ("the extension has CUDA kernels, but no CUDA device is visible",)
         return ()
 
-    @functools.cached_property
+    @_kept
     def _dtypes(self) -> Tuple[torch.dtype, ...]:
         return self.supported_dtypes or ()
 
