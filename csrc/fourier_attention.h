@@ -37,11 +37,13 @@ struct AttentionShape {
 // Checks q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv), radius (H,D), attn_mask (B|1,H|1,N,M),
 // key_bias (B,M) and the scalars; raises a c10::Error that names the offending argument.
 // attn_mask and key_bias are each either additive float masks or bool masks (true = may not
-// be attended, as nn.MultiheadAttention and fairseq mark them).
+// be attended, as nn.MultiheadAttention and fairseq mark them). takes_abs: the backend runs
+// phi(x) = |x| as power limits::kAbsPower (its limits::k*Phis hold "abs").
 AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& radius, double power,
                                     const std::optional<at::Tensor>& attn_mask,
-                                    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p);
+                                    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p,
+                                    bool takes_abs = false);
 
 // log(normaliser_eps) (-inf for 0) after checking it is finite and >= 0.
 double null_key_log_eps(double normaliser_eps);

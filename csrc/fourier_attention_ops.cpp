@@ -41,7 +41,8 @@ std::string fused_power_rule() {
 AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& radius, double power,
                                     const std::optional<at::Tensor>& attn_mask,
-                                    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p) {
+                                    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p,
+                                    bool takes_abs) {
   TORCH_CHECK(q.dim() == 4, "fourier_attention: q must be (B, H, N, D), got ", q.sizes());
   TORCH_CHECK(k.dim() == 4, "fourier_attention: k must be (B, H, M, D), got ", k.sizes());
   TORCH_CHECK(v.dim() == 4, "fourier_attention: v must be (B, H, M, Dv), got ", v.sizes());
@@ -57,9 +58,11 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
   TORCH_CHECK(radius.dim() == 2 && radius.size(0) == s.H && radius.size(1) == s.D,
               "fourier_attention: the kernel takes radius expanded to (H, D) = (", s.H, ", ", s.D, "), got ",
               radius.sizes());
-  TORCH_CHECK(power >= limits::kFusedMinPower && std::fmod(power, limits::kFusedPowerMultiple) == 0.0,
+  TORCH_CHECK((power >= limits::kFusedMinPower && std::fmod(power, limits::kFusedPowerMultiple) == 0.0) ||
+                  (takes_abs && power == limits::kAbsPower),
               "fourier_attention: the fused kernels take phi(x) = x^p with ", fused_power_rule(),
-              " (log domain), got p = ", power, "; other phis run on the reference backend");
+              takes_abs ? " (or p = 1: phi(x) = |x|)" : "", " (log domain), got p = ", power,
+              "; other phis run on the reference backend");
   TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "fourier_attention: dropout_p must be in [0, 1), got ",
               dropout_p);
   TORCH_CHECK(!causal || s.N <= s.M, "fourier_attention: causal attention needs N <= M");
@@ -178,24 +181,24 @@ TORCH_LIBRARY_IMPL(fourierformer, CPU, m) {
 namespace {
 
 template <size_t N>
-PyObject* dtype_tuple(const char* const (&names)[N]) {
+PyObject* name_tuple(const char* const (&names)[N]) {
   PyObject* t = PyTuple_New(N);
   for (size_t i = 0; t != nullptr && i < N; ++i) PyTuple_SET_ITEM(t, i, PyUnicode_FromString(names[i]));
   return t;
 }
 
 // {"cpu": {...}, "cuda": {...}}: the limits of backend_limits.h for Python (ops/backends.py),
-// with the rule on p in words (power_rule). A limit a backend does not have is None.
+// with the rule on p in words (power_rule) and the op's phis each backend runs (phis). A limit a backend does not have is None.
 PyObject* backend_limits_dict() {
   namespace L = fourierformer::limits;
   const std::string rule = fourierformer::fused_power_rule();
-  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:O,s:O,s:O,s:L}", "device", "cpu", "dtypes",
-                                dtype_tuple(L::kCpuDtypes), "min_power", L::kFusedMinPower, "power_multiple",
+  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:N,s:d,s:d,s:s,s:O,s:O,s:O,s:L}", "device", "cpu", "dtypes",
+                                name_tuple(L::kCpuDtypes), "phis", name_tuple(L::kCpuPhis), "min_power", L::kFusedMinPower, "power_multiple",
                                 L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim", Py_None,
                                 "seq_len_bound", Py_None, "tiled_backward_max_head_dim", Py_None,
                                 "key_table_keys", (long long)L::kCpuKeyTableKeys);
-  PyObject* cuda = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:i,s:L,s:i}", "device", "cuda", "dtypes",
-                                 dtype_tuple(L::kCudaDtypes), "min_power", L::kFusedMinPower, "power_multiple",
+  PyObject* cuda = Py_BuildValue("{s:s,s:N,s:N,s:d,s:d,s:s,s:i,s:L,s:i}", "device", "cuda", "dtypes",
+                                 name_tuple(L::kCudaDtypes), "phis", name_tuple(L::kCudaPhis), "min_power", L::kFusedMinPower, "power_multiple",
                                  L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim",
                                  L::kCudaMaxHeadDim, "seq_len_bound", (long long)L::kCudaSeqLenBound,
                                  "tiled_backward_max_head_dim", L::kCudaTiledBackwardMaxHeadDim);

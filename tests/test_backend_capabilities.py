@@ -34,6 +34,7 @@ def test_fused_limits_are_the_extensions():
         assert backend.min_power == limits[name]["min_power"]
         assert backend.power_multiple == limits[name]["power_multiple"]
         assert backend.power_rule == limits[name]["power_rule"] and backend.power_rule in backend.describe()
+        assert backend.phis == limits[name]["phis"] and "power" in backend.phis
     assert CPU.max_head_dim is None and CUDA.max_head_dim is not None
 
 
@@ -43,8 +44,8 @@ def test_cpu_declaration_agrees_with_the_cpu_op(dtype):
     """The raw C++ op runs exactly the dtypes and powers the declaration lists, and says the same."""
     q, k, v, r, _ = inputs(dtype=dtype)
     radius = r.to(torch.float64 if dtype == torch.float64 else torch.float32).expand(2, 5).contiguous()
-    for power in (2.0, 3.0, 4.0):
-        powered = power >= CPU.min_power and power % CPU.power_multiple == 0
+    for power in (1.0, 2.0, 3.0, 4.0):  # (the op's power 1 is phi(x) = |x|, where "abs" is a phi of the backend)
+        powered = (power >= CPU.min_power and power % CPU.power_multiple == 0) or (power == 1.0 and "abs" in CPU.phis)
         declared = dtype in CPU.supported_dtypes and powered
         run = lambda: torch.ops.fourierformer.fourier_attention_forward(q, k, v, radius, power, None, None, False, 0.0, 0)  # noqa: E731
         if declared:
@@ -69,7 +70,8 @@ def test_each_reason_alone():
     assert "inputs are on cpu" in cuda_base  # plus, on a machine without CUDA, why it cannot run at all
     assert cuda_base == list(CUDA.not_supported_reasons()) + ["inputs are on cpu"]
     cases = [
-        (CPU, dict(phi="abs"), "phi='abs'"),
+        (CPU, dict(phi="relu"), "phi='relu'"),
+        (CUDA, dict(phi="abs"), "phi='abs'"),
         (CPU, dict(power=3), "power=3"),
         (CPU, dict(dtype=torch.float16), "the cpu kernel takes torch.float32, torch.float64, got torch.float16"),
         (CPU, dict(attn_mask=torch.zeros(3, 4, requires_grad=True)), "attn_mask requires grad"),

@@ -3,7 +3,8 @@
 Every case is drawn from its own seed: shapes with every remainder of N and M modulo the
 kernels' lane (16, 8, 4) and row-group (8, 4) widths, head dims up to 128, keys that
 duplicate queries exactly or to 1e-6 or 1e-3, keys next to sinc's zeros (and on them as
-closely as float32 allows), large |R q| (range reduction), powers 2, 4 and 6, every radius
+closely as float32 allows), large |R q| (range reduction), powers 2, 4 and 6 and phi(x) = |x|
+(the log domain with p = 1, on every third pair of seeds), every radius
 shape, causal, key padding (fully padded sequences included), finite additive and bool
 masks, positive, negative and mixed-sign radii, and the published normaliser (a null key of
 weight eps, at 0.1, 1 or 10 times the median row's mass). The forward and all four gradients are checked.
@@ -41,8 +42,8 @@ from oracle import float64_mismatches, lse_mismatches, oracle_gradients, oracle_
 from oracle import _log_abs_sinc_oracle, _radius_table, _scores
 
 
-def oracle_scores(q, k, radius, power):
-    return _scores(q, k, radius, power, _log_abs_sinc_oracle)
+def oracle_scores(q, k, radius, power, phi="power"):
+    return _scores(q, k, radius, power, _log_abs_sinc_oracle, phi=phi)
 
 from fourierformer_fairseq.ops import backend_unavailable_reason, fourier_attention  # noqa: E402
 from fourierformer_fairseq.ops.reference import draw_seed, dropout_keep_mask  # noqa: E402
@@ -59,13 +60,14 @@ RADIUS_SIGNS = ("positive", "negative", "mixed", "positive", "mixed")
 
 NULL_KEY_FACTORS = (0.0, 0.1, 0.0, 1.0, 0.0, 10.0)
 DROPOUTS = (0.0, 0.5, 0.0, 0.0, 0.1, 0.0)  # by (seed // 3) % 6: every radius shape and mask meets both
+PHI_KINDS = ("power", "power", "abs")  # by (seed // 2) % 3: the fused phis besides the even powers
 
 
 def _median_row_mass(q, k, radius, kwargs) -> float:
     """The median over rows that see a key of sum_j w_ij (masks included), from the oracle's scores."""
     B, H, N, _ = q.shape
     M = k.shape[2]
-    S = oracle_scores(q.double(), k.double(), radius.double(), kwargs["power"])
+    S = oracle_scores(q.double(), k.double(), radius.double(), kwargs["power"], kwargs.get("phi", "power"))
     S = S + oracle_additive_mask(B, H, N, M, kwargs.get("attn_mask"), kwargs.get("key_padding_mask"),
                                  kwargs.get("causal", False))
     lse = torch.logsumexp(S, -1)
@@ -74,10 +76,11 @@ def _median_row_mass(q, k, radius, kwargs) -> float:
 
 
 def case_classes(seed: int) -> tuple:
-    """(case class, mask, radius shape, radius sign, null-key factor, dropout p) of fuzz case `seed`."""
+    """(case class, mask, radius shape, radius sign, null-key factor, dropout p, phi) of fuzz case `seed`."""
     return (CLASSES[seed % len(CLASSES)], MASKS[(seed // len(CLASSES)) % len(MASKS)],
             RADIUS_SHAPES[(seed // 3) % 4], RADIUS_SIGNS[seed % len(RADIUS_SIGNS)],
-            NULL_KEY_FACTORS[(seed // 2) % len(NULL_KEY_FACTORS)], DROPOUTS[(seed // 3) % len(DROPOUTS)])
+            NULL_KEY_FACTORS[(seed // 2) % len(NULL_KEY_FACTORS)], DROPOUTS[(seed // 3) % len(DROPOUTS)],
+            PHI_KINDS[(seed // 2) % len(PHI_KINDS)])
 
 
 def draw_case(seed: int) -> dict:
@@ -95,7 +98,7 @@ def draw_case(seed: int) -> dict:
     std = pick((0.3, 1.0, 3.0))
     R = pick((0.5, 2.0, 10.0))
     power = pick((2, 4, 6))
-    kind, mask_kind, radius_kind, sign_kind, eps_factor, dropout_p = case_classes(seed)
+    kind, mask_kind, radius_kind, sign_kind, eps_factor, dropout_p, phi = case_classes(seed)
 
     k = torch.randn(B, H, M, D, generator=g) * std
     v = torch.randn(B, H, M, Dv, generator=g)
@@ -125,7 +128,7 @@ def draw_case(seed: int) -> dict:
             delta = pick((0.0, 1e-6, 1e-3, 3e-2))
             k[b, h, j, d] = q[b, h, i, d] - m * math.pi * (1 + delta) / float(r_hd[h, d])
 
-    kwargs = dict(power=power)
+    kwargs = dict(power=power) if phi == "power" else dict(power=power, phi=phi)  # (|x| takes no power)
     causal = mask_kind.startswith("causal") and N <= M
     if causal:
         kwargs["causal"] = True
@@ -166,7 +169,8 @@ def draw_case(seed: int) -> dict:
         kwargs["dropout_p"] = dropout_p
         oracle_kwargs["dropout_scale"] = dropout_keep_mask(_dropout_seed(seed), (B, H, N, M), dropout_p, "cpu").double() / (1 - dropout_p)
     label = (
-        f"seed={seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} ({radius_kind}, {sign_kind}) p={power} "
+        f"seed={seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} ({radius_kind}, {sign_kind}) "
+        + (f"p={power} " if phi == "power" else f"phi={phi} ") +
         f"mask={mask_kind}{' causal' if causal else ''}"
         + (f" normaliser_eps={kwargs['normaliser_eps']:.3g}" if eps_factor else "")
         + (f" dropout_p={dropout_p}" if dropout_p else "")
@@ -212,7 +216,8 @@ QUICK_STRIDE = 11
 
 def test_quick_fuzz_subset_samples_every_class():
     drawn = [case_classes(seed) for seed in range(0, N_CASES, QUICK_STRIDE)]
-    for column, values in enumerate((CLASSES, MASKS, RADIUS_SHAPES, RADIUS_SIGNS, NULL_KEY_FACTORS, DROPOUTS)):
+    for column, values in enumerate((CLASSES, MASKS, RADIUS_SHAPES, RADIUS_SIGNS, NULL_KEY_FACTORS, DROPOUTS,
+                                     PHI_KINDS)):
         missing = set(values) - {c[column] for c in drawn}
         assert not missing, f"the variants' quick fuzz (stride {QUICK_STRIDE}) never draws {sorted(map(str, missing))}"
 
@@ -237,7 +242,8 @@ def op_forward_args(case, dtype, device="cpu"):
     if mask is not None:
         mask = mask.reshape(*((B, H) if mask.dim() == 3 else (1, 1)), N, M).to(device)
     padding = kw.get("key_padding_mask")
-    return (q, k, v, radius.contiguous(), float(kw["power"]), mask, None if padding is None else padding.to(device),
+    power = 1.0 if kw.get("phi") == "abs" else float(kw["power"])  # (the ops take |x| as p = 1)
+    return (q, k, v, radius.contiguous(), power, mask, None if padding is None else padding.to(device),
             kw.get("causal", False), kw.get("dropout_p", 0.0), 0, kw.get("normaliser_eps", 0.0))
 
 
@@ -395,15 +401,15 @@ def test_requested_variant_is_in_use():
 # subprocess, every QUICK_STRIDE-th fuzz case (every class, mask, radius shape and sign, with and
 # without the null key) and the one-key cases here, the op tests that sweep every power, radius
 # shape and mask (and p >= 8, finite per-(batch, head) masks), and, on the cpu backend in float32,
-# draw the radius through 0 and check need_weights (also in column chunks), and
-# tests/test_normaliser_eps.py's float32 cases of the cpu kernel. A variant
+# draw the radius through 0 and check need_weights (also in column chunks),
+# tests/test_normaliser_eps.py's float32 cases of the cpu kernel, and tests/test_fused_phis.py. A variant
 # this CPU cannot run is a visible skip (cpu_variants.variant_params). (The full tier re-runs
 # all of this file and the op file's accuracy tests per variant.)
 QUICK_VARIANT_SELECTION = (
     "requested or float32_against_oracle or weight_on_one_key or every_power_radius "
     "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64) "
     "or stored_output or (test_normaliser_eps and cpu_float32) or powers_of_8 or finite_additive_masks "
-    "or column_chunks"
+    "or column_chunks or test_phi_"
 )
 
 
@@ -415,13 +421,14 @@ def test_every_cpu_kernel_variant_quick(isa):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", __file__,
          os.path.join(here, "test_fourier_attention_op.py"), os.path.join(here, "test_normaliser_eps.py"),
-         "-k", QUICK_VARIANT_SELECTION],
+         os.path.join(here, "test_fused_phis.py"), "-k", QUICK_VARIANT_SELECTION],
         capture_output=True, text=True, timeout=1200, env=env,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "failed" not in result.stdout and " skipped" not in result.stdout.lower()
     for part in ("test_fuzz_float32_against_oracle[", "test_op_fuzz.py::test_requested_variant_is_in_use",
-                 "test_normaliser_eps.py::test_every_backend_against_the_oracle["):
+                 "test_normaliser_eps.py::test_every_backend_against_the_oracle[",
+                 "test_fused_phis.py::test_phi_every_mask_and_radius_shape_against_the_oracle["):
         assert part in result.stdout, f"{part} did not run under {isa}"
 
 

@@ -20,6 +20,14 @@ namespace fourierformer {
 
 namespace {
 
+// Whether phi(x) = |x| (power limits::kAbsPower) is among the CPU backend's phis.
+constexpr bool phis_hold_abs() {
+  for (const char* phi : limits::kCpuPhis)
+    if (phi[0] == 'a' && phi[1] == 'b' && phi[2] == 's' && phi[3] == 0) return true;
+  return false;
+}
+constexpr bool kTakesAbs = phis_hold_abs();
+
 struct SliceMasks {
   at::Tensor attn_mask;  // additive; undefined if none
   at::Tensor key_bias;
@@ -206,7 +214,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     double power, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias,
     bool causal, double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
   const AttentionShape sh =
-      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, kTakesAbs);
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
@@ -244,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
     double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
   const AttentionShape sh =
-      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, kTakesAbs);
   checked_key_table(tables, q_in, k_in);  // (the backward builds its own tables)
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();

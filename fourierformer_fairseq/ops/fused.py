@@ -172,6 +172,12 @@ if extension_status().loaded:
     _LIBRARY.impl("fourier_attention_forward", _forward_autograd, "Autograd", with_keyset=True)
 
 
+def op_power(inp: AttentionInputs) -> float:
+    """The ops' power of a call: p of phi(x) = x^p, or 1 for phi(x) = |x| (the log domain with p = 1,
+    which the backends listing "abs" in their phis accept: csrc/backend_limits.h, kAbsPower)."""
+    return 1.0 if inp.phi == "abs" else float(inp.power)
+
+
 def _op_radius(inp: AttentionInputs) -> torch.Tensor:
     compute = _compute_dtype(inp.q.dtype)
     radius = inp.radius_hd if inp.radius_hd.dtype == compute else inp.radius_hd.to(compute)
@@ -191,7 +197,7 @@ def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None =
         attn_mask = attn_mask.to(compute)
     key_bias = inp.key_padding_mask
     out, _ = torch.ops.fourierformer.fourier_attention_forward(
-        inp.q, inp.k, inp.v if values is None else values, radius, float(inp.power), attn_mask, key_bias,
+        inp.q, inp.k, inp.v if values is None else values, radius, op_power(inp), attn_mask, key_bias,
         inp.causal, inp.dropout_p, seed, inp.normaliser_eps, tables,
     )
     return out
