@@ -19,13 +19,13 @@ namespace limits {
 constexpr double kFusedMinPower = 2.0;
 constexpr double kFusedPowerMultiple = 2.0;
 
-// The phis of the op (fourier_attention's phi) each fused backend runs: "power" with the rule on
-// p above, and "abs", phi(x) = |x|, which is the log domain with p = 1 (log |sinc|): the ops
-// take it as power kAbsPower, which only the backends whose list holds "abs" accept. The
-// other phis run on the reference backend.
-constexpr const char* kCpuPhis[] = {"power", "abs"};
+// The phis of the op (fourier_attention's phi, the ops' argument phi) each fused backend runs:
+// "power" with the rule on p above; "abs", phi(x) = |x|, the log domain with p = 1
+// (log |sinc|), and "relu", the same with a zero weight wherever a factor's sinc is negative,
+// both taken with power kUnitPower. The other phis run on the reference backend.
+constexpr const char* kCpuPhis[] = {"power", "abs", "relu"};
 constexpr const char* kCudaPhis[] = {"power"};
-constexpr double kAbsPower = 1.0;
+constexpr double kUnitPower = 1.0;
 
 // Input dtypes, named as torch names them. The CPU kernels are float32 (vectorised) and
 // float64 (scalar loops); the CUDA kernels are instantiated by AT_DISPATCH_FLOATING_TYPES_AND2

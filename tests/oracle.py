@@ -6,7 +6,9 @@
 
 The other phis of the paper's Table 7 that are non-negative (keyword ``phi``, default "power"):
 ``phi="abs"``, w_ij = prod_d |sinc(x_ijd)|, is the formula above with p = 1 (``power`` is then
-ignored).
+ignored); ``phi="relu"``, w_ij = prod_d max(sinc(x_ijd), 0), is |x|'s formula with the score -inf
+(a zero weight) wherever a factor's sinc is negative (sin(x) x < 0, decided in the dtype computed
+in); a row whose every visible key has a zero weight gives 0, as a row with every key masked.
 
 and with ``normaliser_eps`` = eps > 0 (the published code's normaliser) out_i = sum_j w_ij v_j /
 (sum_j w_ij + eps): eps is the weight of one more key, of log-weight log(eps) and value 0.
@@ -122,11 +124,11 @@ def _log_abs_sinc_plain(x: torch.Tensor) -> torch.Tensor:
     return torch.where(zero, torch.zeros_like(x), torch.log(torch.abs(torch.sin(xl) / xl)))
 
 
-PHIS = ("power", "abs")
+PHIS = ("power", "abs", "relu")
 
 
 def phi_power(phi: str, power) -> float:
-    """p of the log domain for a phi: the call's power for "power", 1 for |x|."""
+    """p of the log domain for a phi: the call's power for "power", 1 for |x| and ReLU."""
     if phi not in PHIS:
         raise ValueError(f"the oracle knows phi in {PHIS}, got {phi!r}")
     return power if phi == "power" else 1
@@ -139,6 +141,7 @@ def _scores(q, k, radius, power, log_abs_sinc, d_chunk=32, visible=None, phi="po
     B, H, N, D = q.shape
     R = _radius_table(radius, H, D).to(q.dtype)
     S = None
+    dead = torch.zeros(B, H, N, k.shape[2], dtype=torch.bool)  # (ReLU: a factor's sinc below 0)
     for d0 in range(0, D, d_chunk):
         d1 = min(D, d0 + d_chunk)
         diff = q[..., d0:d1].unsqueeze(3) - k[..., d0:d1].unsqueeze(2)
@@ -147,9 +150,12 @@ def _scores(q, k, radius, power, log_abs_sinc, d_chunk=32, visible=None, phi="po
         x = R[:, d0:d1].reshape(1, H, 1, 1, d1 - d0) * diff
         part = log_abs_sinc(x).sum(-1)
         S = part if S is None else S + part
+        if phi == "relu":
+            dead |= (torch.sin(x.detach()) * x.detach() < 0).any(-1)
     if S is None:  # D = 0
         S = q.new_zeros(B, H, N, k.shape[2])
-    return phi_power(phi, power) * S
+    S = phi_power(phi, power) * S
+    return S.masked_fill(dead, float("-inf")) if phi == "relu" else S
 
 
 def _softmax_zero_rows(S: torch.Tensor) -> torch.Tensor:

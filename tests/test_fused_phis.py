@@ -2,13 +2,14 @@
 independent float64 oracle (tests/oracle.py, keyword ``phi``).
 
 phi(x) = |x| is the log domain with p = 1: S_ij = sum_d log|sinc(R_d (q_id - k_jd))| (the ops take it
-as power 1). Each case checks the forward and the four gradients within oracle.oracle_mismatches'
+as power 1); ReLU is the same with S_ij = -inf (a zero weight) wherever a factor's sinc is negative,
+so that a row whose every visible key has one gives 0, as a row with every key masked. Each case checks the forward and the four gradients within oracle.oracle_mismatches'
 bound (4 x the error of a plain float32 implementation of the same formula, plus 16 float32 eps
 of the terms' scale), or within float64_mismatches' 1e-9 of the scale for the float64 kernel:
 every mask kind (bool masks: the one-pass forward; finite additive masks: the log-domain forward),
 every radius shape, dropout, the null key (normaliser_eps), short slices (fewer query rows than a
 row group: the decoding forward) and need_weights. Inputs come from seeded generators. The
-seeded fuzz (tests/test_op_fuzz.py) draws |x| on every third pair of seeds, and its variant
+seeded fuzz (tests/test_op_fuzz.py) draws each on every fourth pair of seeds, and its variant
 re-runs take this file too.
 """
 import pytest
@@ -29,7 +30,7 @@ from fourierformer_fairseq.ops.reference import draw_seed
 CPU_FUSED = not backend_unavailable_reason("cpu")
 pytestmark = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
 
-FUSED_CPU_PHIS = ("abs",)
+FUSED_CPU_PHIS = ("abs", "relu")
 RADIUS_SHAPES = ("scalar", "head", "feature", "head_feature")
 MASK_KINDS = ("none", "causal", "padded", "causal_padded", "additive", "bool")
 
@@ -174,3 +175,33 @@ def test_phi_reference_equals_the_oracle(phi):
 
     exact = oracle_attention(q, k, v, r, phi=phi, causal=True)
     assert (ref - exact).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("path", ["one_pass", "additive", "short"])
+def test_phi_relu_rows_of_zero_weights_give_zero_and_zero_gradients(path, dtype):
+    # R = 3 with unit-variance q and k: many keys have a factor below 0, and every key has one in
+    # the first query row (feature 0 of every key at 0, the row's at 1.5: x = 4.5, in (pi, 2 pi)):
+    # that row's output, its lse and every gradient it feeds are 0 (+inf for the lse), as a row
+    # with every key masked; the others match the oracle, on each forward path
+    B, H, N, M, D, Dv = 1, 2, 3 if path == "short" else 12, 20, 4, 5
+    q, k, v, grad_out = draw(B, H, N, M, D, Dv, 21)
+    k[..., 0] = 0.0
+    q[:, :, 0, 0] = 1.5
+    r = torch.tensor(3.0)
+    kwargs = dict(phi="relu")
+    if path == "additive":
+        kwargs["attn_mask"] = torch.randn(N, M, generator=torch.Generator().manual_seed(2))
+    exact = oracle_weights(q, k, r, **kwargs)
+    assert (exact[:, :, 0] == 0).all() and (exact[:, :, 1:].sum(-1) > 0).any()
+    check_against_oracle(q, k, v, r, grad_out, f"relu zero rows {path}", dtype=dtype, **kwargs)
+    ours = fused_and_grads(q, k, v, r, grad_out, dtype=dtype, **kwargs)
+    assert (ours[0][:, :, 0] == 0).all() and (ours[1][:, :, 0] == 0).all()
+    ref = fourier_attention_reference(q.to(dtype), k.to(dtype), v.to(dtype), r.to(dtype), **kwargs)
+    assert (ref[:, :, 0] == 0).all()
+    radius = r.to(torch.float64 if dtype == torch.float64 else torch.float32).expand(H, D).contiguous()
+    mask = kwargs.get("attn_mask")
+    _, lse = torch.ops.fourierformer.fourier_attention_forward(
+        q.to(dtype), k.to(dtype), v.to(dtype), radius, 1.0, None if mask is None else mask.reshape(1, 1, N, M),
+        None, False, 0.0, 0, 0.0, None, "relu")
+    assert torch.isposinf(lse[:, :, 0]).all() and torch.isfinite(lse[:, :, 1:]).any()

@@ -3,8 +3,9 @@
 Every case is drawn from its own seed: shapes with every remainder of N and M modulo the
 kernels' lane (16, 8, 4) and row-group (8, 4) widths, head dims up to 128, keys that
 duplicate queries exactly or to 1e-6 or 1e-3, keys next to sinc's zeros (and on them as
-closely as float32 allows), large |R q| (range reduction), powers 2, 4 and 6 and phi(x) = |x|
-(the log domain with p = 1, on every third pair of seeds), every radius
+closely as float32 allows), large |R q| (range reduction), powers 2, 4 and 6, phi(x) = |x| and
+ReLU (the log domain with p = 1, ReLU's weight 0 where a factor's sinc is negative; each on every
+fourth pair of seeds), every radius
 shape, causal, key padding (fully padded sequences included), finite additive and bool
 masks, positive, negative and mixed-sign radii, and the published normaliser (a null key of
 weight eps, at 0.1, 1 or 10 times the median row's mass). The forward and all four gradients are checked.
@@ -60,7 +61,7 @@ RADIUS_SIGNS = ("positive", "negative", "mixed", "positive", "mixed")
 
 NULL_KEY_FACTORS = (0.0, 0.1, 0.0, 1.0, 0.0, 10.0)
 DROPOUTS = (0.0, 0.5, 0.0, 0.0, 0.1, 0.0)  # by (seed // 3) % 6: every radius shape and mask meets both
-PHI_KINDS = ("power", "power", "abs")  # by (seed // 2) % 3: the fused phis besides the even powers
+PHI_KINDS = ("power", "abs", "power", "relu")  # by (seed // 2) % 4: the fused phis besides the even powers
 
 
 def _median_row_mass(q, k, radius, kwargs) -> float:
@@ -242,9 +243,10 @@ def op_forward_args(case, dtype, device="cpu"):
     if mask is not None:
         mask = mask.reshape(*((B, H) if mask.dim() == 3 else (1, 1)), N, M).to(device)
     padding = kw.get("key_padding_mask")
-    power = 1.0 if kw.get("phi") == "abs" else float(kw["power"])  # (the ops take |x| as p = 1)
+    phi = kw.get("phi", "power")
+    power = float(kw["power"]) if phi == "power" else 1.0  # (the ops take |x| and ReLU with p = 1)
     return (q, k, v, radius.contiguous(), power, mask, None if padding is None else padding.to(device),
-            kw.get("causal", False), kw.get("dropout_p", 0.0), 0, kw.get("normaliser_eps", 0.0))
+            kw.get("causal", False), kw.get("dropout_p", 0.0), 0, kw.get("normaliser_eps", 0.0), None, phi)
 
 
 def test_fuzz_lse_against_oracle():
