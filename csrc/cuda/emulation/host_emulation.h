@@ -6,16 +6,21 @@
 // every thread reaches deadlocks, which is reported (timeout) and aborts. Dynamic shared memory
 // is allocated to the byte and starts filled with NaN bytes, so reading smem that was never
 // written shows up in the results. Built with a sanitizer (run_emulated_check.py --sanitize),
-// the barriers (a mutex and a condition variable) order the threads for the thread sanitizer,
+// the barriers (atomics on a futex word) order the threads for the thread sanitizer,
 // and shared memory past its size is a heap overflow for the address sanitizer.
 #pragma once
 
+#include <linux/futex.h>
 #include <math.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,42 +38,53 @@ inline thread_local FfEmuDim blockIdx;
 
 namespace ff_emu {
 
+// A barrier of n threads on a futex: each arrival is one atomic add; the last one bumps the
+// generation and wakes every waiter in one call, and a waiter takes no lock when it wakes (a
+// mutex and a condition variable made the woken threads queue on the mutex, one context switch
+// after another, which was most of an emulated launch's time). The add (acquire-release) and the
+// generation's release and acquire order every thread's work before the barrier before every
+// thread's work after it, also for the thread sanitizer.
 class Barrier {
  public:
   explicit Barrier(int n) : n_(n) {}
   void wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const uint64_t gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
+    const uint32_t gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      count_.store(0, std::memory_order_relaxed);  // (published by the release below)
+      gen_.store(gen + 1, std::memory_order_release);
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&gen_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
       return;
     }
-    if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return gen_ != gen; })) {
-      std::fprintf(stderr, "ff_emu: barrier timeout (a __syncthreads or shuffle not reached by all threads)\n");
-      std::abort();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (gen_.load(std::memory_order_acquire) == gen) {
+      timespec slice{1, 0};
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&gen_), FUTEX_WAIT_PRIVATE, gen, &slice, nullptr, 0);
+      if (gen_.load(std::memory_order_acquire) == gen && std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "ff_emu: barrier timeout (a __syncthreads or shuffle not reached by all threads)\n");
+        std::abort();
+      }
     }
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, count_ = 0;
-  uint64_t gen_ = 0;
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "a futex word is 32 bits");
+  std::atomic<uint32_t> gen_{0};
+  std::atomic<int> count_{0};
+  const int n_;
 };
 
 struct Block {
-  explicit Block(int threads, size_t smem) : sync(threads), slots(threads), smem(smem, 0xFF) {
+  explicit Block(int threads, size_t smem) : sync(threads), slots(2 * threads), smem(smem, 0xFF) {
     for (int w = 0; w < threads / 32; ++w) warps.emplace_back(new Barrier(32));
   }
   Barrier sync;
   std::vector<std::unique_ptr<Barrier>> warps;
-  std::vector<uint64_t> slots;
+  std::vector<uint64_t> slots;  // the shuffles' two banks of one word per thread
   std::vector<unsigned char> smem;
 };
 
 inline Block* g_block = nullptr;
+inline thread_local unsigned shuffle_bank = 0;  // the bank of this thread's last shuffle (see __shfl_sync)
 inline std::mutex g_atomic_mu;
 
 inline unsigned char* dynamic_smem() { return g_block->smem.data(); }
@@ -126,10 +142,14 @@ T __shfl_sync(unsigned mask, T value, int src_lane) {
   const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32;
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof(T));
-  blk->slots[tid] = bits;
+  // Two banks of slots, taken in turn by a warp's shuffles: a lane reads the bank after the one
+  // barrier, and the next shuffle writes the other bank, so a lane that runs ahead cannot
+  // overwrite a slot that another is still to read (that write would be two shuffles on, past a
+  // barrier the reader has not reached).
+  uint64_t* bank = blk->slots.data() + (ff_emu::shuffle_bank ^= 1) * blk->slots.size() / 2;
+  bank[tid] = bits;
   blk->warps[warp]->wait();
-  const uint64_t got = blk->slots[warp * 32 + (src_lane & 31)];
-  blk->warps[warp]->wait();
+  const uint64_t got = bank[warp * 32 + (src_lane & 31)];
   T out;
   std::memcpy(&out, &got, sizeof(T));
   return out;

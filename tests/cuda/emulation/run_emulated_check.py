@@ -11,7 +11,8 @@ torch, in a throw-away module that registers those kernels as the CPU implementa
 fourierformer ops. Checks forward,
 backward, masks, causal, dropout and fully masked rows against
 fourierformer_fairseq.ops.fourier_attention_reference in float64, the decoding forward (few query
-rows, keys split over blocks) against tests/oracle.py at decoding shapes, and the float32 sin/cos.
+rows, keys split over blocks) against tests/oracle.py at decoding shapes, negative, zero and tiny
+radii of every shape and non-finite inputs against tests/oracle.py, and the float32 sin/cos.
 
 With --sanitize the module is built with the compiler's thread or address sanitizer (the script
 restarts itself with the sanitizer's runtime preloaded), which then watches the same checks: a data
@@ -121,7 +122,8 @@ os.environ["FOURIERFORMER_DISABLE_EXTENSION"] = "1"
 
 from fourierformer_fairseq.ops.reference import fourier_attention_reference  # noqa: E402
 from helpers import NONFINITE, nonfinite_case, random_qkv  # noqa: E402
-from oracle import lse_mismatches, oracle_attention, oracle_gradients, oracle_mismatches  # noqa: E402
+from oracle import (lse_mismatches, oracle_attention, oracle_gradient_scales, oracle_gradients,  # noqa: E402
+                    oracle_mismatches)
 
 
 print = functools.partial(print, flush=True)  # progress shows up at once, also through a pipe
@@ -735,6 +737,55 @@ def nonfinite_mismatches(where, N, causal, dtype):
     return bad
 
 
+def check_radii():
+    """Negative, zero and tiny radii, forward and the four gradients, against the float64 oracle:
+    float32 within oracle_mismatches' bound (its plain float32 implementation with the series of
+    log|sinc| near 0, as the quotient's derivative cancels at tiny x), float64 within 1e-9 of each
+    result's scale (as the CPU float64 checks). Every radius shape: scalar, per head, per feature,
+    per (head, feature); the op takes the (H, D) table, and the gradient is summed back to the
+    shape given."""
+    t0 = time.time()
+    B, H, N, M, D, Dv = 2, 2, 5, 9, 8, 3
+    g = torch.Generator().manual_seed(51)
+    q, k, v, dout = (torch.randn(*s, generator=g) for s in ((B, H, N, D), (B, H, M, D), (B, H, M, Dv), (B, H, N, Dv)))
+    shapes = {"scalar": (), "head": (H, 1), "feature": (D,), "head_feature": (H, D)}
+    failures = []
+    for shape_name, shape in shapes.items():
+        for value in ("negative", "mixed", "tiny", "zero"):
+            magnitude = 0.7 + 0.6 * torch.rand(shape, generator=g)
+            magnitude = 0.7 + 0.6 * torch.rand(shape, generator=g)
+            sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0)
+            r = {"negative": -1.5 * magnitude, "mixed": 1.5 * magnitude * (sign if shape else -1.0),
+                 "tiny": 1e-10 * magnitude * sign, "zero": torch.zeros(shape)}[value]
+            kwargs = dict(power=4, causal=True) if value in ("negative", "zero") else dict(power=2)
+            power, causal = float(kwargs["power"]), kwargs.get("causal", False)
+            for dtype in (torch.float32, torch.float64):
+                table = r.reshape(-1, 1 if shape in ((), (H, 1)) else D).expand(H, D).to(dtype).contiguous()
+                args = [t.to(dtype) for t in (q, k, v)]
+                out, lse = torch.ops.fourierformer.fourier_attention_forward(*args, table, power, None, None, causal,
+                                                                             0.0, 0)
+                dq, dk, dv, dtable = torch.ops.fourierformer.fourier_attention_backward(
+                    dout.to(dtype), *args, table, out, lse, power, None, None, causal, 0.0, 0)
+                dr = dtable.sum() if shape == () else (dtable.sum(1, keepdim=True) if shape == (H, 1) else
+                                                        (dtable.sum(0) if shape == (D,) else dtable))
+                ours = (out, dq, dk, dv, dr)
+                if dtype == torch.float32:
+                    bad = oracle_mismatches(ours, q, k, v, r, dout, series=True, **kwargs)
+                else:
+                    exact = oracle_gradients(q, k, v, r, dout, **kwargs)
+                    scales = oracle_gradient_scales(q, k, v, r, dout, **kwargs)
+                    bad = [f"{n}: {(a - x).abs().max().item():.3e} > 1e-9 x {s:.3e}"
+                           for n, a, x, s in zip(("out", "dq", "dk", "dv", "dradius"), ours, exact, scales)
+                           if not (a - x).abs().max().item() <= 1e-9 * s + 1e-300]
+                if bad:
+                    failures.append(f"{shape_name} {value} {str(dtype).split('.')[-1]}: {'; '.join(bad)}")
+    for f in failures:
+        print(f"  BAD radius {f}")
+    print(f"  negative, zero and tiny radii: {'ok' if not failures else f'{len(failures)} cases BAD'} "
+          f"({time.time() - t0:.0f}s)")
+    return len(failures)
+
+
 def check_nonfinite(verbose=False):
     """Every case of NONFINITE at NONFINITE_ROWS rows, causal and not, float32 and float64 (v_nan
     not causal: the oracle's P @ V spreads a value's NaN to rows that do not see its key)."""
@@ -923,9 +974,10 @@ def run_checks(mod, args):
     check_shared_tables()
     check_decoding(args.quick)
     # (the non-finite inputs are the launcher's host code and the kernels' usual paths on the inputs
-    # it makes finite: the plain run checks them, the sanitizers' runs leave them out, as they would
-    # take each of those runs several times over its time)
-    if run_special() + (0 if args.sanitize else check_nonfinite()):
+    # it makes finite, and the radii's signs and sizes are the launcher's and the element math's,
+    # not new paths of threads and memory: the plain run checks them, the sanitizers' runs leave
+    # them out)
+    if run_special() + (0 if args.sanitize else check_nonfinite() + check_radii()):
         sys.exit(1)
     if args.fuzz and run_fuzz(args.fuzz):
         sys.exit(1)
