@@ -27,6 +27,7 @@ from oracle import (
 )
 
 from fourierformer_fairseq.ops import (
+    DECLARATIONS,
     backend_unavailable_reason,
     dropout_keep_mask,
     fourier_attention,
@@ -759,7 +760,7 @@ def test_need_weights_are_the_weights_after_dropout_in_every_op(op):
     torch.testing.assert_close(out, weights @ v, rtol=1e-5, atol=1e-5)
 
 
-def test_odd_power_and_other_phis_run_on_the_reference_only():
+def test_odd_power_and_other_phis_against_their_formula_and_the_backends_that_run_them():
     q, k, v = random_qkv(1, 2, 3, 5, 4, 2, dtype=torch.float64, requires_grad=True)
     r = torch.tensor(0.9, dtype=torch.float64)
     x = r * (q.unsqueeze(-2) - k.unsqueeze(-3))
@@ -773,9 +774,13 @@ def test_odd_power_and_other_phis_run_on_the_reference_only():
     for (phi, power), elementwise in phis.items():
         w = elementwise.prod(-1)
         expected = (w @ v) / w.sum(-1, keepdim=True)
-        out = fourier_attention(q, k, v, r, phi=phi, power=power)  # auto -> reference
+        out = fourier_attention(q, k, v, r, phi=phi, power=power, backend="reference")
         torch.testing.assert_close(out, expected)
-        if CPU_FUSED:
+        if not CPU_FUSED:
+            continue
+        if phi in DECLARATIONS["cpu"].phis and phi != "power":  # (float64: the scalar kernel)
+            torch.testing.assert_close(fourier_attention(q, k, v, r, phi=phi, power=power, backend="cpu"), expected)
+        else:
             with pytest.raises(ValueError, match="even p"):
                 fourier_attention(q, k, v, r, phi=phi, power=power, backend="cpu")
 
