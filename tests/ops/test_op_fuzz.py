@@ -278,14 +278,15 @@ def test_requested_variant_is_in_use():
 # shape and mask (and p >= 8, finite per-(batch, head) masks), and, on the cpu backend in float32,
 # draw the radius through 0 and check need_weights (also in column chunks), and
 # tests/ops/test_normaliser_eps.py's float32 cases of the cpu kernel, the fuzz's key-table reads,
-# tests/ops/test_backward_sweeps.py's two-sweep backward and tests/ops/test_fused_phis.py. A variant
+# tests/ops/test_backward_sweeps.py's two-sweep backward, tests/ops/test_fused_phis.py and the short-query
+# forward's float32 range reduction at large angles. A variant
 # this CPU cannot run is a visible skip (cpu_variants.variant_params). (The full tier re-runs
 # all of this file and the op file's accuracy tests per variant.)
 QUICK_VARIANT_SELECTION = (
     "requested or float32_against_oracle or weight_on_one_key or every_power_radius "
     "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64) "
     "or stored_output or (test_normaliser_eps and cpu_float32) or powers_of_8 or finite_additive_masks "
-    "or column_chunks or key_table_reads_the_keys or two_sweep_backward or test_phi_"
+    "or column_chunks or key_table_reads_the_keys or two_sweep_backward or test_phi_ or large_angles_short_query"
 )
 
 
