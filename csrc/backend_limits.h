@@ -19,6 +19,14 @@ namespace limits {
 constexpr double kFusedMinPower = 2.0;
 constexpr double kFusedPowerMultiple = 2.0;
 
+// The phis of the op (fourier_attention's phi, the ops' argument phi) each fused backend runs:
+// "power" with the rule on p above; "abs", phi(x) = |x|, the log domain with p = 1
+// (log |sinc|), and "relu", the same with a zero weight wherever a factor's sinc is negative,
+// both taken with power kUnitPower. The other phis run on the reference backend.
+constexpr const char* kCpuPhis[] = {"power", "abs", "relu"};
+constexpr const char* kCudaPhis[] = {"power"};
+constexpr double kUnitPower = 1.0;
+
 // Input dtypes, named as torch names them. The CPU kernels are float32 (vectorised) and
 // float64 (scalar loops); the CUDA kernels are instantiated by AT_DISPATCH_FLOATING_TYPES_AND2
 // (kHalf, kBFloat16) in cuda/fourier_attention_launch.h, i.e. for these four.

@@ -37,11 +37,16 @@ struct AttentionShape {
 // Checks q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv), radius (H,D), attn_mask (B|1,H|1,N,M),
 // key_bias (B,M) and the scalars; raises a c10::Error that names the offending argument.
 // attn_mask and key_bias are each either additive float masks or bool masks (true = may not
-// be attended, as nn.MultiheadAttention and fairseq mark them).
+// be attended, as nn.MultiheadAttention and fairseq mark them). phi and power: see check_phi.
 AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& radius, double power,
                                     const std::optional<at::Tensor>& attn_mask,
-                                    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p);
+                                    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p,
+                                    c10::string_view phi = "power", bool on_cpu = false);
+
+// Whether the CPU (on_cpu) or the CUDA backend runs phi with power (limits::kCpuPhis, kCudaPhis:
+// "power" with an even p >= 2, the others with p = limits::kUnitPower); raises saying which it runs.
+void check_phi(c10::string_view phi, double power, bool on_cpu);
 
 // log(normaliser_eps) (-inf for 0) after checking it is finite and >= 0.
 double null_key_log_eps(double normaliser_eps);
@@ -85,13 +90,14 @@ at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables);
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
+    c10::string_view phi);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
     const at::Tensor& out, const at::Tensor& lse, double power, const std::optional<at::Tensor>& attn_mask,
     const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed, double normaliser_eps,
-    const std::optional<at::Tensor>& tables);
+    const std::optional<at::Tensor>& tables, c10::string_view phi);
 
 // Which CPU instruction set the float32 kernels run with on this machine.
 const char* cpu_kernel_isa();

@@ -38,10 +38,32 @@ std::string fused_power_rule() {
 
 }  // namespace
 
+void check_phi(c10::string_view phi, double power, bool on_cpu) {
+  bool listed = false;
+  std::string others;  // the phis besides "power", for the message
+  auto scan = [&](const auto& phis) {
+    for (const char* name : phis) {
+      listed |= phi == name;
+      if (std::string(name) != "power") others += std::string(", or phi = ") + name;
+    }
+  };
+  if (on_cpu)
+    scan(limits::kCpuPhis);
+  else
+    scan(limits::kCudaPhis);
+  const bool powered = phi == "power" && power >= limits::kFusedMinPower &&
+                       std::fmod(power, limits::kFusedPowerMultiple) == 0.0;
+  const bool unit = phi != "power" && power == limits::kUnitPower;
+  TORCH_CHECK(listed && (powered || unit), "fourier_attention: the ", on_cpu ? "cpu" : "cuda",
+              " kernels take phi(x) = x^p with ", fused_power_rule(), " (log domain)", others,
+              " (with p = 1), got phi = ", std::string(phi), ", p = ", power, "; other phis run on the reference backend");
+}
+
 AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& radius, double power,
                                     const std::optional<at::Tensor>& attn_mask,
-                                    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p) {
+                                    const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p,
+                                    c10::string_view phi, bool on_cpu) {
   TORCH_CHECK(q.dim() == 4, "fourier_attention: q must be (B, H, N, D), got ", q.sizes());
   TORCH_CHECK(k.dim() == 4, "fourier_attention: k must be (B, H, M, D), got ", k.sizes());
   TORCH_CHECK(v.dim() == 4, "fourier_attention: v must be (B, H, M, Dv), got ", v.sizes());
@@ -57,9 +79,7 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
   TORCH_CHECK(radius.dim() == 2 && radius.size(0) == s.H && radius.size(1) == s.D,
               "fourier_attention: the kernel takes radius expanded to (H, D) = (", s.H, ", ", s.D, "), got ",
               radius.sizes());
-  TORCH_CHECK(power >= limits::kFusedMinPower && std::fmod(power, limits::kFusedPowerMultiple) == 0.0,
-              "fourier_attention: the fused kernels take phi(x) = x^p with ", fused_power_rule(),
-              " (log domain), got p = ", power, "; other phis run on the reference backend");
+  check_phi(phi, power, on_cpu);
   TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "fourier_attention: dropout_p must be in [0, 1), got ",
               dropout_p);
   TORCH_CHECK(!causal || s.N <= s.M, "fourier_attention: causal attention needs N <= M");
@@ -146,15 +166,17 @@ at::Tensor prepare_mask(const at::Tensor& mask, at::ScalarType dtype) {
 TORCH_LIBRARY(fourierformer, m) {
   // normaliser_eps: out_i = sum_j w_ij v_j / (sum_j w_ij + eps), the published code's normaliser
   // (see null_key_share in fourier_element_math.h); lse stays the log-sum over the real keys.
+  // phi: "power" (|sinc|^p, even p), "abs" (|sinc|, power 1), "relu" (max(sinc, 0), power 1), where
+  // the backend runs it (limits::kCpuPhis, kCudaPhis; check_phi).
   m.def(
       // attn_mask (B|1, H|1, N, M) and key_bias (B, M): additive float masks, or bool (true = masked)
       "fourier_attention_forward(Tensor q, Tensor k, Tensor v, Tensor radius, float power, Tensor? attn_mask, "
-      "Tensor? key_bias, bool causal, float dropout_p, int seed, float normaliser_eps=0.0, Tensor? tables=None) "
-      "-> (Tensor, Tensor)");
+      "Tensor? key_bias, bool causal, float dropout_p, int seed, float normaliser_eps=0.0, Tensor? tables=None, "
+      "str phi=\"power\") -> (Tensor, Tensor)");
   m.def(
       "fourier_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor radius, Tensor out, "
       "Tensor lse, float power, Tensor? attn_mask, Tensor? key_bias, bool causal, float dropout_p, int seed, "
-      "float normaliser_eps=0.0, Tensor? tables=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "float normaliser_eps=0.0, Tensor? tables=None, str phi=\"power\") -> (Tensor, Tensor, Tensor, Tensor)");
   // tables: what the forward and the backward of the CUDA float32 path (float32, float16, bfloat16)
   // build from q, k and radius before their kernels (cuda/tables.cuh), built once and passed to
   // both (the autograd does, ops/fused.py) instead of twice; a float32 vector, empty where the
@@ -178,24 +200,24 @@ TORCH_LIBRARY_IMPL(fourierformer, CPU, m) {
 namespace {
 
 template <size_t N>
-PyObject* dtype_tuple(const char* const (&names)[N]) {
+PyObject* name_tuple(const char* const (&names)[N]) {
   PyObject* t = PyTuple_New(N);
   for (size_t i = 0; t != nullptr && i < N; ++i) PyTuple_SET_ITEM(t, i, PyUnicode_FromString(names[i]));
   return t;
 }
 
 // {"cpu": {...}, "cuda": {...}}: the limits of backend_limits.h for Python (ops/backends.py),
-// with the rule on p in words (power_rule). A limit a backend does not have is None.
+// with the rule on p in words (power_rule) and the op's phis each backend runs (phis). A limit a backend does not have is None.
 PyObject* backend_limits_dict() {
   namespace L = fourierformer::limits;
   const std::string rule = fourierformer::fused_power_rule();
-  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:O,s:O,s:O,s:L}", "device", "cpu", "dtypes",
-                                dtype_tuple(L::kCpuDtypes), "min_power", L::kFusedMinPower, "power_multiple",
+  PyObject* cpu = Py_BuildValue("{s:s,s:N,s:N,s:d,s:d,s:s,s:O,s:O,s:O,s:L}", "device", "cpu", "dtypes",
+                                name_tuple(L::kCpuDtypes), "phis", name_tuple(L::kCpuPhis), "min_power", L::kFusedMinPower, "power_multiple",
                                 L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim", Py_None,
                                 "seq_len_bound", Py_None, "tiled_backward_max_head_dim", Py_None,
                                 "key_table_keys", (long long)L::kCpuKeyTableKeys);
-  PyObject* cuda = Py_BuildValue("{s:s,s:N,s:d,s:d,s:s,s:i,s:L,s:i}", "device", "cuda", "dtypes",
-                                 dtype_tuple(L::kCudaDtypes), "min_power", L::kFusedMinPower, "power_multiple",
+  PyObject* cuda = Py_BuildValue("{s:s,s:N,s:N,s:d,s:d,s:s,s:i,s:L,s:i}", "device", "cuda", "dtypes",
+                                 name_tuple(L::kCudaDtypes), "phis", name_tuple(L::kCudaPhis), "min_power", L::kFusedMinPower, "power_multiple",
                                  L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim",
                                  L::kCudaMaxHeadDim, "seq_len_bound", (long long)L::kCudaSeqLenBound,
                                  "tiled_backward_max_head_dim", L::kCudaTiledBackwardMaxHeadDim);

@@ -14,8 +14,8 @@ from oracle import _log_abs_sinc_oracle, _radius_table, _scores
 from fourierformer_fairseq.ops.reference import draw_seed, dropout_keep_mask
 
 
-def oracle_scores(q, k, radius, power):
-    return _scores(q, k, radius, power, _log_abs_sinc_oracle)
+def oracle_scores(q, k, radius, power, phi="power"):
+    return _scores(q, k, radius, power, _log_abs_sinc_oracle, phi=phi)
 
 CLASSES = ("plain", "duplicate", "duplicate", "near_1e-6", "near_1e-3", "sinc_zeros", "large")
 MASKS = ("none", "causal", "padding", "causal_padding", "additive", "bool")
@@ -25,13 +25,14 @@ RADIUS_SIGNS = ("positive", "negative", "mixed", "positive", "mixed")
 
 NULL_KEY_FACTORS = (0.0, 0.1, 0.0, 1.0, 0.0, 10.0)
 DROPOUTS = (0.0, 0.5, 0.0, 0.0, 0.1, 0.0)  # by (seed // 3) % 6: every radius shape and mask meets both
+PHI_KINDS = ("power", "abs", "power", "relu")  # by (seed // 2) % 4: the fused phis besides the even powers
 
 
 def median_row_mass(q, k, radius, kwargs) -> float:
     """The median over rows that see a key of sum_j w_ij (masks included), from the oracle's scores."""
     B, H, N, _ = q.shape
     M = k.shape[2]
-    S = oracle_scores(q.double(), k.double(), radius.double(), kwargs["power"])
+    S = oracle_scores(q.double(), k.double(), radius.double(), kwargs["power"], kwargs.get("phi", "power"))
     S = S + oracle_additive_mask(B, H, N, M, kwargs.get("attn_mask"), kwargs.get("key_padding_mask"),
                                  kwargs.get("causal", False))
     lse = torch.logsumexp(S, -1)
@@ -40,10 +41,11 @@ def median_row_mass(q, k, radius, kwargs) -> float:
 
 
 def case_classes(seed: int) -> tuple:
-    """(case class, mask, radius shape, radius sign, null-key factor, dropout p) of fuzz case `seed`."""
+    """(case class, mask, radius shape, radius sign, null-key factor, dropout p, phi) of fuzz case `seed`."""
     return (CLASSES[seed % len(CLASSES)], MASKS[(seed // len(CLASSES)) % len(MASKS)],
             RADIUS_SHAPES[(seed // 3) % 4], RADIUS_SIGNS[seed % len(RADIUS_SIGNS)],
-            NULL_KEY_FACTORS[(seed // 2) % len(NULL_KEY_FACTORS)], DROPOUTS[(seed // 3) % len(DROPOUTS)])
+            NULL_KEY_FACTORS[(seed // 2) % len(NULL_KEY_FACTORS)], DROPOUTS[(seed // 3) % len(DROPOUTS)],
+            PHI_KINDS[(seed // 2) % len(PHI_KINDS)])
 
 
 def draw_case(seed: int) -> dict:
@@ -61,7 +63,7 @@ def draw_case(seed: int) -> dict:
     std = pick((0.3, 1.0, 3.0))
     R = pick((0.5, 2.0, 10.0))
     power = pick((2, 4, 6))
-    kind, mask_kind, radius_kind, sign_kind, eps_factor, dropout_p = case_classes(seed)
+    kind, mask_kind, radius_kind, sign_kind, eps_factor, dropout_p, phi = case_classes(seed)
 
     k = torch.randn(B, H, M, D, generator=g) * std
     v = torch.randn(B, H, M, Dv, generator=g)
@@ -91,7 +93,7 @@ def draw_case(seed: int) -> dict:
             delta = pick((0.0, 1e-6, 1e-3, 3e-2))
             k[b, h, j, d] = q[b, h, i, d] - m * math.pi * (1 + delta) / float(r_hd[h, d])
 
-    kwargs = dict(power=power)
+    kwargs = dict(power=power) if phi == "power" else dict(power=power, phi=phi)  # (|x| takes no power)
     causal = mask_kind.startswith("causal") and N <= M
     if causal:
         kwargs["causal"] = True
@@ -132,7 +134,8 @@ def draw_case(seed: int) -> dict:
         kwargs["dropout_p"] = dropout_p
         oracle_kwargs["dropout_scale"] = dropout_keep_mask(_dropout_seed(seed), (B, H, N, M), dropout_p, "cpu").double() / (1 - dropout_p)
     label = (
-        f"seed={seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} ({radius_kind}, {sign_kind}) p={power} "
+        f"seed={seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} ({radius_kind}, {sign_kind}) "
+        + (f"p={power} " if phi == "power" else f"phi={phi} ") +
         f"mask={mask_kind}{' causal' if causal else ''}"
         + (f" normaliser_eps={kwargs['normaliser_eps']:.3g}" if eps_factor else "")
         + (f" dropout_p={dropout_p}" if dropout_p else "")
@@ -160,5 +163,7 @@ def op_forward_args(case, dtype, device="cpu"):
     if mask is not None:
         mask = mask.reshape(*((B, H) if mask.dim() == 3 else (1, 1)), N, M).to(device)
     padding = kw.get("key_padding_mask")
-    return (q, k, v, radius.contiguous(), float(kw["power"]), mask, None if padding is None else padding.to(device),
-            kw.get("causal", False), kw.get("dropout_p", 0.0), 0, kw.get("normaliser_eps", 0.0))
+    phi = kw.get("phi", "power")
+    power = float(kw["power"]) if phi == "power" else 1.0  # (the ops take |x| and ReLU with p = 1)
+    return (q, k, v, radius.contiguous(), power, mask, None if padding is None else padding.to(device),
+            kw.get("causal", False), kw.get("dropout_p", 0.0), 0, kw.get("normaliser_eps", 0.0), None, phi)

@@ -4,6 +4,12 @@
     S_ij  = p * sum_d log|sinc(R_d (q_id - k_jd))| + mask_ij
     out_i = sum_j softmax_j(S_ij) v_j                 (a row with every key masked gives 0)
 
+The other phis of the paper's Table 7 that are non-negative (keyword ``phi``, default "power"):
+``phi="abs"``, w_ij = prod_d |sinc(x_ijd)|, is the formula above with p = 1 (``power`` is then
+ignored); ``phi="relu"``, w_ij = prod_d max(sinc(x_ijd), 0), is |x|'s formula with the score -inf
+(a zero weight) wherever a factor's sinc is negative (sin(x) x < 0, decided in the dtype computed
+in); a row whose every visible key has a zero weight gives 0, as a row with every key masked.
+
 and with ``normaliser_eps`` = eps > 0 (the published code's normaliser) out_i = sum_j w_ij v_j /
 (sum_j w_ij + eps): eps is the weight of one more key, of log-weight log(eps) and value 0.
 
@@ -118,13 +124,24 @@ def _log_abs_sinc_plain(x: torch.Tensor) -> torch.Tensor:
     return torch.where(zero, torch.zeros_like(x), torch.log(torch.abs(torch.sin(xl) / xl)))
 
 
-def _scores(q, k, radius, power, log_abs_sinc, d_chunk=32, visible=None):
+PHIS = ("power", "abs", "relu")
+
+
+def phi_power(phi: str, power) -> float:
+    """p of the log domain for a phi: the call's power for "power", 1 for |x| and ReLU."""
+    if phi not in PHIS:
+        raise ValueError(f"the oracle knows phi in {PHIS}, got {phi!r}")
+    return power if phi == "power" else 1
+
+
+def _scores(q, k, radius, power, log_abs_sinc, d_chunk=32, visible=None, phi="power"):
     """p sum_d log|sinc(R_d (q_id - k_jd))| (B, H, N, M); where ``visible`` (broadcasting to (B, H,
     N, M)) is False, the score is not formed: q - k is taken as 0 there, so that a NaN in a key that
     a row does not see reaches neither that row's score nor, through it, any gradient."""
     B, H, N, D = q.shape
     R = _radius_table(radius, H, D).to(q.dtype)
     S = None
+    dead = torch.zeros(B, H, N, k.shape[2], dtype=torch.bool)  # (ReLU: a factor's sinc below 0)
     for d0 in range(0, D, d_chunk):
         d1 = min(D, d0 + d_chunk)
         diff = q[..., d0:d1].unsqueeze(3) - k[..., d0:d1].unsqueeze(2)
@@ -133,9 +150,12 @@ def _scores(q, k, radius, power, log_abs_sinc, d_chunk=32, visible=None):
         x = R[:, d0:d1].reshape(1, H, 1, 1, d1 - d0) * diff
         part = log_abs_sinc(x).sum(-1)
         S = part if S is None else S + part
+        if phi == "relu":
+            dead |= (torch.sin(x.detach()) * x.detach() < 0).any(-1)
     if S is None:  # D = 0
         S = q.new_zeros(B, H, N, k.shape[2])
-    return power * S
+    S = phi_power(phi, power) * S
+    return S.masked_fill(dead, float("-inf")) if phi == "relu" else S
 
 
 def _softmax_zero_rows(S: torch.Tensor) -> torch.Tensor:
@@ -146,14 +166,15 @@ def _softmax_zero_rows(S: torch.Tensor) -> torch.Tensor:
     return e / torch.where(total == 0, torch.ones_like(total), total)
 
 
-def _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_sinc, dtype, normaliser_eps=0.0):
+def _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_sinc, dtype, normaliser_eps=0.0,
+             phi="power"):
     q, k, radius = q.to(dtype), k.to(dtype), radius.to(dtype)
     B, H, N, _ = q.shape
     M = k.shape[2]
     # a masked key's score is never formed (a NaN in its key reaches no row), others get their mask
     mask = additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal, dtype)
     visible = mask != float("-inf")
-    S = torch.where(visible, _scores(q, k, radius, power, log_abs_sinc, visible=visible) + mask, mask)
+    S = torch.where(visible, _scores(q, k, radius, power, log_abs_sinc, visible=visible, phi=phi) + mask, mask)
     if normaliser_eps > 0:
         # w_ij / (sum_j w_ij + eps): eps is the weight of one more key, whose value is 0
         null = torch.full((B, H, N, 1), float(normaliser_eps), dtype=dtype).log()
@@ -161,10 +182,11 @@ def _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_s
     return _softmax_zero_rows(S)
 
 
-def oracle_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, normaliser_eps=0.0):
+def oracle_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, normaliser_eps=0.0,
+                   phi="power"):
     """Normalised weights (B, H, N, M) in float64 (normaliser_eps > 0: w_ij / (sum_j w_ij + eps))."""
     return _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, _log_abs_sinc_oracle, torch.float64,
-                    normaliser_eps)
+                    normaliser_eps, phi)
 
 
 def _dropped(P, dropout_scale):
@@ -173,24 +195,25 @@ def _dropped(P, dropout_scale):
 
 
 def oracle_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False,
-                     normaliser_eps=0.0, dropout_scale=None):
+                     normaliser_eps=0.0, dropout_scale=None, phi="power"):
     """out (B, H, N, Dv) in float64, differentiable (see the module docstring)."""
-    P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)
+    P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps, phi)
     return torch.matmul(_dropped(P, dropout_scale), v.to(torch.float64))
 
 
-def plain_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, normaliser_eps=0.0):
+def plain_weights(q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, normaliser_eps=0.0,
+                  phi="power"):
     """Normalised weights (B, H, N, M) in q's dtype, the plain way (see the module docstring)."""
     return _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, _log_abs_sinc_plain, q.dtype,
-                    normaliser_eps)
+                    normaliser_eps, phi)
 
 
 def plain_attention(q, k, v, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, series=False,
-                    normaliser_eps=0.0, dropout_scale=None):
+                    normaliser_eps=0.0, dropout_scale=None, phi="power"):
     """The formula in q's dtype, the plain way (see the module docstring); with series=True,
     log|sinc| takes the oracle's series below |x| = 1e-3 (in q's dtype)."""
     log_abs_sinc = _log_abs_sinc_oracle if series else _log_abs_sinc_plain
-    P = _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_sinc, q.dtype, normaliser_eps)
+    P = _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_sinc, q.dtype, normaliser_eps, phi)
     return torch.matmul(_dropped(P, dropout_scale), v.to(q.dtype))
 
 
@@ -226,13 +249,14 @@ def _detached_float64(q, k, v, grad_out, radius):
 
 
 def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padding_mask=None, causal=False,
-                           normaliser_eps=0.0, dropout_scale=None):
+                           normaliser_eps=0.0, dropout_scale=None, phi="power"):
     """Scales of (out, dq, dk, dv, dradius): see the module docstring. Floats."""
     q, k, v, go, radius, R = _detached_float64(q, k, v, grad_out, radius)
     B, H, N, D = q.shape
     M = k.shape[2]
     with torch.no_grad():
-        P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)  # (B, H, N, M)
+        P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps, phi)  # (B, H, N, M)
+        power = phi_power(phi, power)  # (the log domain's p: dS/dx = p g(x))
         # with dropout, dS_ij = P_ij (f_ij dP_ij - Delta_i), Delta_i = sum_j P_ij f_ij dP_ij
         dP = _dropped(torch.matmul(go, v.transpose(-1, -2)), dropout_scale)
         delta = (P * dP).sum(-1, keepdim=True)
@@ -266,7 +290,7 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
 
 
 def null_key_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padding_mask=None, causal=False,
-                    normaliser_eps=0.0, dropout_scale=None):
+                    normaliser_eps=0.0, dropout_scale=None, phi="power"):
     """Scales of (out, dq, dk, dv, dradius) for the null key's term of oracle_mismatches' bound.
 
     With the null key the kernels scale each row by its real keys' share m_i = sigmoid(lse_i -
@@ -285,13 +309,14 @@ def null_key_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padd
     B, H, N, D = q.shape
     M = k.shape[2]
     with torch.no_grad():
-        S = _scores(q, k, radius, power, _log_abs_sinc_oracle) + additive_mask(B, H, N, M, attn_mask,
-                                                                             key_padding_mask, causal)
+        S = _scores(q, k, radius, power, _log_abs_sinc_oracle, phi=phi) + additive_mask(B, H, N, M, attn_mask,
+                                                                                      key_padding_mask, causal)
         lse = torch.logsumexp(S, -1)
         seen = torch.isfinite(lse)
         gap = torch.sigmoid(torch.log(torch.tensor(float(normaliser_eps), dtype=torch.float64)) - lse)  # 1 - m_i
         gap = torch.where(seen, gap, torch.zeros_like(gap)).unsqueeze(-1)  # (B, H, N, 1)
-        P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps)
+        P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps, phi)
+        power = phi_power(phi, power)  # (the log domain's p: dS/dx = p g(x))
         Pf = _dropped(P, dropout_scale)
         dP = _dropped(torch.matmul(go, v.transpose(-1, -2)), dropout_scale)
         delta = (P * dP).sum(-1, keepdim=True)
@@ -342,7 +367,7 @@ def oracle_mismatches(ours, q, k, v, radius, grad_out, series=True, **kwargs):
     # feature and power, also where a plain float32 log-sum is exact, as at a duplicate key)
     # becomes a relative error of up to 2 p D eps (1 - m_i) of the row's share (two roundings per
     # feature, the table ratio and the product, each raised to the power p): null_key_scales.
-    null_factor = 2 * kwargs.get("power", 4) * q.shape[-1]
+    null_factor = 2 * phi_power(kwargs.get("phi", "power"), kwargs.get("power", 4)) * q.shape[-1]
     nulls = null_key_scales(*args, **kwargs)
     bad = []
     for name, a, x, pl, scale, null in zip(NAMES, ours, exact, plain, scales, nulls):
@@ -363,7 +388,7 @@ def oracle_mismatches(ours, q, k, v, radius, grad_out, series=True, **kwargs):
     return bad
 
 
-def lse_mismatches(lse, q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, **_):
+def lse_mismatches(lse, q, k, radius, power=4, attn_mask=None, key_padding_mask=None, causal=False, phi="power", **_):
     """Whether a kernel's log-normaliser lse (B, H, N): log sum_j exp S_ij over the visible keys
     (+inf for a row that sees none), is within the float32 bound; [] if so. Per row i:
     4 x the plain float32 log-sum's error + 16 eps32 (sum_j P_ij |S'_ij| + p D) + 1e-30, with S'
@@ -372,10 +397,10 @@ def lse_mismatches(lse, q, k, radius, power=4, attn_mask=None, key_padding_mask=
     power (a log of a ratio near 1 rounds to an absolute eps, also where |S'| is tiny)."""
     B, H, N, D = q.shape
     M = k.shape[2]
-    sinc_part = _scores(q.double(), k.double(), radius.double(), power, _log_abs_sinc_oracle)
+    sinc_part = _scores(q.double(), k.double(), radius.double(), power, _log_abs_sinc_oracle, phi=phi)
     exact_scores = sinc_part + additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal)
     exact = torch.logsumexp(exact_scores, -1)
-    plain = torch.logsumexp(_scores(q.float(), k.float(), radius.float(), power, _log_abs_sinc_plain)
+    plain = torch.logsumexp(_scores(q.float(), k.float(), radius.float(), power, _log_abs_sinc_plain, phi=phi)
                             + additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal, torch.float32), -1)
     ours = lse.detach().double().cpu()
     if tuple(ours.shape) != (B, H, N):
@@ -387,7 +412,7 @@ def lse_mismatches(lse, q, k, radius, power=4, attn_mask=None, key_padding_mask=
     if not live.any():
         return []
     weights = torch.exp(exact_scores - torch.where(dead, torch.zeros_like(exact), exact).unsqueeze(-1))
-    scale = (weights * sinc_part.abs()).nan_to_num(0.0).sum(-1) + power * D
+    scale = (weights * sinc_part.abs()).nan_to_num(0.0).sum(-1) + phi_power(phi, power) * D
     err = (ours - exact)[live].abs()
     bound = PLAIN_FACTOR * (plain.double() - exact)[live].abs() + SCALE_FACTOR * EPS32 * scale[live] + UNDERFLOW
     if not bool(torch.isfinite(err).all()) or bool((err > bound).any()):

@@ -41,6 +41,7 @@ struct CallArgs {
   at::Tensor q, k, v, radius;
   SliceMasks masks;
   double power;
+  bool relu;  // phi = ReLU (see SliceArgs::relu)
   bool causal;
   double dropout_p;
   int64_t seed;
@@ -62,6 +63,7 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   s.D = sh.D;
   s.Dv = sh.Dv;
   s.power = (T)c.power;
+  s.relu = c.relu;
   s.attn_mask = nullptr;
   s.mask_row_stride = 0;
   if (c.masks.attn_mask.defined()) {
@@ -204,9 +206,10 @@ at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& radius_in,
     double power, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias,
-    bool causal, double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
+    bool causal, double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
+    c10::string_view phi) {
   const AttentionShape sh =
-      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, true);
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
@@ -221,6 +224,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
                    radius_in.to(dtype).contiguous(),
                    prepare_masks(attn_mask, key_bias, dtype),
                    power,
+                   phi == "relu",
                    causal,
                    dropout_p,
                    seed,
@@ -254,9 +258,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& radius_in, const at::Tensor& out_in, const at::Tensor& lse_in, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
+    c10::string_view phi) {
   const AttentionShape sh =
-      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p);
+      check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, true);
   checked_key_table(tables, q_in, k_in);  // (the backward builds its own tables)
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
@@ -266,7 +271,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
                   out_in.size(3) == sh.Dv,
               "fourier_attention backward: grad_out and out must be (B, H, N, Dv)");
   const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
-                   prepare_masks(attn_mask, key_bias, dtype), power, causal, dropout_p, seed, log_eps};
+                   prepare_masks(attn_mask, key_bias, dtype), power, phi == "relu", causal, dropout_p, seed, log_eps};
   const at::Tensor out = out_in.to(dtype).contiguous(), dout = dout_in.to(dtype).contiguous();
   const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
   at::Tensor dq = at::empty_like(c.q), dk = at::empty_like(c.k), dv = at::empty_like(c.v);

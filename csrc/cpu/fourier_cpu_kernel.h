@@ -30,6 +30,7 @@ struct SliceArgs {
   const float* radius;  // (D,)
   int64_t N, M, D, Dv;
   float power;
+  bool relu;  // phi = ReLU (power 1): a key with a factor whose sinc is negative has weight 0
   // Additive mask element (i, j) at attn_mask[i * mask_row_stride + j]; nullptr if none.
   const float* attn_mask;
   int64_t mask_row_stride;

@@ -21,6 +21,7 @@ struct ScalarSlice {
   const T* radius;
   int64_t N, M, D, Dv;
   T power;
+  bool relu;  // phi = ReLU (power 1): a key with a factor whose sinc is negative has weight 0
   const T* attn_mask;
   int64_t mask_row_stride;
   const T* key_bias;
@@ -37,11 +38,15 @@ struct ScalarSlice {
     if (key_bias) mask += key_bias[j];
     if (mask == -std::numeric_limits<T>::infinity()) return mask;  // a masked key's score is not formed
     T s = 0;
+    bool dead = false;  // (relu: a negative factor)
     for (int64_t d = 0; d < D; ++d) {
       T x = radius[d] * (q[i * D + d] - k[j * D + d]);
-      s += log_abs_sinc_from_sin(x, std::sin(x));
+      const T sin_x = std::sin(x);
+      s += log_abs_sinc_from_sin(x, sin_x);
+      dead |= relu && sin_x * x < 0;
     }
-    return s * power + mask;
+    // (ReLU's zero weight: -inf, NaN with a NaN or +inf mask, as the formula's 0 e^mask)
+    return dead ? -std::numeric_limits<T>::infinity() + mask : s * power + mask;
   }
 
   T dropout_scale(int64_t i, int64_t j) const {

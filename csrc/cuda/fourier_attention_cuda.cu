@@ -33,8 +33,10 @@ at::Tensor fourier_attention_tables_cuda(const at::Tensor& q, const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
+    c10::string_view phi) {
   check_on_cuda(q);
+  check_phi(phi, power, false);
   const c10::cuda::CUDAGuard guard(q.device());
   return forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps, tables,
                       current_launcher());
@@ -44,8 +46,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& radius, const at::Tensor& out, const at::Tensor& lse, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
+    c10::string_view phi) {
   check_on_cuda(q);
+  check_phi(phi, power, false);
   const c10::cuda::CUDAGuard guard(q.device());
   return backward_impl(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
                        normaliser_eps, tables, current_launcher());

@@ -6,9 +6,10 @@ computes, for each batch b and head h,
 
     w_ij = prod_d phi(sinc(R_d (q_id - k_jd))),   out_i = sum_j w_ij v_j / sum_j w_ij
 
-with phi(x) = x^p. Backends: "cuda" and "cpu" (fused kernels, even p only, in the log
-domain with a saved log-normaliser) and "reference" (pure PyTorch, every phi); what each
-accepts is declared once, in backends.py.
+with phi(x) = x^p (or |x|, ReLU, sigmoid: the phi keyword). Backends: "cuda" and "cpu" (fused
+kernels in the log domain with a saved log-normaliser: even p, and on the CPU |x| and ReLU, the
+log domain with p = 1) and "reference" (pure PyTorch, every phi); what each accepts is declared
+once, in backends.py.
 
 Importing this package loads the compiled extension (extension.py) and registers the fused
 ops' shape and autograd implementations (fused.py); without a usable extension it warns once
@@ -119,7 +120,12 @@ def fourier_attention(
             number (a fixed R, no gradient).
         power: p of phi(x) = x^p (phi="power"). Even p: log domain, fused kernels.
             Odd p: direct normalisation on the reference backend (diverges, as in the paper).
-        phi: "power", or "abs", "relu", "sigmoid" (reference backend; the paper's Table 7).
+        phi: "power", or "abs", "relu", "sigmoid" (the paper's Table 7; power is then ignored).
+            "abs": prod_d |sinc|, the log domain with p = 1; "relu": prod_d max(sinc, 0), the same
+            with a zero weight (score -inf) wherever a factor's sinc is negative (a row whose
+            every key has one gives 0, as a fully masked row); both on the fused CPU kernel and
+            the reference. "sigmoid" on the reference (backends.py declares which backend runs
+            which phi).
         attn_mask: additive float mask (0 / -inf, or any finite values), (N, M), (B*H, N, M) or
             (B|1, H|1, N, M); or a bool mask, True marking the positions that may not be
             attended (it stays bool down to the kernels, which then only select).

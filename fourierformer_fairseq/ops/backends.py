@@ -88,6 +88,7 @@ class FusedBackend:
     min_power = _limit("min_power", "phi(x) = x^p only, p at least this (and a multiple of power_multiple).")
     power_multiple = _limit("power_multiple", "p must be a multiple of this (2: the log domain drops sinc's sign).")
     power_rule = _limit("power_rule", 'The rule on p in the extension\'s words: "even p >= 2".')
+    phis = _limit("phis", 'The phis it runs: "power" (under power_rule), and where listed "abs" and "relu" (p = 1).')
     seq_len_bound = _limit("seq_len_bound", "N and M must be below this; None: no bound.")
     tiled_backward_max_head_dim = _limit(
         "tiled_backward_max_head_dim",
@@ -124,10 +125,11 @@ class FusedBackend:
         device = inp.q.device.type
         if device != self.supported_device:
             reasons.append(f"inputs are on {device}")
-        only = f"fused kernels take only phi(x) = x^p with {self.power_rule}"
-        if inp.phi != "power":
+        only = f"the {self.name} kernels take phi(x) = x^p with {self.power_rule}" + "".join(
+            f", or phi={phi!r}" for phi in self.phis if phi != "power")
+        if inp.phi not in self.phis:
             reasons.append(f"{only}, got phi={inp.phi!r}; the reference runs it")
-        elif inp.power % self.power_multiple != 0 or inp.power < self.min_power:
+        elif inp.phi == "power" and (inp.power % self.power_multiple != 0 or inp.power < self.min_power):
             reasons.append(f"{only}, got power={inp.power}; the reference runs it")
         if inp.q.dtype not in self._dtypes:
             allowed = ", ".join(str(t) for t in self._dtypes)
@@ -147,7 +149,8 @@ class FusedBackend:
             return "limits unknown (the extension is not loaded)"
         dtypes = ", ".join(str(t).replace("torch.", "") for t in self._dtypes)
         head = f"head dims up to {self.max_head_dim}" if self.max_head_dim is not None else "any head dim"
-        return f"{self.supported_device} tensors, {dtypes}, phi(x) = x^p with {self.power_rule}, {head}"
+        others = "".join(f", phi={phi!r}" for phi in self.phis if phi != "power")
+        return f"{self.supported_device} tensors, {dtypes}, phi(x) = x^p with {self.power_rule}{others}, {head}"
 
 
 # In the order "auto" tries them: fastest first.

@@ -3,9 +3,10 @@
 The C++ library defines three ops (csrc/fourier_attention_ops.cpp):
 
     fourier_attention_forward(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed,
-                              normaliser_eps=0, tables=None) -> (out, lse)
+                              normaliser_eps=0, tables=None, phi="power") -> (out, lse)
     fourier_attention_backward(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias,
-                               causal, dropout_p, seed, normaliser_eps=0, tables=None) -> (dq, dk, dv, dradius)
+                               causal, dropout_p, seed, normaliser_eps=0, tables=None, phi="power")
+                               -> (dq, dk, dv, dradius)
     fourier_attention_tables(q, k, radius) -> tables
 
 ``attn_mask`` (B|1, H|1, N, M) and ``key_bias`` (B, M) are additive float masks or bool masks
@@ -16,7 +17,8 @@ of order p * D (a sum of D logs), and the backward needs it to float32 accuracy 
 to 1, which a float32 lse (error ulp(|lse|) / 2) would not give. With ``normaliser_eps`` > 0
 (the published code's ``sum_j w_ij + eps``) ``lse`` stays the log-sum over the real keys and
 ``out`` is scaled by their share sigmoid(lse - log eps); the backward recomputes that share.
-``tables`` (float32, 1-D) are the per-(row, feature) tables that the CUDA kernels of float32,
+``phi`` is the op's phi where the backend runs it ("power", and on the CPU "abs" and "relu" with
+power 1: ops.fused.op_power). ``tables`` (float32, 1-D) are the per-(row, feature) tables that the CUDA kernels of float32,
 float16 and bfloat16 build from q, k and radius before they run (csrc/cuda/tables.cuh): the
 autograd below builds them once per step and hands them to both ops, which otherwise build their
 own (FOURIERFORMER_KEEP_TABLES=0: so they do; the tables then need no memory between the forward
@@ -47,7 +49,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps=0.0,
-                  tables=None):
+                  tables=None, phi="power"):
     B, H, N, _ = q.shape
     out = q.new_empty((B, H, N, v.shape[-1]))
     lse = q.new_empty((B, H, N), dtype=torch.float64)
@@ -55,7 +57,7 @@ def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p
 
 
 def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-                   normaliser_eps=0.0, tables=None):
+                   normaliser_eps=0.0, tables=None, phi="power"):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(radius)
 
 
@@ -105,7 +107,7 @@ def _setup_context(ctx, inputs, output):
     a = inputs if isinstance(inputs, ForwardArguments) else ForwardArguments(*inputs)
     out, lse = output
     ctx.save_for_backward(a.q, a.k, a.v, a.radius, out, lse, a.attn_mask, a.key_bias, a.tables)
-    ctx.args = (a.power, a.causal, a.dropout_p, a.seed, a.normaliser_eps)
+    ctx.args = (a.power, a.causal, a.dropout_p, a.seed, a.normaliser_eps, a.phi)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros to allocate and fill)
 
@@ -114,10 +116,10 @@ def _backward(ctx, grad_out, grad_lse):
     q, k, v, radius, out, lse, attn_mask, key_bias, tables = ctx.saved_tensors
     if grad_out is None:  # (set_materialize_grads(False); gradcheck's undefined-gradient check)
         grad_out = torch.zeros_like(out)
-    power, causal, dropout_p, seed, normaliser_eps = ctx.args
+    power, causal, dropout_p, seed, normaliser_eps, phi = ctx.args
     dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
         grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-        normaliser_eps, tables,
+        normaliser_eps, tables, phi,
     )
     # q, k, v and the radius get gradients; the op's other arguments (power, ..., tables) none
     return (dq, dk, dv, dradius) + (None,) * (len(ForwardArguments._fields) - 4)
@@ -172,6 +174,12 @@ if extension_status().loaded:
     _LIBRARY.impl("fourier_attention_forward", _forward_autograd, "Autograd", with_keyset=True)
 
 
+def op_power(inp: AttentionInputs) -> float:
+    """The ops' power of a call: p of phi(x) = x^p, or 1 for the other phis the ops take ("abs" and
+    "relu": the log domain with p = 1; csrc/backend_limits.h, kUnitPower)."""
+    return float(inp.power) if inp.phi == "power" else 1.0
+
+
 def _op_radius(inp: AttentionInputs) -> torch.Tensor:
     compute = _compute_dtype(inp.q.dtype)
     radius = inp.radius_hd if inp.radius_hd.dtype == compute else inp.radius_hd.to(compute)
@@ -191,8 +199,8 @@ def fused_forward(inp: AttentionInputs, seed: int, values: torch.Tensor | None =
         attn_mask = attn_mask.to(compute)
     key_bias = inp.key_padding_mask
     out, _ = torch.ops.fourierformer.fourier_attention_forward(
-        inp.q, inp.k, inp.v if values is None else values, radius, float(inp.power), attn_mask, key_bias,
-        inp.causal, inp.dropout_p, seed, inp.normaliser_eps, tables,
+        inp.q, inp.k, inp.v if values is None else values, radius, op_power(inp), attn_mask, key_bias,
+        inp.causal, inp.dropout_p, seed, inp.normaliser_eps, tables, inp.phi,
     )
     return out
 

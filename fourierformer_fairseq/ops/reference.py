@@ -43,7 +43,10 @@ def _sinc(x: torch.Tensor) -> torch.Tensor:
 
 
 def _log_phi_sinc(x: torch.Tensor, phi: str, power: int) -> torch.Tensor:
-    """log phi(sinc(x)) for the non-negative phis; -inf (clamped to log(tiny)) where phi is 0."""
+    """log phi(sinc(x)) for the non-negative phis; where |sinc| is 0 it is clamped to log(tiny)
+    (a far lower score than any other, with finite gradients). ReLU's zero weight where sinc < 0
+    is exact: -inf (a key with such a factor takes no weight; a row of such keys gives 0, as a
+    row with every key masked)."""
     s = _sinc(x)
     tiny = torch.finfo(x.dtype).tiny
     if phi == "power":  # even power: phi(s) = s^p = |s|^p
@@ -51,7 +54,8 @@ def _log_phi_sinc(x: torch.Tensor, phi: str, power: int) -> torch.Tensor:
     if phi == "abs":
         return torch.log(s.abs().clamp_min(tiny))
     if phi == "relu":
-        return torch.log(s.clamp_min(tiny))
+        log_abs = torch.log(s.abs().clamp_min(tiny))
+        return log_abs.masked_fill(s.detach() < 0, float("-inf"))
     if phi == "sigmoid":
         return torch.nn.functional.logsigmoid(s)
     raise ValueError(phi)

@@ -26,14 +26,25 @@ import torch
 
 from oracle import (EPS32, NAMES, PLAIN_FACTOR, SCALE_FACTOR, UNDERFLOW, float64_mismatches, oracle_mismatches,  # noqa: E402
                     lse_mismatches, oracle_gradient_scales, oracle_gradients, plain_gradients)
-from fuzz_cases import draw_case, op_forward_args  # noqa: E402
+from fuzz_cases import case_classes, op_forward_args  # noqa: E402
+from fuzz_cases import draw_case as draw_any_case  # noqa: E402
 
-from fourierformer_fairseq.ops import backend_unavailable_reason, fourier_attention  # noqa: E402
+from fourierformer_fairseq.ops import DECLARATIONS, backend_unavailable_reason, fourier_attention  # noqa: E402
 
 _reason = backend_unavailable_reason("cuda")
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_reason), reason=f"CUDA kernels: {_reason}")]
 
 N_CASES = 140
+# the phis the CUDA kernels run (the fuzz draws |x| and ReLU too, which only the CPU's fuse)
+CUDA_PHIS = DECLARATIONS["cuda"].phis or ("power",)
+
+
+def draw_case(seed):
+    """The fuzz case of `seed` where its phi runs on CUDA; a skip naming it otherwise."""
+    phi = case_classes(seed)[6]
+    if phi not in CUDA_PHIS:
+        pytest.skip(f"phi={phi!r}: the CUDA kernels run {CUDA_PHIS}")
+    return draw_any_case(seed)
 # Where the tests run: on CPU, tests/cuda/test_cuda_harness_on_cpu.py runs some of them through the
 # CPU kernels, so that a mistake of the harness shows without a GPU.
 DEVICE, BACKEND = "cuda", "cuda"
@@ -147,7 +158,7 @@ def test_cuda_score_cache_on_and_off_agree(monkeypatch):
     of M rounded up to a multiple of 4) or, with FOURIERFORMER_SCORE_CACHE_MB=0, computes them
     again: both within the oracle's bound, and alike (the same P; dq's float atomics may add in
     another order). Cases with M a multiple of 4 and not."""
-    by_rest = [[s for s in range(N_CASES) if (draw_case(s)["k"].shape[-2] % 4 == 0) == whole][:4] for whole in (True, False)]
+    by_rest = [[s for s in range(N_CASES) if case_classes(s)[6] in CUDA_PHIS and (draw_any_case(s)["k"].shape[-2] % 4 == 0) == whole][:4] for whole in (True, False)]
     assert all(by_rest), "no fuzz case with M a multiple of 4, or none with another M"
     for seed in by_rest[0] + by_rest[1]:
         case = _rounded(draw_case(seed), torch.float32)
@@ -165,7 +176,7 @@ def test_cuda_grid_splits_and_whole_agree(monkeypatch):
     within 1e-5 relative (its halves round the scores otherwise: |S| eps32 in P). The cases: the
     first six fuzz cases with D >= 64 as drawn, and cut to their first 40 features (Dp 40: the
     main pass split alone)."""
-    seeds = [s for s in range(N_CASES) if draw_case(s)["q"].shape[-1] >= 64][:6]
+    seeds = [s for s in range(N_CASES) if case_classes(s)[6] in CUDA_PHIS and draw_any_case(s)["q"].shape[-1] >= 64][:6]
     assert seeds, "no fuzz case with head dim 64 or more"
     for seed, cut in [(s, c) for s in seeds for c in (False, True)]:
         case = _rounded(draw_case(seed), torch.float32)
@@ -191,7 +202,7 @@ def test_cuda_repeated_runs_agree():
     check_block_order runs the blocks last to first for the same reason). The cases: the first three
     fuzz cases with D >= 64, where the small-grid splits put several blocks on one key tile, five
     runs each."""
-    seeds = [s for s in range(N_CASES) if draw_case(s)["q"].shape[-1] >= 64][:3]
+    seeds = [s for s in range(N_CASES) if case_classes(s)[6] in CUDA_PHIS and draw_any_case(s)["q"].shape[-1] >= 64][:3]
     assert seeds, "no fuzz case with head dim 64 or more"
     for seed in seeds:
         case = _rounded(draw_case(seed), torch.float32)

@@ -34,6 +34,7 @@ def test_fused_limits_are_the_extensions():
         assert backend.min_power == limits[name]["min_power"]
         assert backend.power_multiple == limits[name]["power_multiple"]
         assert backend.power_rule == limits[name]["power_rule"] and backend.power_rule in backend.describe()
+        assert backend.phis == limits[name]["phis"] and "power" in backend.phis
     assert CPU.max_head_dim is None and CUDA.max_head_dim is not None
 
 
@@ -43,7 +44,7 @@ def test_cpu_declaration_agrees_with_the_cpu_op(dtype):
     """The raw C++ op runs exactly the dtypes and powers the declaration lists, and says the same."""
     q, k, v, r, _ = inputs(dtype=dtype)
     radius = r.to(torch.float64 if dtype == torch.float64 else torch.float32).expand(2, 5).contiguous()
-    for power in (2.0, 3.0, 4.0):
+    for power in (1.0, 2.0, 3.0, 4.0):
         powered = power >= CPU.min_power and power % CPU.power_multiple == 0
         declared = dtype in CPU.supported_dtypes and powered
         run = lambda: torch.ops.fourierformer.fourier_attention_forward(q, k, v, radius, power, None, None, False, 0.0, 0)  # noqa: E731
@@ -61,6 +62,27 @@ def test_cpu_declaration_agrees_with_the_cpu_op(dtype):
 
 
 @needs_extension
+def test_cpu_op_takes_exactly_the_declared_phis():
+    """The raw C++ op runs the phis the declaration lists (the others with power 1, "power" with an
+    even p) and refuses the rest, naming the phis it runs."""
+    q, k, v, r, _ = inputs()
+    radius = r.expand(2, 5).contiguous()
+    for phi in ("power", "abs", "relu", "sigmoid"):
+        for power in (1.0, 2.0, 4.0):
+            run = lambda: torch.ops.fourierformer.fourier_attention_forward(  # noqa: E731
+                q, k, v, radius, power, None, None, False, 0.0, 0, 0.0, None, phi)
+            takes = phi in CPU.phis and ((phi == "power") == (power != 1.0))
+            if takes:
+                out, _ = run()
+                assert torch.isfinite(out).all(), (phi, power)
+            else:
+                with pytest.raises(RuntimeError) as e:
+                    run()
+                assert CPU.power_rule in str(e.value), str(e.value)
+                assert all(f"phi = {p}" in str(e.value) for p in CPU.phis if p != "power"), str(e.value)
+
+
+@needs_extension
 def test_each_reason_alone():
     """Each limit adds exactly its own reason to those of plain float32 inputs."""
     q, k, v, r, kw = inputs()
@@ -69,7 +91,9 @@ def test_each_reason_alone():
     assert "inputs are on cpu" in cuda_base  # plus, on a machine without CUDA, why it cannot run at all
     assert cuda_base == list(CUDA.not_supported_reasons()) + ["inputs are on cpu"]
     cases = [
-        (CPU, dict(phi="abs"), "phi='abs'"),
+        (CPU, dict(phi="sigmoid"), "phi='sigmoid'"),
+        (CUDA, dict(phi="abs"), "phi='abs'"),
+        (CUDA, dict(phi="relu"), "phi='relu'"),
         (CPU, dict(power=3), "power=3"),
         (CPU, dict(dtype=torch.float16), "the cpu kernel takes torch.float32, torch.float64, got torch.float16"),
         (CPU, dict(attn_mask=torch.zeros(3, 4, requires_grad=True)), "attn_mask requires grad"),
@@ -105,7 +129,7 @@ def test_cuda_sequence_length_bound():
 def test_all_reasons_are_listed_together():
     q, k, v, r, _ = inputs(dtype=torch.float16)
     mask = torch.zeros(3, 4, dtype=torch.float16, requires_grad=True)
-    kw = dict(phi="relu", attn_mask=mask)
+    kw = dict(phi="sigmoid", attn_mask=mask)
     got = reasons(CPU, q, k, v, r, kw)
     assert len(got) == 3, got
     with pytest.raises(ValueError) as e:

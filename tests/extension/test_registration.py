@@ -43,13 +43,15 @@ def test_op_autograd_reads_its_optional_arguments_by_name():
                                                       if a.has_default_value()}
     q, k, v = random_qkv(1, 2, 4, 5, 3, 3, dtype=torch.float64, seed=7, requires_grad=True)
     r = torch.full((2, 3), 0.9, dtype=torch.float64, requires_grad=True)
-    given = (q, k, v, r, 4.0, None, None, False, 0.0, 0)
-    for optional in ((), (0.0,), (0.0, None), (1e-2,), (1e-2, None)):
-        out, lse = forward(*given, *optional)
+    cases = [(4.0, optional) for optional in ((), (0.0,), (0.0, None), (1e-2,), (1e-2, None), (1e-2, None, "power"))]
+    cases += [(1.0, (1e-2, None, phi)) for phi in DECLARATIONS["cpu"].phis if phi != "power"]
+    for power, optional in cases:
+        out, lse = forward(q, k, v, r, power, None, None, False, 0.0, 0, *optional)
         grads = torch.autograd.grad(out.sum(), (q, k, v, r))
         eps = optional[0] if optional else 0.0
-        expected = backward(torch.ones_like(out), *(t.detach() for t in (q, k, v, r)), out.detach(), lse, 4.0,
-                            None, None, False, 0.0, 0, eps, None)
+        phi = optional[2] if len(optional) > 2 else "power"
+        expected = backward(torch.ones_like(out), *(t.detach() for t in (q, k, v, r)), out.detach(), lse, power,
+                            None, None, False, 0.0, 0, eps, None, phi)
         for name, got, want in zip("qkvr", grads, expected):
             assert torch.equal(got, want), (optional, name)
 

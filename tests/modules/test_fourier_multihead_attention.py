@@ -403,7 +403,7 @@ def direct_attention(q, k, v, radius, power, phi):
 
 @pytest.mark.parametrize("phi,power", [("power", 4), ("power", 3), ("abs", 1), ("relu", 1), ("sigmoid", 1)])
 def test_every_phi_matches_the_formula_forward_and_backward(phi, power):
-    """Odd powers and the other phis run on the reference backend, p = 4 on the fused kernel:
+    """Odd powers and sigmoid run on the reference backend, p = 4, |x| and ReLU on the fused CPU kernel:
     output and input gradient against the formula evaluated directly in float64."""
     m = make(self_attention=True, phi=phi, power=power).train()
     g = torch.Generator().manual_seed(4)

@@ -19,6 +19,7 @@ from helpers import NONFINITE, check_against_plain, max_abs_error, nonfinite_cas
 from oracle import additive_mask as oracle_additive_mask
 from oracle import (
     PLAIN_FACTOR,
+    lse_mismatches,
     oracle_attention,
     oracle_gradient_scales,
     oracle_gradients,
@@ -27,6 +28,7 @@ from oracle import (
 )
 
 from fourierformer_fairseq.ops import (
+    DECLARATIONS,
     backend_unavailable_reason,
     dropout_keep_mask,
     fourier_attention,
@@ -277,6 +279,33 @@ def test_cpu_large_angles_range_reduction(radius):
     r = torch.tensor(radius)
     assert (r * q).abs().max() > (2**28 if radius == 100.0 else 2**25)
     assert_matches_oracle(q, k, v, r, grad_out, f"R={radius}", power=2)
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("phi", ["abs", "power"])
+def test_cpu_large_angles_short_query_reduction(phi):
+    """The short-query forward (N = 3, below every variant's row group) at |x| up to 2^14, where
+    it reduces x = R (k - q) by pi in float32 (forward_short.inc's reduce_by_pi). q and k lie on
+    a grid of 2^-6 below 2^12 and R = 2, so q - k and x are exact in float32 and a plain float32
+    implementation errs only by its sin and log: the bounds (lse_mismatches for each row's
+    log-sum, oracle_mismatches for out and the gradients) leave no room for an error of
+    ulp(n pi) / 2 in r = x - n pi (up to 1e-3 here), which the baseline variant made when, without
+    FMA, it rounded n pi to float32 before subtracting (the full tier's generic fuzz, seed 139)."""
+    g = torch.Generator().manual_seed(139)
+    B, H, N, M, D, Dv = 2, 2, 3, 40, 4, 5
+    q = torch.randint(-2**18, 2**18, (B, H, N, D), generator=g).float() * 2.0**-6
+    k = torch.randint(-2**18, 2**18, (B, H, M, D), generator=g).float() * 2.0**-6
+    v = torch.randn(B, H, M, Dv, generator=g)
+    grad_out = torch.randn(B, H, N, Dv, generator=g)
+    r = torch.tensor(2.0)
+    assert 4096 < (r * (q.unsqueeze(3) - k.unsqueeze(2))).abs().max() <= 32768  # (the float32 reduction's range)
+    kw = dict(power=2) if phi == "power" else dict(power=2, phi=phi)
+    _, lse = torch.ops.fourierformer.fourier_attention_forward(q, k, v, r.expand(H, D).contiguous(),
+                                                               2.0 if phi == "power" else 1.0, None, None, False, 0.0, 0,
+                                                               0.0, None, phi)
+    bad = lse_mismatches(lse, q, k, r, **kw)
+    assert not bad, f"phi={phi}: " + "; ".join(bad)
+    assert_matches_oracle(q, k, v, r, grad_out, f"phi={phi}", **kw)
 
 
 @needs_cpu_kernel
@@ -759,7 +788,7 @@ def test_need_weights_are_the_weights_after_dropout_in_every_op(op):
     torch.testing.assert_close(out, weights @ v, rtol=1e-5, atol=1e-5)
 
 
-def test_odd_power_and_other_phis_run_on_the_reference_only():
+def test_odd_power_and_other_phis_against_their_formula_and_the_backends_that_run_them():
     q, k, v = random_qkv(1, 2, 3, 5, 4, 2, dtype=torch.float64, requires_grad=True)
     r = torch.tensor(0.9, dtype=torch.float64)
     x = r * (q.unsqueeze(-2) - k.unsqueeze(-3))
@@ -773,9 +802,13 @@ def test_odd_power_and_other_phis_run_on_the_reference_only():
     for (phi, power), elementwise in phis.items():
         w = elementwise.prod(-1)
         expected = (w @ v) / w.sum(-1, keepdim=True)
-        out = fourier_attention(q, k, v, r, phi=phi, power=power)  # auto -> reference
+        out = fourier_attention(q, k, v, r, phi=phi, power=power, backend="reference")
         torch.testing.assert_close(out, expected)
-        if CPU_FUSED:
+        if not CPU_FUSED:
+            continue
+        if phi in DECLARATIONS["cpu"].phis and phi != "power":  # (float64: the scalar kernel)
+            torch.testing.assert_close(fourier_attention(q, k, v, r, phi=phi, power=power, backend="cpu"), expected)
+        else:
             with pytest.raises(ValueError, match="even p"):
                 fourier_attention(q, k, v, r, phi=phi, power=power, backend="cpu")
 

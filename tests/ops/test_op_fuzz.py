@@ -3,7 +3,9 @@
 Every case is drawn from its own seed: shapes with every remainder of N and M modulo the
 kernels' lane (16, 8, 4) and row-group (8, 4) widths, head dims up to 128, keys that
 duplicate queries exactly or to 1e-6 or 1e-3, keys next to sinc's zeros (and on them as
-closely as float32 allows), large |R q| (range reduction), powers 2, 4 and 6, every radius
+closely as float32 allows), large |R q| (range reduction), powers 2, 4 and 6, phi(x) = |x| and
+ReLU (the log domain with p = 1, ReLU's weight 0 where a factor's sinc is negative; each on every
+fourth pair of seeds), every radius
 shape, causal, key padding (fully padded sequences included), finite additive and bool
 masks, positive, negative and mixed-sign radii, and the published normaliser (a null key of
 weight eps, at 0.1, 1 or 10 times the median row's mass). The forward and all four gradients are checked.
@@ -34,7 +36,7 @@ import sys
 import pytest
 import torch
 
-from fuzz_cases import (CLASSES, DROPOUTS, MASKS, NULL_KEY_FACTORS, RADIUS_SHAPES, RADIUS_SIGNS, case_classes,
+from fuzz_cases import (CLASSES, DROPOUTS, MASKS, NULL_KEY_FACTORS, PHI_KINDS, RADIUS_SHAPES, RADIUS_SIGNS, case_classes,
                         draw_case, median_row_mass, op_forward_args)
 from helpers import single_thread
 from oracle import float64_mismatches, lse_mismatches, oracle_gradients, oracle_mismatches
@@ -79,7 +81,8 @@ QUICK_STRIDE = 11
 
 def test_quick_fuzz_subset_samples_every_class():
     drawn = [case_classes(seed) for seed in range(0, N_CASES, QUICK_STRIDE)]
-    for column, values in enumerate((CLASSES, MASKS, RADIUS_SHAPES, RADIUS_SIGNS, NULL_KEY_FACTORS, DROPOUTS)):
+    for column, values in enumerate((CLASSES, MASKS, RADIUS_SHAPES, RADIUS_SIGNS, NULL_KEY_FACTORS, DROPOUTS,
+                                     PHI_KINDS)):
         missing = set(values) - {c[column] for c in drawn}
         assert not missing, f"the variants' quick fuzz (stride {QUICK_STRIDE}) never draws {sorted(map(str, missing))}"
 
@@ -274,15 +277,16 @@ def test_requested_variant_is_in_use():
 # without the null key) and the one-key cases here, the op tests that sweep every power, radius
 # shape and mask (and p >= 8, finite per-(batch, head) masks), and, on the cpu backend in float32,
 # draw the radius through 0 and check need_weights (also in column chunks), and
-# tests/ops/test_normaliser_eps.py's float32 cases of the cpu kernel, the fuzz's key-table reads and
-# tests/ops/test_backward_sweeps.py's two-sweep backward. A variant
+# tests/ops/test_normaliser_eps.py's float32 cases of the cpu kernel, the fuzz's key-table reads,
+# tests/ops/test_backward_sweeps.py's two-sweep backward, tests/ops/test_fused_phis.py and the short-query
+# forward's float32 range reduction at large angles. A variant
 # this CPU cannot run is a visible skip (cpu_variants.variant_params). (The full tier re-runs
 # all of this file and the op file's accuracy tests per variant.)
 QUICK_VARIANT_SELECTION = (
     "requested or float32_against_oracle or weight_on_one_key or every_power_radius "
     "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64) "
     "or stored_output or (test_normaliser_eps and cpu_float32) or powers_of_8 or finite_additive_masks "
-    "or column_chunks or key_table_reads_the_keys or two_sweep_backward"
+    "or column_chunks or key_table_reads_the_keys or two_sweep_backward or test_phi_ or large_angles_short_query"
 )
 
 
@@ -294,14 +298,16 @@ def test_every_cpu_kernel_variant_quick(isa):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", __file__,
          os.path.join(here, "test_fourier_attention_op.py"), os.path.join(here, "test_normaliser_eps.py"),
-         os.path.join(here, "test_backward_sweeps.py"), "-k", QUICK_VARIANT_SELECTION],
+         os.path.join(here, "test_backward_sweeps.py"), os.path.join(here, "test_fused_phis.py"),
+         "-k", QUICK_VARIANT_SELECTION],
         capture_output=True, text=True, timeout=1200, env=env,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "failed" not in result.stdout and " skipped" not in result.stdout.lower()
     for part in ("test_fuzz_float32_against_oracle[", "test_op_fuzz.py::test_requested_variant_is_in_use",
                  "test_normaliser_eps.py::test_every_backend_against_the_oracle[",
-                 "test_backward_sweeps.py::test_two_sweep_backward_against_oracle["):
+                 "test_backward_sweeps.py::test_two_sweep_backward_against_oracle[",
+                 "test_fused_phis.py::test_phi_every_mask_and_radius_shape_against_the_oracle["):
         assert part in result.stdout, f"{part} did not run under {isa}"
 
 

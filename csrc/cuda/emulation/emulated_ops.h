@@ -71,7 +71,9 @@ at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k
 std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
-    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables) {
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
+    c10::string_view phi) {
+  check_phi(phi, power, false);  // (the CUDA kernels' phis)
   return cuda::forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps,
                             tables, EmuLauncher{});
 }
@@ -80,7 +82,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
     const at::Tensor& out, const at::Tensor& lse, double power, const std::optional<at::Tensor>& attn_mask,
     const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed,
-    double normaliser_eps, const std::optional<at::Tensor>& tables) {
+    double normaliser_eps, const std::optional<at::Tensor>& tables, c10::string_view phi) {
+  check_phi(phi, power, false);
   return cuda::backward_impl(dout, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
                              normaliser_eps, tables, EmuLauncher{});
 }

@@ -1,0 +1,207 @@
+"""The phis of the paper's Table 7 besides the even powers, on the fused CPU backend, against the
+independent float64 oracle (tests/oracle.py, keyword ``phi``).
+
+phi(x) = |x| is the log domain with p = 1: S_ij = sum_d log|sinc(R_d (q_id - k_jd))| (the ops take it
+as power 1); ReLU is the same with S_ij = -inf (a zero weight) wherever a factor's sinc is negative,
+so that a row whose every visible key has one gives 0, as a row with every key masked. Each case checks the forward and the four gradients within oracle.oracle_mismatches'
+bound (4 x the error of a plain float32 implementation of the same formula, plus 16 float32 eps
+of the terms' scale), or within float64_mismatches' 1e-9 of the scale for the float64 kernel:
+every mask kind (bool masks: the one-pass forward; finite additive masks: the log-domain forward),
+every radius shape, dropout, the null key (normaliser_eps), short slices (fewer query rows than a
+row group: the decoding forward) and need_weights. Inputs come from seeded generators. The
+seeded fuzz (tests/ops/test_op_fuzz.py) draws each on every fourth pair of seeds, and its variant
+re-runs take this file too.
+"""
+import pytest
+import torch
+
+from helpers import random_qkv, single_thread
+from oracle import float64_mismatches, oracle_mismatches, oracle_weights
+
+from fourierformer_fairseq.ops import (
+    DECLARATIONS,
+    backend_unavailable_reason,
+    dropout_keep_mask,
+    fourier_attention,
+    fourier_attention_reference,
+)
+from fourierformer_fairseq.ops.reference import draw_seed
+
+CPU_FUSED = not backend_unavailable_reason("cpu")
+pytestmark = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
+
+FUSED_CPU_PHIS = ("abs", "relu")
+RADIUS_SHAPES = ("scalar", "head", "feature", "head_feature")
+MASK_KINDS = ("none", "causal", "padded", "causal_padded", "additive", "bool")
+
+
+def make_radius(kind, H, D, value, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = {"scalar": (), "head": (H, 1), "feature": (D,), "head_feature": (H, D)}[kind]
+    return value * (0.8 + 0.4 * torch.rand(shape, generator=g))
+
+
+def mask_kwargs(mask_kind, B, H, N, M, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    kwargs = {}
+    if mask_kind.startswith("causal"):
+        kwargs["causal"] = True
+    if mask_kind.endswith("padded"):
+        kpm = torch.zeros(B, M, dtype=torch.bool)
+        kpm[-1, -(M // 3 + 1):] = True  # the last sequence right-padded
+        kpm[0, :2] = True  # the first left-padded
+        kwargs["key_padding_mask"] = kpm
+    if mask_kind == "additive":  # finite values (the log-domain forward) and some -inf
+        mask = torch.randn(N, M, generator=g) * 2
+        mask[:, 1] = float("-inf")
+        kwargs["attn_mask"] = mask
+    if mask_kind == "bool":
+        kwargs["attn_mask"] = torch.rand(B * H, N, M, generator=g) < 0.25
+    return kwargs
+
+
+def fused_and_grads(q, k, v, r, grad_out, dtype=torch.float32, seed=0, **kwargs):
+    leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (q, k, v, r)]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)  # the dropout seed (dropout_seed)
+        out = fourier_attention(*leaves, backend="cpu", **kwargs)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(dtype), allow_unused=True)
+    return (out.detach(), *[torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)])
+
+
+def dropout_seed(seed):
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return draw_seed()
+
+
+def oracle_keywords(kwargs, shape, seed):
+    """The oracle's keywords for an op call: dropout as the factors of the kernels' own mask."""
+    kwargs = dict(kwargs)
+    p = kwargs.pop("dropout_p", 0.0)
+    if p:
+        kwargs["dropout_scale"] = dropout_keep_mask(dropout_seed(seed), shape, p, "cpu").double() / (1 - p)
+    return kwargs
+
+
+def check_against_oracle(q, k, v, r, grad_out, what, dtype=torch.float32, seed=0, **kwargs):
+    B, H, N, _ = q.shape
+    okw = oracle_keywords(kwargs, (B, H, N, k.shape[2]), seed)
+    with single_thread():
+        ours = fused_and_grads(q, k, v, r, grad_out, dtype=dtype, seed=seed, **kwargs)
+    check = float64_mismatches if dtype == torch.float64 else oracle_mismatches
+    bad = check(ours, q, k, v, r, grad_out, **okw)
+    assert not bad, f"{what}: " + "; ".join(bad)
+
+
+def draw(B, H, N, M, D, Dv, seed, std=1.0):
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    return q * std, k * std, v, torch.randn(B, H, N, Dv, generator=g)
+
+
+@pytest.mark.parametrize("phi", FUSED_CPU_PHIS)
+def test_phi_cpu_declaration_takes_it_and_cuda_refuses_it(phi):
+    assert phi in DECLARATIONS["cpu"].phis and phi not in DECLARATIONS["cuda"].phis
+    q = torch.zeros(1, 1, 2, 4)
+    from fourierformer_fairseq.ops.inputs import prepare_inputs
+
+    inp = prepare_inputs(q, q, q, torch.tensor(1.0), phi=phi)
+    assert DECLARATIONS["cpu"].not_supported_reasons(inp) == []
+    assert any(f"phi={phi!r}" in r for r in DECLARATIONS["cuda"].not_supported_reasons(inp))
+
+
+@pytest.mark.parametrize("phi", FUSED_CPU_PHIS)
+@pytest.mark.parametrize("mask_kind", MASK_KINDS)
+@pytest.mark.parametrize("radius_kind", RADIUS_SHAPES)
+def test_phi_every_mask_and_radius_shape_against_the_oracle(radius_kind, mask_kind, phi):
+    # N = 19 and M = 37 leave a remainder in every row group and lane width; Dv = 37 a tail
+    B, H, N, M, D, Dv = 2, 2, 19, 37, 16, 37
+    seed = 7 * RADIUS_SHAPES.index(radius_kind) + MASK_KINDS.index(mask_kind)
+    q, k, v, grad_out = draw(B, H, N, M, D, Dv, seed)
+    r = make_radius(radius_kind, H, D, 1.5, seed)
+    check_against_oracle(q, k, v, r, grad_out, f"{phi} {radius_kind} {mask_kind}", phi=phi,
+                         **mask_kwargs(mask_kind, B, H, N, M, seed))
+
+
+@pytest.mark.parametrize("phi", FUSED_CPU_PHIS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", ["dropout", "null_key", "dropout_null_key_causal", "short", "short_additive",
+                                  "wide_radius", "duplicates", "head_dim_128"])
+def test_phi_options_and_paths_against_the_oracle(case, dtype, phi):
+    B, H, N, M, D, Dv = 2, 2, 19, 37, 16, 9
+    if case.startswith("short"):  # fewer rows than a row group: the short-query forward
+        N = 3
+    if case == "head_dim_128":
+        D = 128
+    seed = 100 + len(case)
+    q, k, v, grad_out = draw(B, H, N, M, D, Dv, seed)
+    r = make_radius("head_feature", H, D, 3.0 if case == "wide_radius" else 1.0, seed)
+    kwargs = dict(phi=phi)
+    if case == "duplicates":  # queries equal to keys (the floors of the exact step)
+        q = k[:, :, :N].clone()
+    if case.startswith("dropout"):
+        kwargs["dropout_p"] = 0.3
+    if "null_key" in case:
+        kwargs["normaliser_eps"] = 1e-3
+    if case.endswith("causal"):
+        kwargs["causal"] = True
+    if case == "short_additive":
+        kwargs.update(mask_kwargs("additive", B, H, N, M, seed))
+    check_against_oracle(q, k, v, r, grad_out, f"{phi} {case}", dtype=dtype, seed=seed, **kwargs)
+
+
+@pytest.mark.parametrize("phi", FUSED_CPU_PHIS)
+def test_phi_need_weights_against_the_oracle(phi):
+    B, H, N, M, D, Dv = 1, 2, 11, 21, 8, 4
+    q, k, v, _ = draw(B, H, N, M, D, Dv, 5)
+    r = make_radius("head", H, D, 1.2, 5)
+    kwargs = dict(phi=phi, causal=True)
+    _, weights = fourier_attention(q, k, v, r, need_weights=True, backend="cpu", **kwargs)
+    exact = oracle_weights(q, k, r, **kwargs)
+    plain = oracle_weights(q.float(), k.float(), r.float(), **kwargs)  # (float64 inside: the bound's floor)
+    err = (weights.double() - exact).abs().max().item()
+    assert err <= 64 * 2.0**-24 + 4 * (plain - exact).abs().max().item(), err
+
+
+@pytest.mark.parametrize("phi", FUSED_CPU_PHIS)
+def test_phi_reference_equals_the_oracle(phi):
+    # the reference is the source of truth the kernels stand in for: it and the oracle agree
+    B, H, N, M, D, Dv = 2, 2, 5, 9, 6, 3
+    q, k, v, grad_out = (t.double() for t in draw(B, H, N, M, D, Dv, 11))
+    r = make_radius("feature", H, D, 1.3, 11).double()
+    ref = fourier_attention_reference(q, k, v, r, phi=phi, causal=True)
+    from oracle import oracle_attention
+
+    exact = oracle_attention(q, k, v, r, phi=phi, causal=True)
+    assert (ref - exact).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("path", ["one_pass", "additive", "short"])
+def test_phi_relu_rows_of_zero_weights_give_zero_and_zero_gradients(path, dtype):
+    # R = 3 with unit-variance q and k: many keys have a factor below 0, and every key has one in
+    # the first query row (feature 0 of every key at 0, the row's at 1.5: x = 4.5, in (pi, 2 pi)):
+    # that row's output, its lse and every gradient it feeds are 0 (+inf for the lse), as a row
+    # with every key masked; the others match the oracle, on each forward path
+    B, H, N, M, D, Dv = 1, 2, 3 if path == "short" else 12, 20, 4, 5
+    q, k, v, grad_out = draw(B, H, N, M, D, Dv, 21)
+    k[..., 0] = 0.0
+    q[:, :, 0, 0] = 1.5
+    r = torch.tensor(3.0)
+    kwargs = dict(phi="relu")
+    if path == "additive":
+        kwargs["attn_mask"] = torch.randn(N, M, generator=torch.Generator().manual_seed(2))
+    exact = oracle_weights(q, k, r, **kwargs)
+    assert (exact[:, :, 0] == 0).all() and (exact[:, :, 1:].sum(-1) > 0).any()
+    check_against_oracle(q, k, v, r, grad_out, f"relu zero rows {path}", dtype=dtype, **kwargs)
+    ours = fused_and_grads(q, k, v, r, grad_out, dtype=dtype, **kwargs)
+    assert (ours[0][:, :, 0] == 0).all() and (ours[1][:, :, 0] == 0).all()
+    ref = fourier_attention_reference(q.to(dtype), k.to(dtype), v.to(dtype), r.to(dtype), **kwargs)
+    assert (ref[:, :, 0] == 0).all()
+    radius = r.to(torch.float64 if dtype == torch.float64 else torch.float32).expand(H, D).contiguous()
+    mask = kwargs.get("attn_mask")
+    _, lse = torch.ops.fourierformer.fourier_attention_forward(
+        q.to(dtype), k.to(dtype), v.to(dtype), radius, 1.0, None if mask is None else mask.reshape(1, 1, N, M),
+        None, False, 0.0, 0, 0.0, None, "relu")
+    assert torch.isposinf(lse[:, :, 0]).all() and torch.isfinite(lse[:, :, 1:]).any()
