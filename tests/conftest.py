@@ -7,6 +7,9 @@ stops before any test runs, with the loader's reason, unless the fused CPU backe
 and loaded. Without it the header of every run says whether the kernel loaded, and the
 skipped tests are listed with their reasons at the end (``-rfEs`` in pyproject.toml).
 
+Under pytest-xdist (the full tier's ``-n auto``) each worker, and what it starts, runs one
+torch thread (``pytest_configure``).
+
 The tests marked ``release`` (the two-rank runs beyond one per plugin path) are deselected unless
 ``-m`` names ``release`` or ``FOURIERFORMER_RELEASE=1`` is set; a release runs them
 (docs/testing.md). A test's tier (fast or slow) is its room's: tests/<room>/conftest.py.
@@ -16,10 +19,21 @@ learnable Markov text), made and binarised once a session by ``fairseq_helpers``
 read them (trainings write to their own ``tmp_path``).
 """
 import os
+import sys
 
 import pytest
 
 REQUIRE_FUSED = "FOURIERFORMER_REQUIRE_FUSED"
+
+
+def pytest_configure(config):
+    # A pytest-xdist worker (the full tier's `-n auto`: one a core) runs its tests, and the
+    # subprocesses they start, on one torch thread: each worker's pool spinning beside another's
+    # on the same cores would slow both. A test of the threaded paths sets its threads itself.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
 
 
 def _fused_cpu_reason() -> str:
