@@ -125,12 +125,14 @@ class FusedBackend:
         device = inp.q.device.type
         if device != self.supported_device:
             reasons.append(f"inputs are on {device}")
-        only = f"the {self.name} kernels take phi(x) = x^p with {self.power_rule}" + "".join(
-            f", or phi={phi!r}" for phi in self.phis if phi != "power")
+        def only():  # (formatted only for a call it refuses: this runs on every call)
+            return f"the {self.name} kernels take phi(x) = x^p with {self.power_rule}" + "".join(
+                f", or phi={phi!r}" for phi in self.phis if phi != "power")
+
         if inp.phi not in self.phis:
-            reasons.append(f"{only}, got phi={inp.phi!r}; the reference runs it")
+            reasons.append(f"{only()}, got phi={inp.phi!r}; the reference runs it")
         elif inp.phi == "power" and (inp.power % self.power_multiple != 0 or inp.power < self.min_power):
-            reasons.append(f"{only}, got power={inp.power}; the reference runs it")
+            reasons.append(f"{only()}, got power={inp.power}; the reference runs it")
         if inp.q.dtype not in self._dtypes:
             allowed = ", ".join(str(t) for t in self._dtypes)
             reasons.append(f"the {self.name} kernel takes {allowed}, got {inp.q.dtype}")
