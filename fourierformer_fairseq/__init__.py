@@ -2,7 +2,8 @@
 
 Registration with fairseq (the ``fourier_multihead_attention`` module, the FourierFormer models and
 architectures and their softmax twins, and the allowlist of the non-tensor objects of fairseq
-checkpoints for torch's ``weights_only`` loader, ``checkpoint_compat``) happens once fairseq is
+checkpoints for torch's ``weights_only`` loader, ``checkpoint_compat``; fairseq's batch prefetch
+stopped at exit, ``prefetch_exit``) happens once fairseq is
 imported: at once when it already is (``--user-dir`` pointing at this folder: fairseq's tools import
 it after fairseq), else as soon as anything imports it. Importing the package, or
 ``fourierformer_fairseq.ops``, does not import fairseq itself: the op needs torch alone.
@@ -57,9 +58,10 @@ def logging_untouched():
 def _register() -> None:
     """Registers the plugin with fairseq (imported by now); idempotent, as imports are."""
     with logging_untouched():
-        from . import checkpoint_compat, models, modules  # noqa: F401  (registers with fairseq)
+        from . import checkpoint_compat, models, modules, prefetch_exit  # noqa: F401  (registers with fairseq)
 
         checkpoint_compat.allow_fairseq_checkpoints()
+        prefetch_exit.stop_prefetch_at_exit()
 
 
 def _imported_by_the_plugin() -> bool:
