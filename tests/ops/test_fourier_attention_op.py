@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from fuzz_cases import RADIUS_SHAPES
 from helpers import NONFINITE, check_against_plain, max_abs_error, nonfinite_case, random_qkv
 from oracle import additive_mask as oracle_additive_mask
 from oracle import (
@@ -38,7 +39,6 @@ from fourierformer_fairseq.ops import (
 CPU_FUSED = not backend_unavailable_reason("cpu")
 needs_cpu_kernel = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
 
-RADIUS_SHAPES = ("scalar", "head", "feature", "head_feature")
 
 
 def make_radius(kind, H, D, dtype, value=0.8, seed=0):

@@ -15,6 +15,7 @@ re-runs take this file too.
 import pytest
 import torch
 
+from fuzz_cases import RADIUS_SHAPES
 from helpers import random_qkv, single_thread
 from oracle import float64_mismatches, oracle_mismatches, oracle_weights
 
@@ -31,7 +32,6 @@ CPU_FUSED = not backend_unavailable_reason("cpu")
 pytestmark = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
 
 FUSED_CPU_PHIS = ("abs", "relu")
-RADIUS_SHAPES = ("scalar", "head", "feature", "head_feature")
 MASK_KINDS = ("none", "causal", "padded", "causal_padded", "additive", "bool")
 
 

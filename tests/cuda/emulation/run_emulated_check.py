@@ -753,7 +753,6 @@ def check_radii():
     for shape_name, shape in shapes.items():
         for value in ("negative", "mixed", "tiny", "zero"):
             magnitude = 0.7 + 0.6 * torch.rand(shape, generator=g)
-            magnitude = 0.7 + 0.6 * torch.rand(shape, generator=g)
             sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0)
             r = {"negative": -1.5 * magnitude, "mixed": 1.5 * magnitude * (sign if shape else -1.0),
                  "tiny": 1e-10 * magnitude * sign, "zero": torch.zeros(shape)}[value]
