@@ -1,13 +1,13 @@
-"""The CPU backward's two ways through a row group (csrc/cpu/backward.inc), each against the oracle.
+"""The CPU backward over many keys (csrc/cpu/backward.inc), against the oracle.
 
-Where a row group's G (4 rows x D x the keys padded to 16) fits kOneSweepGradientFloats (2^16
-floats), one sweep of products gives P, f dP and G and a pass over the kept G the gradients; beyond
-it, a first sweep of the forward's products gives P and f dP and a second computes the products again
-for G. The fuzz (test_op_fuzz.py) draws keys up to 100 at head dims up to 128, all of them within
-one sweep; here the cases of head dim 64 and 128 with their keys tiled until the group's G passes that size (keys,
-values, masks and padding repeated; causal rows then see the tiled keys their alignment gives them;
-dropout's mask drawn again for the wider shape), forward and gradients against the float64 oracle,
-with the fuzz's bound (oracle.oracle_mismatches, stated in test_op_fuzz.py's docstring).
+The backward takes a group of query rows through two sweeps over the keys: the first takes the
+forward's products for P and f dP of every key and sums Delta, the second makes g per element,
+features outer and key blocks inner, summing it over the keys in registers. The fuzz
+(test_op_fuzz.py) draws keys up to 100; here the cases of head dim 64 and 128 with their keys tiled
+past 2^14 / D (256 keys at D 64, 128 at D 128: many key blocks per row group and feature; keys,
+values, masks and padding repeated; causal rows then see the tiled keys their alignment gives
+them; dropout's mask drawn again for the wider shape), forward and gradients against the float64
+oracle, with the fuzz's bound (oracle.oracle_mismatches, stated in test_op_fuzz.py's docstring).
 """
 from __future__ import annotations
 
@@ -24,20 +24,15 @@ from fourierformer_fairseq.ops.reference import dropout_keep_mask
 pytestmark = pytest.mark.skipif(bool(backend_unavailable_reason("cpu")),
                                 reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
 
-ONE_SWEEP_FLOATS = 1 << 16  # kOneSweepGradientFloats
-BACKWARD_ROWS = 4  # kBackwardRows
-
-
-def padded(m: int) -> int:
-    return -(-m // 16) * 16
+MANY_KEYS_TIMES_D = 1 << 14  # keys past this over D
 
 
 def tiled(case: dict, seed: int) -> dict:
-    """The case with its keys (and values, masks, padding) repeated until the row group's G needs two sweeps."""
+    """The case with its keys (and values, masks, padding) repeated until they pass MANY_KEYS_TIMES_D / D."""
     k = case["k"]
     M, D = k.shape[2], k.shape[3]
     times = 1
-    while BACKWARD_ROWS * D * padded(M * times) <= ONE_SWEEP_FLOATS:
+    while M * times * D <= MANY_KEYS_TIMES_D:
         times += 1
     out = dict(case)
     out["k"] = k.repeat(1, 1, times, 1)
@@ -82,10 +77,10 @@ def test_the_seeds_draw_every_class():
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_two_sweep_backward_against_oracle(seed):
+def test_many_keys_backward_against_oracle(seed):
     case = tiled(draw_case(seed), seed)
     M, D = case["k"].shape[2:]
-    assert BACKWARD_ROWS * D * padded(M) > ONE_SWEEP_FLOATS
+    assert M * D > MANY_KEYS_TIMES_D
     with single_thread():
         bad = oracle_mismatches(gradients(case), *(case[n] for n in ("q", "k", "v", "radius", "grad_out")),
                                 **case["oracle_kwargs"])

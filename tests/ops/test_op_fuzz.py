@@ -278,7 +278,7 @@ def test_requested_variant_is_in_use():
 # shape and mask (and p >= 8, finite per-(batch, head) masks), and, on the cpu backend in float32,
 # draw the radius through 0 and check need_weights (also in column chunks), and
 # tests/ops/test_normaliser_eps.py's float32 cases of the cpu kernel, the fuzz's key-table reads,
-# tests/ops/test_backward_sweeps.py's two-sweep backward, tests/ops/test_fused_phis.py and the short-query
+# tests/ops/test_backward_sweeps.py's backward over many keys, tests/ops/test_fused_phis.py and the short-query
 # forward's float32 range reduction at large angles. A variant
 # this CPU cannot run is a visible skip (cpu_variants.variant_params). (The full tier re-runs
 # all of this file and the op file's accuracy tests per variant.)
@@ -286,7 +286,7 @@ QUICK_VARIANT_SELECTION = (
     "requested or float32_against_oracle or weight_on_one_key or every_power_radius "
     "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64) "
     "or stored_output or (test_normaliser_eps and cpu_float32) or powers_of_8 or finite_additive_masks "
-    "or column_chunks or key_table_reads_the_keys or two_sweep_backward or test_phi_ or large_angles_short_query"
+    "or column_chunks or key_table_reads_the_keys or many_keys_backward or test_phi_ or large_angles_short_query"
 )
 
 
@@ -306,7 +306,7 @@ def test_every_cpu_kernel_variant_quick(isa):
     assert " passed" in result.stdout and "failed" not in result.stdout and " skipped" not in result.stdout.lower()
     for part in ("test_fuzz_float32_against_oracle[", "test_op_fuzz.py::test_requested_variant_is_in_use",
                  "test_normaliser_eps.py::test_every_backend_against_the_oracle[",
-                 "test_backward_sweeps.py::test_two_sweep_backward_against_oracle[",
+                 "test_backward_sweeps.py::test_many_keys_backward_against_oracle[",
                  "test_fused_phis.py::test_phi_every_mask_and_radius_shape_against_the_oracle["):
         assert part in result.stdout, f"{part} did not run under {isa}"
 
