@@ -24,7 +24,7 @@ constexpr double kFusedPowerMultiple = 2.0;
 // (log |sinc|), and "relu", the same with a zero weight wherever a factor's sinc is negative,
 // both taken with power kUnitPower. The other phis run on the reference backend.
 constexpr const char* kCpuPhis[] = {"power", "abs", "relu"};
-constexpr const char* kCudaPhis[] = {"power"};
+constexpr const char* kCudaPhis[] = {"power", "abs", "relu"};
 constexpr double kUnitPower = 1.0;
 
 // Input dtypes, named as torch names them. The CPU kernels are float32 (vectorised) and

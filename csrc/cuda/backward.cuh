@@ -84,7 +84,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
     const int j = j0 + lane;
     acc_t a = 0, bcoef = 0;
     if (j < end_i) {
-      acc_t s = p.power * LogSincSum<acc_t>::run(qrow, 1, Ks + lane, kTileStride, Rs, D);
+      acc_t s = phi_log_score(p, qrow, 1, Ks + lane, kTileStride, Rs, D);
       if (mask_row) s += mask_row[j];
       if (kbias) s += kbias[j];
       const acc_t P = s == -ff_inf<acc_t>() ? acc_t(0) : ff_exp((s - L_high) - L_low);
@@ -231,7 +231,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dkv_kernel(const Params<scala
     const acc_t L = Ls[lane];
     acc_t coef = 0, w = 0;
     if (lane < nq && L < INF && (!p.causal || j <= i + (M - N))) {
-      acc_t s = p.power * LogSincSum<acc_t>::run(Qs + lane, kTileStride, krow, 1, Rs, D);
+      acc_t s = phi_log_score(p, Qs + lane, kTileStride, krow, 1, Rs, D);
       if (mask_bh) s += mask_bh[(int64_t)i * p.mask_row + j];
       s += kbias_j;
       const acc_t P = s == -INF ? acc_t(0) : ff_exp((s - L) - Ls_low[lane]);

@@ -207,7 +207,8 @@ FF_DEV float softmax_weight(float S2, float high, float low) { return ff_exp2_ap
 // half of the thread's rows (tile_scores_impl<2>): twice the warps per block, for the halves'
 // exchange of their products on top of the instructions per element.
 // ---------------------------------------------------------------------------------------
-template <typename scalar_t, int kSplit>
+// kRelu: phi = ReLU (the scores of tile_scores_impl<..., true>).
+template <typename scalar_t, int kSplit, bool kRelu = false>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
     backward_delta_tiled_kernel(const Params<scalar_t, float> p) {
   static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
@@ -258,10 +259,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];  // (kSplit 2: rows ii < kRows)
     if constexpr (kSplit == 1) {
-      tile_scores_log2(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S);
+      tile_scores_log2<kRelu>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S);
     } else {
       int rare;
-      tile_scores_impl<2, true>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);
+      tile_scores_impl<2, true, kRelu>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);
     }
     __syncthreads();  // the score chunks are consumed
     const int64_t bh = ids[0];
@@ -368,11 +369,13 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
 // Main pass: dk, dv, the dq sums (into p.dq_acc) and the keys' share of dradius. Grid:
 // B * H * ceil(M / kFwdKeys) blocks of kFwdThreads (after the pre-pass). Value columns up to
 // 4 kO (kO = 1, 2, 4, 8, 16, 32: the dv tiles of DvTile<kO>); kCache: the scores from
-// p.score_cache (score_cache.h), else computed.
+// p.score_cache (score_cache.h), else computed; kRelu: phi = ReLU (the scores computed here: the
+// cache holds the pre-pass's, so kCache takes kRelu false).
 // ---------------------------------------------------------------------------------------
-template <typename scalar_t, int kO, bool kCache>
+template <typename scalar_t, int kO, bool kCache, bool kRelu = false>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(const Params<scalar_t, float> p) {
   static_assert(kO == 1 || kO == 2 || kO % 4 == 0, "value columns per thread");
+  static_assert(!(kCache && kRelu), "with the cache the scores are the pre-pass's");
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv, D = p.D;
   const int ostride = dkv_out_stride(Dv);
@@ -439,7 +442,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
       }
     } else {  // no score cache: the scores again
       const int tid = fresh_thread_index(), warp = tid >> 5, lane = tid & 31;
-      tile_scores_log2(p, (int64_t)ids[0], i0, ids[1], (warp & 1) * 8 + (lane & 7), (warp >> 1) * 4 + (lane >> 3),
+      tile_scores_log2<kRelu>(p, (int64_t)ids[0], i0, ids[1], (warp & 1) * 8 + (lane & 7), (warp >> 1) * 4 + (lane >> 3),
                        region, S);
     }
     __syncthreads();  // the score chunks and the previous tile's partials are consumed

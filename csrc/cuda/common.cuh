@@ -72,6 +72,7 @@ struct Params {
   int Dp;               // D rounded up to a multiple of kRenormEvery (padding features are flat)
   int B, H, N, M, D, Dv;
   acc_t power;
+  bool relu;  // phi = ReLU (power 1): a key with a factor whose sinc is negative has weight 0
   // power log2(e) as a high and a low part (the float32 path's scores in log2 units:
   // S log2(e) = fma(sum, high, sum * low)), set with power
   float power_log2_high, power_log2_low;
@@ -247,7 +248,10 @@ FF_DEV void ff_sincosf(float x, float& s, float& c) {
   }
 }
 
-// sum_d log|sinc(R_d (a_d - b_d))| with a (query) at stride as and b (key) at stride bs.
+// sum_d log|sinc(R_d (a_d - b_d))| with a (query) at stride as and b (key) at stride bs. kRelu
+// (phi = ReLU): -inf where some factor's sinc is negative (a NaN sum kept), read from the signs of
+// sin x and x outside the Taylor branch (|x| < its bound: sinc > 0 there, also at q = k, where the
+// sign of sin x would be a rounding).
 template <typename acc_t>
 struct LogSincSum;
 
@@ -255,9 +259,11 @@ template <>
 struct LogSincSum<float> {
   // As the CPU float32 kernel: |sin x| >= kSinFloor, |x| <= kXCeil, Taylor for small |x|;
   // the products of four factors stay normal, then move their exponents into e.
+  template <bool kRelu = false>
   static FF_DEV float run(const float* a, int as, const float* b, int bs, const float* R, int D) {
     float num = 1.0f, den = 1.0f;
     int e = 0;
+    bool dead = false;  // (kRelu: a negative factor)
     for (int d = 0; d < D; ++d) {
       const float x = R[d] * (a[d * as] - b[d * bs]);
       const float ax = fabsf(x);
@@ -266,28 +272,41 @@ struct LogSincSum<float> {
       } else {
         float s, c;
         ff_sincosf(x, s, c);
+        if (kRelu) dead |= x < 0.0f ? s > 0.0f : s < 0.0f;
         num *= fmaxf(fabsf(s), kSinFloor);
         den *= fminf(ax, kXCeil);
       }
       if ((d & 3) == 3) e += take_exponent(num) - take_exponent(den);
     }
     e += take_exponent(num) - take_exponent(den);
-    return log_near_one(num / den) + (float)e * 0.693147180559945f;
+    const float sum = log_near_one(num / den) + (float)e * 0.693147180559945f;
+    return kRelu && dead && sum == sum ? -ff_inf<float>() : sum;
   }
 };
 
 template <>
 struct LogSincSum<double> {
   // As the CPU float64 path: one log per element (-inf only where sin x == 0, x != 0).
+  template <bool kRelu = false>
   static FF_DEV double run(const double* a, int as, const double* b, int bs, const double* R, int D) {
     double sum = 0.0;
+    bool dead = false;  // (kRelu: a negative factor; sin x x >= 0 in the Taylor branch)
     for (int d = 0; d < D; ++d) {
       const double x = R[d] * (a[d * as] - b[d * bs]);
-      sum += log_abs_sinc_from_sin(x, sin(x));
+      const double s = sin(x);
+      if (kRelu) dead |= s * x < 0.0;
+      sum += log_abs_sinc_from_sin(x, s);
     }
-    return sum;
+    return kRelu && dead && sum == sum ? -ff_inf<double>() : sum;
   }
 };
+
+// p.power times LogSincSum of the call's phi (p.relu: ReLU's -inf for a negative factor).
+template <typename P, typename acc_t>
+FF_DEV acc_t phi_log_score(const P& p, const acc_t* a, int as, const acc_t* b, int bs, const acc_t* R, int D) {
+  return p.power * (p.relu ? LogSincSum<acc_t>::template run<true>(a, as, b, bs, R, D)
+                           : LogSincSum<acc_t>::template run<false>(a, as, b, bs, R, D));
+}
 
 // g(x) = d/dx log|sinc x| (finite everywhere, 0 at x = 0).
 FF_DEV float dlog_sinc(float x) {

@@ -58,7 +58,8 @@ FF_HD int64_t decode_smem_floats(int Dp, int rows) {
   return (int64_t)kRowFields * Dp * rows + 2 * (int64_t)kDecWarps * rows + (int64_t)rows * kDecKeys;
 }
 
-template <typename scalar_t, int kRows>
+// kRelu: phi = ReLU (sinc_factor_step<true>, as the tiled forward).
+template <typename scalar_t, int kRows, bool kRelu = false>
 FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<scalar_t, float> p) {
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv, splits = p.decode_splits;
@@ -100,9 +101,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
 #pragma unroll
       for (int ii = 0; ii < kRows; ++ii) {
         if (decltype(first)::value && e == 0)
-          first_factor_step(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
+          first_factor_step<kRelu>(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
         else
-          sinc_factor_step(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
+          sinc_factor_step<kRelu>(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
       }
     }
 #pragma unroll
@@ -125,7 +126,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
     const float sum = fmaf(e, kLn2High, p.row_log_high[bh * N + i]) +
                       (fmaf(e, kLn2Low, p.row_log_low[bh * N + i]) +
                        (log_ratio(fabsf(num[ii]), fabsf(den[ii])) + klog));
-    const float s = fmaf(sum, power_high, sum * power_low);
+    const float s = kRelu && relu_dead(num[ii]) ? NEG_INF : fmaf(sum, power_high, sum * power_low);
     visible[ii] = ii < N && j < visible_end(p, ii);
     S[ii] = visible[ii] ? s : NEG_INF;  // (selected, not branched on)
   }
@@ -135,7 +136,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
 #pragma unroll
     for (int ii = 0; ii < kRows; ++ii) {
       if (visible[ii]) {
-        const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, ii, j, p.power, NAN, flags & kRareAll);
+        const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, ii, j, p.power, NAN, flags & kRareAll, p.relu);
         if (s == s) S[ii] = fmaf(s, kLog2eHigh, s * kLog2eLow);  // (NaN: not a rare pair)
       }
     }

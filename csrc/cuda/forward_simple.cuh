@@ -61,7 +61,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) forward_kernel(const Params<scalar_t, 
     const int j = j0 + lane;
     acc_t s = NEG_INF;
     if (j < end_i) {
-      s = p.power * LogSincSum<acc_t>::run(qrow, 1, Ks + lane, kTileStride, Rs, D);
+      s = phi_log_score(p, qrow, 1, Ks + lane, kTileStride, Rs, D);
       if (mask_row) s += mask_row[j];
       if (kbias) s += kbias[j];
     }

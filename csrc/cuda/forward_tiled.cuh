@@ -36,7 +36,7 @@
 //      feature with the exact per-element math of the simple path (ff_sincosf, Taylor branch,
 //      floors), reading the tables from global memory. A pair with 0 < |u| <= kUFloor in a group
 //      whose den stayed normal keeps the fast score: there s' is the table difference t X - Y,
-//      accurate to 2^-48 |tan a| |X| absolutely, and |x| >= 2^-24 |a| for q != k, so s' / u keeps
+//      accurate to 2^-47 |tan a| |X| absolutely, and |x| >= 2^-24 |a| for q != k, so s' / u keeps
 //      about float accuracy (a few ulps) relative to the factor. A thread whose num underflowed
 //      or whose num or den overflowed in some group (kRareAll) rewrites every visible pair.
 //   3. masks; the scores (in log2 units: S log2(e), with the same roundings as S but the last)
@@ -125,12 +125,26 @@ FF_HD int64_t tiled_forward_smem_floats(int Dv) {
          2 * (int64_t)forward_threads(Dv) + 4;  // (+ ids, at the start)
 }
 
-// One element step (see above). Signs drop out at the end (p is even).
+// phi = ReLU: |num| times |s'|, with num's sign bit set where the factor's sinc is negative (the sign
+// bits of s', u and t_low, which holds the sign of cos a, differ in an odd number: tables.cuh), so
+// that it stays set through the products and the renormalisations (their exponent arithmetic keeps
+// the sign bit): num < 0 at the end says some factor was negative. Two logic operations per element.
+FF_DEV float relu_mark(float product, float s, float u, float t_low) {
+  const int negative = (ff_float_bits(s) ^ ff_float_bits(u) ^ ff_float_bits(t_low)) & (int)0x80000000;
+  return ff_bits_float(ff_float_bits(product) | negative);
+}
+
+// One element step (see above). Signs drop out at the end (log |num / den|); kRelu (phi = ReLU):
+// num's sign bit says whether a factor was negative (relu_mark).
+template <bool kRelu = false>
 FF_DEV void sinc_factor_step(float q, float t, float t_low, float k, float X, float Y, float Y_low, float& num,
                              float& den) {
   const float u = q - k;
   const float s = fmaf(t, X, -Y) + fmaf(t_low, X, -Y_low);
-  num *= s;
+  if (kRelu)
+    num = relu_mark(num * fabsf(s), s, u, t_low);
+  else
+    num *= s;
   den *= u;
 }
 
@@ -153,11 +167,16 @@ FF_DEV int score_flags(const FieldWatch& w) {
 }
 
 // The first element step of a product: num and den set, not multiplied.
+template <bool kRelu = false>
 FF_DEV void first_factor_step(float q, float t, float t_low, float k, float X, float Y, float Y_low, float& num,
                               float& den) {
-  num = fmaf(t, X, -Y) + fmaf(t_low, X, -Y_low);
+  const float s = fmaf(t, X, -Y) + fmaf(t_low, X, -Y_low);
   den = q - k;
+  num = kRelu ? relu_mark(fabsf(s), s, den, t_low) : s;
 }
+
+// phi = ReLU: whether num (of sinc_factor_step<true>) says some factor was negative.
+FF_DEV bool relu_dead(float num) { return ff_float_bits(num) < 0; }
 
 // num and den to their mantissas in [1, 2) (sign kept), expo += exponent(num) - exponent(den),
 // all in the exponent bits (integer operations, no division and no branch), every kRenormEvery
@@ -200,13 +219,14 @@ inline
 static __device__ __noinline__  // (static: one copy per translation unit, see launch_<dtype>.cu)
 #endif
 float rare_pair_score(const float* trows, const float* tkeys, const float* x_per_u, int N, int M, int Dp, int i, int j,
-                      float power, float fast, bool all) {
+                      float power, float fast, bool all, bool relu) {
   const float* qc = trows + (int64_t)kRowQ * Dp * N + i;
   const float* kc = tkeys + (int64_t)kKeyK * Dp * M + j;
   float closest = ff_inf<float>();
   for (int d = 0; d < Dp; ++d) closest = fminf(closest, fabsf(qc[(int64_t)d * N] - kc[(int64_t)d * M]));
   if (!all && !(closest <= kUFloor)) return fast;
-  return power * LogSincSum<float>::run(qc, N, kc, M, x_per_u, Dp);
+  return power * (relu ? LogSincSum<float>::run<true>(qc, N, kc, M, x_per_u, Dp)
+                       : LogSincSum<float>::run<false>(qc, N, kc, M, x_per_u, Dp));
 }
 
 // log2(e) = kLog2eHigh + kLog2eLow to about 2^-48: fma(S, kLog2eHigh, S * kLog2eLow) is S log2(e)
@@ -249,7 +269,7 @@ FF_DEV bool micro_tile_live(const P& p, int i0, int j0, int tx, int ty) {
 // kSplit 2: a block of 2 kFwdThreads threads, thread tid and tid + kFwdThreads (same tx, ty) each
 // take half of every chunk's features, then swap products: S[ii][jj] (ii < kMicro / 2) is then
 // that of row ty * kMicro + half * kMicro / 2 + ii, half = threadIdx.x / kFwdThreads.
-template <int kSplit, bool kRareHere, typename scalar_t>
+template <int kSplit, bool kRareHere, bool kRelu, typename scalar_t>
 FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
                              float* region, float (&S)[kMicro][kMicro], int& rare) {
   static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
@@ -355,9 +375,11 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 #pragma unroll
             for (int jj = 0; jj < kMicro; ++jj) {
               if (kFirst && g == 0 && e == 0)
-                first_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj]);
+                first_factor_step<kRelu>(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj],
+                                         den[ii][jj]);
               else
-                sinc_factor_step(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj], den[ii][jj]);
+                sinc_factor_step<kRelu>(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj],
+                                        den[ii][jj]);
             }
         }
 #pragma unroll
@@ -390,11 +412,13 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   const int row0 = ty * kMicro + half * kRows;  // the thread's rows: row0 + (0 .. kRows - 1)
   float rn[kRows][kMicro], rd[kRows][kMicro];
   int ex[kRows][kMicro];
+  bool dead[kRows][kMicro];  // (kRelu: a factor's sinc is negative; kSplit 2: in either half)
   if (kSplit == 1) {
 #pragma unroll
     for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
+        dead[ii][jj] = kRelu && relu_dead(num[ii][jj]);
         rn[ii][jj] = fabsf(num[ii][jj]);
         rd[ii][jj] = fabsf(den[ii][jj]);
         ex[ii][jj] = expo[ii][jj];
@@ -412,7 +436,9 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         const float hn = half == 0 ? num[kRows + ii][jj] : num[ii][jj];
         const float hd = half == 0 ? den[kRows + ii][jj] : den[ii][jj];
         const int he = half == 0 ? expo[kRows + ii][jj] : expo[ii][jj];
-        *slot(0, half, q) = fabsf(ff_divide_approx(hn, hd));
+        // (kRelu: with hn's sign, relu_dead)
+        const float quotient = fabsf(ff_divide_approx(hn, hd));
+        *slot(0, half, q) = kRelu ? copysignf(quotient, hn) : quotient;
         *slot(1, half, q) = ff_bits_float(he);
       }
     region[4 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(score_flags(watch));
@@ -426,8 +452,10 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         const float kn = half == 0 ? num[ii][jj] : num[kRows + ii][jj];
         const float kd = half == 0 ? den[ii][jj] : den[kRows + ii][jj];
         const int ke = half == 0 ? expo[ii][jj] : expo[kRows + ii][jj];
-        float r = fabsf(ff_divide_approx(kn, kd)) * *slot(0, other, q);  // in (1/4, 4)
-        const int e = take_exponent(r);                                  // r to [1, 2)
+        const float handed = *slot(0, other, q);
+        dead[ii][jj] = kRelu && (relu_dead(kn) || relu_dead(handed));
+        float r = fabsf(ff_divide_approx(kn, kd)) * fabsf(handed);  // in (1/4, 4)
+        const int e = take_exponent(r);                             // r to [1, 2)
         rn[ii][jj] = r;
         rd[ii][jj] = 1.0f;
         ex[ii][jj] = ke + ff_float_bits(*slot(1, other, q)) + e;
@@ -463,7 +491,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       const float e = (float)ex[ii][jj];
       const float sum = fmaf(e, kLn2High, log_high[ii]) +
                         (fmaf(e, kLn2Low, log_low[ii]) + (log_ratio(rn[ii][jj], rd[ii][jj]) + klog[jj]));
-      S[ii][jj] = fmaf(sum, power_high, sum * power_low);
+      S[ii][jj] = kRelu && dead[ii][jj] ? NEG_INF : fmaf(sum, power_high, sum * power_low);
     }
   {  // keys a row does not see: -inf (a thread-uniform test: the thread's keys all visible to all
      // its rows, as in every tile but the causal diagonal's and the last, needs no select)
@@ -494,7 +522,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       for (int jj = 0; jj < kMicro; ++jj) {
         const int i = i0 + row0 + ii, j = j0 + tx * kMicro + jj;
         if (j < row_end[ii]) {
-          const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, flags & kRareAll);
+          const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, flags & kRareAll, p.relu);
           if (s == s) S[ii][jj] = fmaf(s, kLog2eHigh, s * kLog2eLow);  // (NaN: not a rare pair)
         }
       }
@@ -522,11 +550,11 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 
 // Scores of a tile times log2(e) (see tile_scores_impl), rare path and masks included: the
 // backward's (P = 2^(S log2(e) - lse log2(e)), the forward's roundings).
-template <typename scalar_t>
+template <bool kRelu, typename scalar_t>
 FF_DEV void tile_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
                              float* region, float (&S)[kMicro][kMicro]) {
   int rare;  // (0: the rare path is done here)
-  tile_scores_impl<1, true>(p, bh, i0, j0, tx, ty, region, S, rare);
+  tile_scores_impl<1, true, kRelu>(p, bh, i0, j0, tx, ty, region, S, rare);
 }
 
 // The forward's rare path: after the scores of the tile are in St (row stride kScoreStride),
@@ -549,7 +577,7 @@ FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
     const int r = row0 + pair / kMicro, c = tx * kMicro + pair % kMicro;
     const int i = i0 + r, j = j0 + c;
     if (i >= N || j >= visible_end(p, i)) continue;
-    const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, all);
+    const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, all, p.relu);
     if (!(s == s)) continue;  // not a rare pair
     float s2 = fmaf(s, kLog2eHigh, s * kLog2eLow);
     if (p.attn_mask || p.key_bias) {
@@ -562,7 +590,8 @@ FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
   // SASS: cold=rare_scores end
 }
 
-template <typename scalar_t, int kO>
+// kRelu: phi = ReLU (sinc_factor_step<true>).
+template <typename scalar_t, int kO, bool kRelu = false>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 ? 2 : 1)
     forward_tiled_kernel(const Params<scalar_t, float> p) {
   static_assert(kO % 4 == 0, "value columns per thread: whole float4");
@@ -624,7 +653,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
     int rare;  // ScoreFlags
-    tile_scores_impl<kSplit, false>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);  // log2 units
+    tile_scores_impl<kSplit, false, kRelu>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);  // log2 units
     const int64_t bh = ids[0];
     const int i0 = ids[1];
     const int row0 = ty * kMicro + (tid / kFwdThreads) * (kMicro / kSplit);  // the rows of S

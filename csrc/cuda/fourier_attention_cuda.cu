@@ -39,7 +39,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cuda(
   check_phi(phi, power, false);
   const c10::cuda::CUDAGuard guard(q.device());
   return forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps, tables,
-                      current_launcher());
+                      current_launcher(), phi);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cuda(
@@ -52,7 +52,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
   check_phi(phi, power, false);
   const c10::cuda::CUDAGuard guard(q.device());
   return backward_impl(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-                       normaliser_eps, tables, current_launcher());
+                       normaliser_eps, tables, current_launcher(), phi);
 }
 
 TORCH_LIBRARY_IMPL(fourierformer, CUDA, m) {

@@ -43,8 +43,8 @@ inline int64_t grid_blocks(const AttentionShape& sh, int64_t rows, int64_t rows_
 template <typename scalar_t, typename acc_t>
 Params<scalar_t, acc_t> make_params(const AttentionShape& sh, const at::Tensor& q, const at::Tensor& k,
                                     const at::Tensor& v, const at::Tensor& radius, const at::Tensor& mask,
-                                    const at::Tensor& key_bias, double power, bool causal, double dropout_p,
-                                    int64_t seed) {
+                                    const at::Tensor& key_bias, double power, bool relu, bool causal,
+                                    double dropout_p, int64_t seed) {
   Params<scalar_t, acc_t> p{};
   p.q = q.data_ptr<scalar_t>();
   p.k = k.data_ptr<scalar_t>();
@@ -66,6 +66,7 @@ Params<scalar_t, acc_t> make_params(const AttentionShape& sh, const at::Tensor& 
   p.D = (int)sh.D;
   p.Dv = (int)sh.Dv;
   p.power = (acc_t)power;
+  p.relu = relu;
   {
     const double pw = (double)(float)power * 1.44269504088896340736;
     p.power_log2_high = (float)pw;
@@ -89,9 +90,9 @@ inline PreparedInputs prepare_inputs(const at::Tensor& q, const at::Tensor& k, c
                                      const at::Tensor& radius, double power,
                                      const std::optional<at::Tensor>& attn_mask,
                                      const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p,
-                                     const char* what) {
+                                     c10::string_view phi, const char* what) {
   PreparedInputs in;
-  in.sh = check_forward_inputs(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p);
+  in.sh = check_forward_inputs(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, phi);
   in.dtype = q.scalar_type();
   check_cuda_call(in.sh, in.dtype, what);
   in.acc = accumulation_dtype(in.dtype);
@@ -216,6 +217,16 @@ at::Tensor tables_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at:
   return tables;
 }
 
+// f(std::integral_constant<bool, relu>): the float32 path's kernel instances by phi (kRelu: phi =
+// ReLU; "power" and "abs" take the same instances, with p.power).
+template <typename F>
+void with_relu(bool relu, F&& f) {
+  if (relu)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 // The decoding forward (forward_decode.cuh): the key chunks' partials, then their merge. p's tables
 // are carved.
 template <typename scalar_t, typename Launcher>
@@ -231,7 +242,10 @@ void launch_decode(const AttentionShape& sh, Params<scalar_t, float>& p, const a
   p.decode_splits = (int)splits;
   const size_t smem = sizeof(float) * decode_smem_floats(p.Dp, DecodeRows::of(sh.N));
   DecodeRows::dispatch(sh.N, [&](auto kRows) {  // (tile_switch.h)
-    launch(forward_decode_kernel<scalar_t, decltype(kRows)::value>, blocks, kDecThreads, smem, p);
+    with_relu(p.relu, [&](auto kRelu) {
+      launch(forward_decode_kernel<scalar_t, decltype(kRows)::value, decltype(kRelu)::value>, blocks, kDecThreads,
+             smem, p);
+    });
   });
   launch(forward_combine_kernel<scalar_t>, sh.B * sh.H, kCombineThreads, 0, p);
 }
@@ -260,7 +274,9 @@ void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const 
     const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
     const int threads = forward_threads(p.Dv);
     ForwardColumns::dispatch(p.Dv, [&](auto kO) {  // (tile_switch.h)
-      launch(forward_tiled_kernel<scalar_t, decltype(kO)::value>, blocks, threads, smem, p);
+      with_relu(p.relu, [&](auto kRelu) {
+        launch(forward_tiled_kernel<scalar_t, decltype(kO)::value, decltype(kRelu)::value>, blocks, threads, smem, p);
+      });
     });
   }
 }
@@ -271,9 +287,11 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
                                                 const std::optional<at::Tensor>& attn_mask,
                                                 const std::optional<at::Tensor>& key_bias, bool causal,
                                                 double dropout_p, int64_t seed, double normaliser_eps,
-                                                const std::optional<at::Tensor>& tables_in, const Launcher& launch) {
+                                                const std::optional<at::Tensor>& tables_in, const Launcher& launch,
+                                                c10::string_view phi = "power") {
   PreparedInputs in =
-      prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "forward");
+      prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, "forward");
+  const bool relu = phi == "relu";
   const AttentionShape& sh = in.sh;
   at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(sh, in.dtype));
   at::Tensor nan_rows;  // (see scores_all_finite)
@@ -291,7 +309,7 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_forward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     Params<scalar_t, acc_t> p = make_params<scalar_t, acc_t>(sh, in.q, in.k, in.v, in.radius, in.mask,
-                                                             in.key_bias, power, causal, dropout_p, seed);
+                                                             in.key_bias, power, relu, causal, dropout_p, seed);
     p.out = out.data_ptr<scalar_t>();
     p.lse = lse.data_ptr<double>();
     launch_forward(sh, p, in.q.options(), launch, tables);
@@ -337,7 +355,11 @@ void launch_main_tiled(const AttentionShape& sh, Params<scalar_t, float> p, cons
   p.main_splits = (p.Dp + p.split_features - 1) / p.split_features;
   const int64_t blocks = tiles * p.main_splits;
   MainPassColumns::dispatch(p.Dv, [&](auto kO) {
-    launch(backward_main_tiled_kernel<scalar_t, decltype(kO)::value, kCache>, blocks, kFwdThreads, smem, p);
+    // (with the cache the scores are the pre-pass's: one instance for every phi)
+    with_relu(!kCache && p.relu, [&](auto kRelu) {
+      launch(backward_main_tiled_kernel<scalar_t, decltype(kO)::value, kCache, decltype(kRelu)::value && !kCache>,
+             blocks, kFwdThreads, smem, p);
+    });
   });
 }
 
@@ -376,10 +398,13 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
         score_cache = at::empty({cache_bytes / (int64_t)sizeof(float)}, options.dtype(at::kFloat));
         p.score_cache = score_cache.data_ptr<float>();
       }
-      if (sh.N > 0 && delta_split == 2)
-        launch(backward_delta_tiled_kernel<scalar_t, 2>, row_blocks, 2 * kFwdThreads, delta_split_smem, p);
-      else if (sh.N > 0)
-        launch(backward_delta_tiled_kernel<scalar_t, 1>, row_blocks, kFwdThreads, delta_smem, p);
+      with_relu(p.relu, [&](auto kRelu) {
+        constexpr bool relu = decltype(kRelu)::value;
+        if (sh.N > 0 && delta_split == 2)
+          launch(backward_delta_tiled_kernel<scalar_t, 2, relu>, row_blocks, 2 * kFwdThreads, delta_split_smem, p);
+        else if (sh.N > 0)
+          launch(backward_delta_tiled_kernel<scalar_t, 1, relu>, row_blocks, kFwdThreads, delta_smem, p);
+      });
       if (sh.M > 0) {  // with N = 0 this writes zero dk and dv
         if (p.score_cache)
           launch_main_tiled<scalar_t, true>(sh, p, launch);
@@ -405,9 +430,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const at::Tensor& radius_in, const at::Tensor& out_in, const at::Tensor& lse_in, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
     double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables_in,
-    const Launcher& launch) {
+    const Launcher& launch, c10::string_view phi = "power") {
   PreparedInputs in =
-      prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, "backward");
+      prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, "backward");
+  const bool relu = phi == "relu";
   at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(in.sh, in.dtype));
   const double log_eps = null_key_log_eps(normaliser_eps);
   const AttentionShape& sh = in.sh;
@@ -442,7 +468,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_backward_cuda", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       Params<scalar_t, acc_t> p = make_params<scalar_t, acc_t>(sh, in.q, in.k, in.v, in.radius, in.mask,
-                                                               in.key_bias, power, causal, dropout_p, seed);
+                                                               in.key_bias, power, relu, causal, dropout_p, seed);
       p.dout = dout.data_ptr<scalar_t>();
       p.lse_in = lse.data_ptr<double>();
       p.delta = delta.data_ptr<acc_t>();

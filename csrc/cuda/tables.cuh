@@ -21,6 +21,13 @@
 // values, and R = 0 exactly 0. A padding feature d >= D stores q c = 0, t = 0 and k c = 1,
 // X = 1, Y = -1 (s' / u = 1 / -1) and x / u = 0.
 //
+// The sign of a factor (phi = ReLU, whose weight is 0 where some factor's sinc is negative): s'
+// has the sign of sin(x) / cos(a) and u that of x, so sinc(x) < 0 exactly where the sign bits of
+// s', u and cos a differ in an odd number; the row keeps the sign of cos a in the sign bit of t_lo
+// (split_tan_signed; a flat or padding feature, whose s' / u is -1, stores t_lo = -0). Where u is
+// 0 (q = k in a feature) the sign of s' is a rounding: such pairs take the rare path, which
+// decides from the per-element math (forward_tiled.cuh).
+//
 // The backward gets cos(x) from the same tables: cos(x) / cos(a) = (X + t Y) / rho, so
 // cot x = (X + t Y) / s' (no table of cos a at all).
 //
@@ -87,6 +94,22 @@ FF_DEV double ff_reciprocal(double x) {
   return fma(r, fma(-x, r, 1.0), r);
 }
 
+// t = tan a as t_hi + t_lo (t_hi a float next to t, t_lo the float of t - t_hi) with the sign bit
+// of t_lo that of cos a (`negative_cos`): t_hi is t rounded to nearest, or its neighbour on t's
+// other side where t_lo's sign would differ (|t_lo| then below an ulp of t_hi, not half an ulp);
+// t_lo = 0 takes the sign as -0 or +0. phi = ReLU reads the sign of cos a there (see
+// sinc_factor_step, forward_tiled.cuh).
+FF_DEV void split_tan_signed(double t, bool negative_cos, float& t_hi, float& t_lo) {
+  t_hi = (float)t;
+  double rest = t - (double)t_hi;
+  if (rest != 0.0 && (rest < 0.0) != negative_cos) {
+    t_hi = nextafterf(t_hi, rest < 0.0 ? -ff_inf<float>() : ff_inf<float>());
+    rest = t - (double)t_hi;
+  }
+  t_lo = (float)rest;
+  if (t_lo == 0.0f) t_lo = negative_cos ? -0.0f : 0.0f;
+}
+
 // One thread per (row, feature slot): a block takes kTableRows consecutive rows of the
 // (batch, head) slices (rows first, then keys, per slice; lane = row, so that the table writes
 // are coalesced) and kTableSlots threads per row, slot s computing features s + kTableSlots n;
@@ -150,7 +173,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
     for (int d = slot; d < Dp; d += kTableSlots, out += step) {
       float c, m;
       const float r = feature_radius(radius, p.D, d, c, m);
-      float qc = 0.0f, t_hi = 0.0f, t_lo = 0.0f;
+      float qc = 0.0f, t_hi = 0.0f, t_lo = -0.0f;  // (a padding or flat feature's factor is -1: t_lo -0)
       // SASS: cold=flat_feature begin test
       if (r >= 0.0f && (double)r < kFlatRadius) {  // flat
         qc = load_as<float>(q, d);
@@ -162,8 +185,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kTableThreads) table_kernel(const Params<scalar_
         double sa, ca;
         sincos(a, &sa, &ca);
         const double t = sa * ff_reciprocal(ca);
-        t_hi = (float)t;
-        t_lo = (float)(t - (double)t_hi);
+        split_tan_signed(t, ca < 0.0, t_hi, t_lo);
         qc = (float)((double)qf * (double)c);
         num *= fabs(ca);
         den *= (double)m;

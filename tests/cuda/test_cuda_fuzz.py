@@ -35,7 +35,7 @@ _reason = backend_unavailable_reason("cuda")
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_reason), reason=f"CUDA kernels: {_reason}")]
 
 N_CASES = 140
-# the phis the CUDA kernels run (the fuzz draws |x| and ReLU too, which only the CPU's fuse)
+# the phis the CUDA kernels run (the fuzz draws |x| and ReLU too: DECLARATIONS["cuda"].phis lists them)
 CUDA_PHIS = DECLARATIONS["cuda"].phis or ("power",)
 
 

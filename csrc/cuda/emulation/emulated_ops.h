@@ -75,7 +75,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     c10::string_view phi) {
   check_phi(phi, power, false);  // (the CUDA kernels' phis)
   return cuda::forward_impl(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps,
-                            tables, EmuLauncher{});
+                            tables, EmuLauncher{}, phi);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
@@ -85,7 +85,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     double normaliser_eps, const std::optional<at::Tensor>& tables, c10::string_view phi) {
   check_phi(phi, power, false);
   return cuda::backward_impl(dout, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-                             normaliser_eps, tables, EmuLauncher{});
+                             normaliser_eps, tables, EmuLauncher{}, phi);
 }
 
 const char* cpu_kernel_isa() { return "cuda-host-emulation"; }

@@ -208,15 +208,22 @@ def make_case(B, H, N, M, D, Dv, dtype, *, mask=None, kpm=False, causal=False, s
                 key_padding=key_padding, causal=causal)
 
 
-def op_args(case, power, dropout_p, seed, normaliser_eps=0.0):
+def op_args(case, power, dropout_p, seed, normaliser_eps=0.0, phi="power"):
     """The forward op's arguments for `case` (make_case): the radius, the mask and the key padding
-    (as a key bias of -inf) in the accumulation dtype (float64 for float64 inputs, else float32)."""
+    (as a key bias of -inf) in the accumulation dtype (float64 for float64 inputs, else float32);
+    with a phi other than "power", also tables (None) and phi (the op's power is then 1)."""
     acc = torch.float64 if case["q"].dtype == torch.float64 else torch.float32
     kpm = case["key_padding"]
     key_bias = None if kpm is None else torch.zeros(kpm.shape, dtype=acc).masked_fill(kpm, float("-inf"))
     attn_mask = None if case["attn_mask"] is None else case["attn_mask"].to(acc)
-    return (case["q"], case["k"], case["v"], case["radius"].to(acc), float(power), attn_mask, key_bias, case["causal"],
-            dropout_p, seed, normaliser_eps)
+    args = (case["q"], case["k"], case["v"], case["radius"].to(acc), op_power(phi, power), attn_mask, key_bias,
+            case["causal"], dropout_p, seed, normaliser_eps)
+    return args if phi == "power" else args + (None, phi)
+
+
+def op_power(phi, power):
+    """The op's power for phi: the call's for "power", 1 for |x| and ReLU (the ops take no other)."""
+    return float(power) if phi == "power" else 1.0
 
 
 def forward_backward(args, dout):
@@ -235,16 +242,17 @@ def environment(name, value):
         del os.environ[name]
 
 
-def run_case(name, case, power, dropout_p=0.0, seed=1234, rtol=1e-9, atol=1e-9, normaliser_eps=0.0):
+def run_case(name, case, power, dropout_p=0.0, seed=1234, rtol=1e-9, atol=1e-9, normaliser_eps=0.0, phi="power"):
     t0 = time.time()
     q, k, v, radius, kpm = case["q"], case["k"], case["v"], case["radius"], case["key_padding"]
     B, H, N, _ = q.shape
     dout = torch.randn(B, H, N, v.shape[-1], generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    out, lse, dq, dk, dv, dr = forward_backward(op_args(case, power, dropout_p, seed, normaliser_eps), dout.to(q.dtype))
+    out, lse, dq, dk, dv, dr = forward_backward(op_args(case, power, dropout_p, seed, normaliser_eps, phi),
+                                                dout.to(q.dtype))
 
     # float64 reference with autograd
     qr, kr, vr, rr = (t.detach().double().requires_grad_(True) for t in (q, k, v, radius))
-    ref = fourier_attention_reference(qr, kr, vr, rr, power=power, attn_mask=case["attn_mask"],
+    ref = fourier_attention_reference(qr, kr, vr, rr, power=power, phi=phi, attn_mask=case["attn_mask"],
                                       key_padding_mask=kpm, causal=case["causal"], dropout_p=dropout_p, seed=seed,
                                       normaliser_eps=normaliser_eps)
     ref.backward(dout)
@@ -325,6 +333,22 @@ def check_score_cache(f32):
         assert same, f"score cache: {name} differs by {err:.3e}"
     print("  ok  score cache and recomputed scores agree (dk, dv bit for bit; dq, dradius to rounding)")
     check_score_cache_budget()
+
+
+def check_relu_kills(f32):
+    """ReLU's main pass that computes its scores (without the score cache: its own instance), and
+    that the ReLU cases above are not |x|'s: at a case of them, the keys that a negative factor
+    zeroes move out by far more than the bound (so that a kernel that ignored the sign fails)."""
+    case = make_case(2, 1, 69, 70, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
+    with environment("FF_EMU_SCORE_CACHE_BYTES", "0"):
+        run_case("f32 relu causal kpm dropout, no score cache", case, 1, 0.2, phi="relu", **f32)
+    case = make_case(1, 1, 33, 70, 40, 20, torch.float32)
+    outs = {phi: torch.ops.fourierformer.fourier_attention_forward(*op_args(case, 1, 0.0, 0, 0.0, phi))[0]
+            for phi in ("abs", "relu")}
+    moved = (outs["relu"] - outs["abs"]).abs().max().item()
+    bound = f32["atol"] + f32["rtol"] * outs["abs"].abs().max().item()
+    assert moved > 100 * bound, f"ReLU and |x| agree within {moved:.1e}: the ReLU cases check no sign"
+    print(f"  ok  ReLU's zero weights move out by {moved:.1e} from |x|'s (the bound: {bound:.1e})")
 
 
 def check_score_cache_budget():
@@ -515,11 +539,15 @@ DECODING_CASES = [
     (2, 2, 8, 200, 16, 16, torch.float32, dict(mask="full_row")),
     (2, 1, 6, 129, 64, 20, torch.float32, dict(kpm=True, normaliser_eps=1e-3)),
     (1, 1, 7, 300, 16, 16, torch.float32, dict(duplicates=True, causal=True)),
+    # |x| and ReLU (the ReLU instances; exact duplicates: the rare path decides ReLU's sign there)
+    (2, 2, 3, 65, 16, 7, torch.float32, dict(kpm=True, phi="abs")),
+    (1, 2, 5, 130, 32, 16, torch.float32, dict(duplicates=True, causal=True, phi="relu")),
 ]
 DECODING_CASES_FULL = [  # (not --quick: as the tiled kernels' float16 and bfloat16 cases)
     (2, 2, 1, 130, 64, 64, torch.float16, dict(kpm=True)),
     (1, 2, 5, 70, 16, 16, torch.bfloat16, dict(mask="random", causal=True)),
     (2, 2, 8, 300, 128, 128, torch.float32, dict(causal=True, kpm=True, normaliser_eps=1e-6)),
+    (1, 2, 4, 70, 16, 16, torch.bfloat16, dict(mask="random", phi="relu")),
 ]
 # float16 and bfloat16: the inputs rounded to them are the oracle's too; out within the tiled cases'
 # tolerances (run_cases: the result's rounding to the dtype)
@@ -549,16 +577,18 @@ def check_decoding(quick):
         t0 = time.time()
         case = decoding_case(B, H, N, M, D, Dv, dtype, options, seed=100 + n)
         eps = options.get("normaliser_eps", 0.0)
-        args = op_args(case, 4, 0.0, 0, eps)
-        out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+        phi = options.get("phi", "power")
+        args = op_args(case, 4, 0.0, 0, eps)[:11]
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(*op_args(case, 4, 0.0, 0, eps, phi))
         tables = torch.ops.fourierformer.fourier_attention_tables(*args[:2], args[3])
-        out_t, lse_t = torch.ops.fourierformer.fourier_attention_forward(*args, tables)
+        out_t, lse_t = torch.ops.fourierformer.fourier_attention_forward(*op_args(case, 4, 0.0, 0, eps, phi)[:11],
+                                                                         tables, phi)
         label = (f"decoding {str(dtype).split('.')[-1]} B{B} H{H} N{N} M{M} D{D} Dv{Dv} "
                  f"{' '.join(f'{k}={v}' for k, v in options.items())}")
         bad = [] if torch.equal(out, out_t) and torch.equal(lse, lse_t) else ["out or lse differ with given tables"]
         q, k, v = (case[x].double() for x in ("q", "k", "v"))
         kwargs = dict(power=4, attn_mask=case["attn_mask"], key_padding_mask=case["key_padding"],
-                      causal=case["causal"], normaliser_eps=eps)
+                      causal=case["causal"], normaliser_eps=eps, phi=phi)
         if dtype == torch.float32:
             bad += oracle_mismatches((out, None, None, None, None), q, k, v, case["radius"], torch.zeros_like(out),
                                      **kwargs)
@@ -583,6 +613,9 @@ def check_decoding(quick):
     run_case("f32 decoding N8 M70 D64 null key mask", make_case(1, 2, 8, 70, 64, 9, torch.float32, mask="random",
                                                                 scale=0.5, seed=8), 4, 0.0, normaliser_eps=1e-4,
              **f32)
+    run_case("f32 decoding relu N3 M130 causal kpm dropout", make_case(2, 1, 3, 130, 16, 12, torch.float32,
+                                                                       causal=True, kpm=True, scale=0.5, seed=9),
+             4, 0.2, phi="relu", **f32)
 
 
 def check_empty_shapes():
@@ -634,7 +667,13 @@ def fuzz_case(seed):
         kpm = torch.rand(B, M, generator=g) < 0.3
         kpm[-1, : M // 2] = True
         kwargs["key_padding_mask"] = kpm
-    label = f"fuzz {seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} p={power} {sorted(kwargs)}"
+    # phi drawn last (the draws above are those of the cases before |x| and ReLU): half the cases
+    # |x| or ReLU, with the op's power 1
+    phi = pick(("power", "power", "abs", "relu"))
+    if phi != "power":
+        kwargs.update(phi=phi, power=1)
+    label = (f"fuzz {seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} p={kwargs['power']} phi={phi} "
+             f"{sorted(kwargs)}")
     return q, k, v, radius, kwargs, label
 
 
@@ -692,6 +731,16 @@ def special_cases():
     k = torch.randn(1, 2, 7, 64, generator=g) * 3
     cases.append(("null key takes every row N5 M7 D64", q, k, torch.randn(1, 2, 7, 3, generator=g), torch.tensor(10.0),
                   dict(power=4, normaliser_eps=1e-6)))
+    # |x| and ReLU (power 1) on the cases above where the sign of a factor is hardest to read: the
+    # cases' inputs again (copies of their tensors), ReLU's weight 0 for a key with a negative factor
+    relu_of = {"negative and zero radius": "relu", "tile remainders N65 M130 duplicates causal": "relu",
+               "float4 staging N64 M68 D32 duplicates": "relu", "rows at tan's poles (product overflow)": "relu",
+               "huge angles R=100": "abs", "null key eps 1e-9 causal N9 M70": "abs"}
+    for label, q, k, v, radius, kwargs in list(cases):
+        if label in relu_of:
+            phi = relu_of[label]
+            cases.append((f"{phi}: {label}", q.clone(), k.clone(), v.clone(), radius.clone(),
+                          dict(kwargs, power=1, phi=phi)))
     return cases
 
 
@@ -816,13 +865,15 @@ def run_special():
         t0 = time.time()
         causal = kwargs.get("causal", False)
         power = float(kwargs["power"])
+        phi = kwargs.get("phi", "power")
         r = radius if radius.dim() == 2 else radius.expand(q.shape[1], q.shape[3])
         eps = kwargs.get("normaliser_eps", 0.0)
         out, lse = torch.ops.fourierformer.fourier_attention_forward(q, k, v, r.contiguous(), power, None, None,
-                                                                     causal, 0.0, 0, eps)
+                                                                     causal, 0.0, 0, eps, None, phi)
         dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
         grads = list(torch.ops.fourierformer.fourier_attention_backward(dout, q, k, v, r.contiguous(), out, lse,
-                                                                        power, None, None, causal, 0.0, 0, eps))
+                                                                        power, None, None, causal, 0.0, 0, eps, None,
+                                                                        phi))
         if radius.dim() == 0:
             grads[3] = grads[3].sum()
         bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, **kwargs) + lse_mismatches(lse, q, k, radius,
@@ -842,11 +893,12 @@ def run_fuzz(count):
         key_bias = None if kpm is None else torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
         causal = kwargs.get("causal", False)
         power = float(kwargs["power"])
+        phi = kwargs.get("phi", "power")
         out, lse = torch.ops.fourierformer.fourier_attention_forward(q, k, v, radius, power, None, key_bias, causal,
-                                                                     0.0, 0)
+                                                                     0.0, 0, 0.0, None, phi)
         dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
         grads = torch.ops.fourierformer.fourier_attention_backward(dout, q, k, v, radius, out, lse, power, None,
-                                                                   key_bias, causal, 0.0, 0)
+                                                                   key_bias, causal, 0.0, 0, 0.0, None, phi)
         bad = oracle_mismatches((out, *grads), q, k, v, radius, dout, **kwargs) + lse_mismatches(lse, q, k, radius,
                                                                                                   **kwargs)
         print(f"  {'ok ' if not bad else 'BAD'} {label:90s} ({time.time() - t0:.1f}s) {'; '.join(bad)}")
@@ -953,6 +1005,24 @@ def run_checks(mod, args):
          0.2, dict(f64, normaliser_eps=1e-3)),
         ("f32 null key D129 Dv200 (decoding forward, simple backward)", make_case(1, 1, 5, 7, 129, 200, torch.float32, scale=0.3), 2,
          0.0, dict(f32, normaliser_eps=0.5)),
+        # |x| (power 1) and ReLU: the float64 simple kernels, the float32 tiled forward and backward
+        # (both instances of the pre-pass and the main pass: check_score_cache), the simple float32
+        # backward (D above 128)
+        ("f64 abs N37 M45 D59 Dv33 mask", make_case(1, 2, 37, 45, 59, 33, torch.float64, mask="random"), 1, 0.0,
+         dict(f64, phi="abs")),
+        ("f64 relu causal kpm dropout null key", make_case(2, 1, 5, 40, 8, 12, torch.float64, causal=True, kpm=True), 1,
+         0.2, dict(f64, normaliser_eps=1e-3, phi="relu")),
+        ("f64 relu float mask H-broadcast", make_case(2, 3, 9, 33, 4, 5, torch.float64, mask="float"), 1, 0.0,
+         dict(f64, phi="relu")),
+        ("f32 abs N33 M70 D40", make_case(1, 1, 33, 70, 40, 20, torch.float32), 1, 0.0, dict(f32, phi="abs")),
+        ("f32 relu N33 M70 D40", make_case(1, 1, 33, 70, 40, 20, torch.float32), 1, 0.0, dict(f32, phi="relu")),
+        ("f32 relu causal dropout kpm", make_case(2, 1, 20, 41, 5, 3, torch.float32, causal=True, kpm=True), 1, 0.2,
+         dict(f32, phi="relu")),
+        ("f32 relu D100 Dv100 N9 M70 causal float mask", make_case(1, 1, 9, 70, 100, 100, torch.float32, causal=True,
+                                                                   scale=0.8, mask="float"), 1, 0.0,
+         dict(f32, phi="relu")),
+        ("f32 relu D129 Dv200 N9 M7 (simple backward)", make_case(1, 1, 9, 7, 129, 200, torch.float32, scale=0.8), 1,
+         0.0, dict(f32, phi="relu")),
     ]
     if not args.quick:
         cases += [
@@ -963,9 +1033,14 @@ def run_checks(mod, args):
              dict(rtol=2e-2, atol=2e-3)),
             ("bf16 N17 M40 D16 mask", make_case(1, 2, 17, 40, 16, 16, torch.bfloat16, scale=0.5, mask="random"), 4,
              0.0, dict(rtol=5e-2, atol=1e-2)),
+            ("f16 relu N17 M40 D16", make_case(1, 2, 17, 40, 16, 16, torch.float16, scale=0.5), 1, 0.0,
+             dict(rtol=2e-2, atol=2e-3, phi="relu")),
+            ("bf16 abs N17 M40 D16 mask", make_case(1, 2, 17, 40, 16, 16, torch.bfloat16, scale=0.5, mask="random"), 1,
+             0.0, dict(rtol=5e-2, atol=1e-2, phi="abs")),
         ]
     for name, case, power, p, tol in cases:
         run_case(name, case, power, dropout_p=p, **tol)
+    check_relu_kills(f32)
     check_smem_limit(f32)
     check_score_cache(f32)
     check_grid_splits(f32)
