@@ -424,6 +424,15 @@ def test_the_instances_are_the_launchers_choices_at_each_head_dim(host_info):
         assert ("delta2" in templates) == (sizes["Dp"] >= c["kDeltaSplitMinFeatures"])
         without = {i.kind: i.template for i in build.launcher_instances(c, sizes, score_cache=False)}
         assert without["main"] == f"backward_main_tiled_kernel<float, {main}, false>" and "delta2" not in without
+        # phi = ReLU: its kRelu instance of each kernel that computes scores (with_relu), the same main
+        # pass where it reads the pre-pass's scores
+        relu = {i.kind: i.template for i in build.launcher_instances(c, sizes, relu=True)}
+        assert relu["forward"] == f"forward_tiled_kernel<float, {fwd}, true>"
+        assert relu["delta"] == "backward_delta_tiled_kernel<float, 1, true>"
+        assert relu["main"] == templates["main"]
+        assert relu["decode"] == f"forward_decode_kernel<float, {c['decode_rows_most']}, true>"
+        relu_without = {i.kind: i.template for i in build.launcher_instances(c, sizes, score_cache=False, relu=True)}
+        assert relu_without["main"] == f"backward_main_tiled_kernel<float, {main}, false, true>"
 
 
 def test_the_report_keeps_no_copy_of_the_launchers_choices():
@@ -441,3 +450,4 @@ def test_the_command_line_is_the_packages():
     r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "benchmarks", "cuda_sass_report.py"), "--help"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "tile_switch.h" in r.stdout and "--no-score-cache" in r.stdout, r.stderr
+    assert "--phi" in r.stdout

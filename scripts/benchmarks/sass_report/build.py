@@ -187,40 +187,44 @@ class Instance:
     grid_rows: str = ""  # rows per block of the grid: rows of the slice / this
 
 
-def launcher_instances(c, sizes, score_cache=True):
+def launcher_instances(c, sizes, score_cache=True, relu=False):
     """The float32 kernels launch_forward and launch_backward (fourier_attention_launch.h) run at a head
     dim D = Dv, with the template arguments the launcher's choices give there (tile_switch.h, through
     the host program: c its constants and choices, sizes those of the head dim). With score_cache the
-    backward's main pass reads the pre-pass's scores; without it, it computes them again."""
+    backward's main pass reads the pre-pass's scores; without it, it computes them again. With relu,
+    the instances of phi = ReLU (with_relu: kRelu true where a kernel computes scores; the main pass
+    that reads the pre-pass's scores is the same for every phi)."""
     Dp = sizes["Dp"]
+    phi = ", true" if relu else ""  # (the kRelu template argument; false is its default)
     out = [Instance("tables", "table_kernel<float>", {}, "kTableThreads", "table_smem_floats")]
     kO = sizes["fwd_columns"]
-    out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}>", {"kO": kO}, "fwd_threads",
+    out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}{phi}>", {"kO": kO}, "fwd_threads",
                         "fwd_smem_floats", "kFwdRows"))
     if sizes["tiled_backward"]:
-        out.append(Instance("delta", "backward_delta_tiled_kernel<float, 1>", {"kSplit": 1}, "kFwdThreads",
+        out.append(Instance("delta", f"backward_delta_tiled_kernel<float, 1{phi}>", {"kSplit": 1}, "kFwdThreads",
                             "delta_smem_floats", "kFwdRows"))
         if Dp >= c["kDeltaSplitMinFeatures"] and score_cache:
             # where the grid is small (delta_pass_split; with the score cache only): the pre-pass
             # in two halves (not in the totals but the small-grid backward's)
-            out.append(Instance("delta2", "backward_delta_tiled_kernel<float, 2>", {"kSplit": 2}, "delta2_threads",
+            out.append(Instance("delta2", f"backward_delta_tiled_kernel<float, 2{phi}>", {"kSplit": 2}, "delta2_threads",
                                 "delta2_smem_floats", "kFwdRows"))
         kOk = sizes["main_columns"]
         cache = "true" if score_cache else "false"  # (the pre-pass's scores read, or computed again)
-        out.append(Instance("main", f"backward_main_tiled_kernel<float, {kOk}, {cache}>", {"kO": kOk},
+        main_phi = phi if not score_cache else ""
+        out.append(Instance("main", f"backward_main_tiled_kernel<float, {kOk}, {cache}{main_phi}>", {"kO": kOk},
                             "kFwdThreads", "main_smem_floats", "kFwdKeys"))
         out.append(Instance("finish", "backward_dq_finish_kernel<float>", {}, "kFwdThreads",
                             "finish_smem_floats", "kFwdRows"))
         if Dp >= c["kDeltaSplitMinFeatures"] and score_cache:
             # the main pass at the small grid of the IWSLT'14 benchmark shape on 132 SMs (128 key
             # tiles, 264 block slots): two blocks per key tile (main_pass_splits), counted as such
-            out.append(Instance("main2", f"backward_main_tiled_kernel<float, {kOk}, {cache}>",
+            out.append(Instance("main2", f"backward_main_tiled_kernel<float, {kOk}, {cache}{main_phi}>",
                                 {"kO": kOk, "splits": 2}, "kFwdThreads", "main_smem_floats", "kFwdKeys"))
     # the decoding forward (launch_decode): a query per slice and the most query rows, each with the
     # merge of its chunks (N: the rows counted; kRows: the register rows of the instance)
     for which, n in (("one", 1), ("most", c["kDecodeMaxRows"])):
         rows = c[f"decode_rows_{which}"]
-        out.append(Instance("decode", f"forward_decode_kernel<float, {rows}>", {"kRows": rows, "N": n},
+        out.append(Instance("decode", f"forward_decode_kernel<float, {rows}{phi}>", {"kRows": rows, "N": n},
                             "kDecThreads", f"decode_{which}_smem_floats", "kDecKeys"))
         out.append(Instance("combine", "forward_combine_kernel<float>", {"kRows": rows, "N": n}, "kCombineThreads",
                             None))

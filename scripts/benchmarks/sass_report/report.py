@@ -28,6 +28,10 @@ def main(argv=None):
     ap.add_argument("--no-score-cache", action="store_true",
                     help="count the backward's main pass without the pre-pass's score cache (it computes the "
                          "scores again, as where B H N M floats exceed kScoreCacheBytes)")
+    ap.add_argument("--phi", choices=("power", "relu"), default="power",
+                    help="the kernels' instances for this phi: power (also abs: the same instances, p = 1) or relu "
+                         "(its kRelu instances: the forward, the pre-pass, the main pass without the score cache "
+                         "and the decoding forward)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (.cu, ptxas logs, SASS) and print it")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fourierformer-sass-cache"),
                     help="cubin cache (default: %(default)s)")
@@ -52,7 +56,7 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="fourierformer-sass-")
     try:
         report = build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, args.cache_dir, work, args.keep,
-                              score_cache=not args.no_score_cache)
+                              score_cache=not args.no_score_cache, relu=args.phi == "relu")
     except AnnotationError as e:
         print(f"cuda_sass_report: {e}", file=sys.stderr)
         return 1
@@ -75,7 +79,8 @@ def main(argv=None):
     return 0
 
 
-def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir, work, keep, score_cache=True):
+def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir, work, keep, score_cache=True,
+                 relu=False):
     b = Builder(cache_dir, work, nvcc, flags)
     nvdisasm_version = tool_version(nvdisasm)
     progress(f"nvcc {b.nvcc_version} ({nvcc}), nvdisasm {nvdisasm_version}, flags {' '.join(flags)}, "
@@ -93,12 +98,12 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
         warnings.append(f"no annotation in the headers for the region {ident} ({REGIONS[ident]['why']}): "
                         f"counted as run")
     report = dict(date=time.strftime("%Y-%m-%d"), arch=ARCH, nvcc=b.nvcc_version, nvdisasm=nvdisasm_version,
-                  nvcc_flags=flags,
+                  nvcc_flags=flags, phi="relu" if relu else "power",
                   headers_sha256=b.hash, constants=c, head_dims={}, warnings=warnings)
     done = {}
     for hd in head_dims:
         sizes = info["sizes"][str(hd)]
-        insts = launcher_instances(c, sizes, score_cache)
+        insts = launcher_instances(c, sizes, score_cache, relu)
         rows = []
         for inst in insts:
             if inst.template not in done:
