@@ -8,7 +8,9 @@ The other phis of the paper's Table 7 that are non-negative (keyword ``phi``, de
 ``phi="abs"``, w_ij = prod_d |sinc(x_ijd)|, is the formula above with p = 1 (``power`` is then
 ignored); ``phi="relu"``, w_ij = prod_d max(sinc(x_ijd), 0), is |x|'s formula with the score -inf
 (a zero weight) wherever a factor's sinc is negative (sin(x) x < 0, decided in the dtype computed
-in); a row whose every visible key has a zero weight gives 0, as a row with every key masked.
+in); a row whose every visible key has a zero weight gives 0, as a row with every key masked;
+``phi="sigmoid"``, w_ij = prod_d sigmoid(sinc(x_ijd)), has the score S_ij = sum_d log sigmoid(sinc
+x_ijd) (torch's logsigmoid of sin(x) / x, its series 1 - x^2/6 + x^4/120 below |x| = 1e-3).
 
 and with ``normaliser_eps`` = eps > 0 (the published code's normaliser) out_i = sum_j w_ij v_j /
 (sum_j w_ij + eps): eps is the weight of one more key, of log-weight log(eps) and value 0.
@@ -124,11 +126,25 @@ def _log_abs_sinc_plain(x: torch.Tensor) -> torch.Tensor:
     return torch.where(zero, torch.zeros_like(x), torch.log(torch.abs(torch.sin(xl) / xl)))
 
 
-PHIS = ("power", "abs", "relu")
+PHIS = ("power", "abs", "relu", "sigmoid")
+
+
+def _sinc_oracle(x: torch.Tensor) -> torch.Tensor:
+    small = x.abs() < _SERIES_BOUND
+    xs = torch.where(small, x, torch.zeros_like(x))
+    x2 = xs * xs
+    xl = torch.where(small, torch.ones_like(x), x)
+    return torch.where(small, 1 - x2 / 6 + x2 * x2 / 120, torch.sin(xl) / xl)
+
+
+def _sinc_plain(x: torch.Tensor) -> torch.Tensor:
+    zero = x == 0
+    xl = torch.where(zero, torch.ones_like(x), x)
+    return torch.where(zero, torch.ones_like(x), torch.sin(xl) / xl)
 
 
 def phi_power(phi: str, power) -> float:
-    """p of the log domain for a phi: the call's power for "power", 1 for |x| and ReLU."""
+    """p of the log domain for a phi: the call's power for "power", 1 for |x|, ReLU and sigmoid."""
     if phi not in PHIS:
         raise ValueError(f"the oracle knows phi in {PHIS}, got {phi!r}")
     return power if phi == "power" else 1
@@ -148,7 +164,11 @@ def _scores(q, k, radius, power, log_abs_sinc, d_chunk=32, visible=None, phi="po
         if visible is not None:
             diff = torch.where(visible.unsqueeze(-1), diff, torch.zeros_like(diff))
         x = R[:, d0:d1].reshape(1, H, 1, 1, d1 - d0) * diff
-        part = log_abs_sinc(x).sum(-1)
+        if phi == "sigmoid":  # (sinc in the same manner as the log|sinc| asked for: series or plain)
+            sinc = _sinc_oracle if log_abs_sinc is _log_abs_sinc_oracle else _sinc_plain
+            part = torch.nn.functional.logsigmoid(sinc(x)).sum(-1)
+        else:
+            part = log_abs_sinc(x).sum(-1)
         S = part if S is None else S + part
         if phi == "relu":
             dead |= (torch.sin(x.detach()) * x.detach() < 0).any(-1)
@@ -242,6 +262,17 @@ def _dlog_sinc(x: torch.Tensor) -> torch.Tensor:
     return torch.where(small, -x / 3 - x**3 / 45, torch.cos(xl) / torch.sin(xl) - 1 / xl)
 
 
+def _dlog_phi(x: torch.Tensor, phi: str) -> torch.Tensor:
+    """d/dx of the log of phi(sinc x) over p: g(x) for the log-domain phis; for "sigmoid",
+    sigmoid(-sinc x) sinc'(x), sinc'(x) = (x cos x - sin x) / x^2 (its series below |x| = 1e-3)."""
+    if phi != "sigmoid":
+        return _dlog_sinc(x)
+    small = x.abs() < _SERIES_BOUND
+    xl = torch.where(small, torch.ones_like(x), x)
+    derivative = torch.where(small, -x / 3 + x**3 / 30, (xl * torch.cos(xl) - torch.sin(xl)) / (xl * xl))
+    return torch.sigmoid(-_sinc_oracle(x)) * derivative
+
+
 def _detached_float64(q, k, v, grad_out, radius):
     """q, k, v, grad_out and the radius detached in float64, and the radius's (H, D) table."""
     q, k, v, go, radius = (t.detach().to(torch.float64) for t in (q, k, v, grad_out, radius))
@@ -262,7 +293,7 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
         delta = (P * dP).sum(-1, keepdim=True)
         A = P * (dP.abs() + delta.abs())  # (B, H, N, M)
         diff = q.unsqueeze(3) - k.unsqueeze(2)  # (B, H, N, M, D)
-        G = _dlog_sinc(R.reshape(1, H, 1, 1, D) * diff).abs() * A.unsqueeze(-1)
+        G = _dlog_phi(R.reshape(1, H, 1, 1, D) * diff, phi).abs() * A.unsqueeze(-1)
         dq = power * R.abs().reshape(1, H, 1, D) * G.sum(3)
         dk = power * R.abs().reshape(1, H, 1, D) * G.sum(2)
         dr = power * (G * diff.abs()).sum((0, 2, 3))  # (H, D)
@@ -272,7 +303,7 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
             # the null key a row's dS sums to 0 and a row on one key has dS = 0 there; with it, that
             # key keeps dS = m (1 - m) dP, and at a near-duplicate (q - k tiny) the two parts cancel
             # to far below their sizes: their terms' absolute sums join the scale.
-            g = _dlog_sinc(R.reshape(1, H, 1, 1, D) * diff)
+            g = _dlog_phi(R.reshape(1, H, 1, 1, D) * diff, phi)
             dS = (P * (dP - delta)).unsqueeze(-1) * g  # (B, H, N, M, D)
             mu = torch.cat([q, k], 2).mean(2, keepdim=True)
             dr = dr + power * ((q - mu).abs() * dS.sum(3).abs()).sum((0, 2)) \
@@ -322,7 +353,7 @@ def null_key_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padd
         delta = (P * dP).sum(-1, keepdim=True)
         dS, E = P * (dP - delta), P * delta  # (B, H, N, M)
         diff = q.unsqueeze(3) - k.unsqueeze(2)
-        g = _dlog_sinc(R.reshape(1, H, 1, 1, D) * diff)  # (B, H, N, M, D)
+        g = _dlog_phi(R.reshape(1, H, 1, 1, D) * diff, phi)  # (B, H, N, M, D)
         Rr = R.abs().reshape(1, H, 1, 1, D)
         # dq: one row per element; dk, dv: one term per row
         dq = power * (gap * ((dS.unsqueeze(-1) * g).sum(3).abs() + (E.unsqueeze(-1) * g).sum(3).abs())) \

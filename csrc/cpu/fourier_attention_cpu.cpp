@@ -42,6 +42,7 @@ struct CallArgs {
   SliceMasks masks;
   double power;
   bool relu;  // phi = ReLU (see SliceArgs::relu)
+  bool sigmoid;  // phi = sigmoid (see SliceArgs::sigmoid)
   bool causal;
   double dropout_p;
   int64_t seed;
@@ -64,6 +65,7 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   s.Dv = sh.Dv;
   s.power = (T)c.power;
   s.relu = c.relu;
+  s.sigmoid = c.sigmoid;
   s.attn_mask = nullptr;
   s.mask_row_stride = 0;
   if (c.masks.attn_mask.defined()) {
@@ -215,8 +217,11 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
               " are supported, got ", dtype);
   at::Tensor key_table = checked_key_table(tables, q_in, k_in);
-  // with a key table, the short-query forward reads the keys from it alone: k stays as given
-  const bool keys_from_table = key_table.defined() && sh.N < cpu::best_kernels().short_query_rows;
+  // with a key table, the short-query forward reads the keys from it alone: k stays as given (phi =
+  // sigmoid has no short-query forward: its slices of a few rows take the row groups, which read k)
+  const bool sigmoid = phi == "sigmoid";
+  const int64_t short_rows = cpu::best_kernels().short_query_rows;
+  const bool keys_from_table = key_table.defined() && sh.N < short_rows && !sigmoid;
   const CallArgs c{sh,
                    q_in.contiguous(),
                    keys_from_table ? k_in : k_in.contiguous(),
@@ -225,6 +230,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
                    prepare_masks(attn_mask, key_bias, dtype),
                    power,
                    phi == "relu",
+                   sigmoid,
                    causal,
                    dropout_p,
                    seed,
@@ -238,7 +244,9 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     RECORD_FUNCTION(kCpuForwardKernelScope, std::vector<c10::IValue>());
     if (dtype == at::kFloat) {
       const cpu::KernelTable& kernels = cpu::best_kernels();
-      for_each_float32_slice(c, kernels.forward_workspace(sh.N, sh.M, sh.D, sh.Dv),
+      // (the workspace of the row groups where a slice of a few rows takes them: at least their rows)
+      const int64_t workspace_rows = sigmoid ? std::max(sh.N, short_rows) : sh.N;
+      for_each_float32_slice(c, kernels.forward_workspace(workspace_rows, sh.M, sh.D, sh.Dv),
                              [&](const cpu::SliceArgs& s, int64_t bh, float* ws) {
                                kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv,
                                                lse.data_ptr<double>() + bh * sh.N, ws);
@@ -271,7 +279,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
                   out_in.size(3) == sh.Dv,
               "fourier_attention backward: grad_out and out must be (B, H, N, Dv)");
   const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
-                   prepare_masks(attn_mask, key_bias, dtype), power, phi == "relu", causal, dropout_p, seed, log_eps};
+                   prepare_masks(attn_mask, key_bias, dtype), power, phi == "relu", phi == "sigmoid", causal, dropout_p,
+                   seed, log_eps};
   const at::Tensor out = out_in.to(dtype).contiguous(), dout = dout_in.to(dtype).contiguous();
   const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
   at::Tensor dq = at::empty_like(c.q), dk = at::empty_like(c.k), dv = at::empty_like(c.v);

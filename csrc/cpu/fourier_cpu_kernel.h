@@ -31,6 +31,7 @@ struct SliceArgs {
   int64_t N, M, D, Dv;
   float power;
   bool relu;  // phi = ReLU (power 1): a key with a factor whose sinc is negative has weight 0
+  bool sigmoid;  // phi = sigmoid (power 1): S = sum_d log sigmoid(sinc x), in the log domain
   // Additive mask element (i, j) at attn_mask[i * mask_row_stride + j]; nullptr if none.
   const float* attn_mask;
   int64_t mask_row_stride;

@@ -123,9 +123,9 @@ def fourier_attention(
         phi: "power", or "abs", "relu", "sigmoid" (the paper's Table 7; power is then ignored).
             "abs": prod_d |sinc|, the log domain with p = 1; "relu": prod_d max(sinc, 0), the same
             with a zero weight (score -inf) wherever a factor's sinc is negative (a row whose
-            every key has one gives 0, as a fully masked row); both on the fused CPU kernel and
-            the reference. "sigmoid" on the reference (backends.py declares which backend runs
-            which phi).
+            every key has one gives 0, as a fully masked row); "sigmoid": prod_d sigmoid(sinc),
+            the log domain with scores sum_d log sigmoid(sinc). backends.py declares which backend
+            runs which phi (the CPU kernel all three, the CUDA kernels abs and relu).
         attn_mask: additive float mask (0 / -inf, or any finite values), (N, M), (B*H, N, M) or
             (B|1, H|1, N, M); or a bool mask, True marking the positions that may not be
             attended (it stays bool down to the kernels, which then only select).

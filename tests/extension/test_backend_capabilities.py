@@ -91,7 +91,6 @@ def test_each_reason_alone():
     assert "inputs are on cpu" in cuda_base  # plus, on a machine without CUDA, why it cannot run at all
     assert cuda_base == list(CUDA.not_supported_reasons()) + ["inputs are on cpu"]
     cases = [
-        (CPU, dict(phi="sigmoid"), "phi='sigmoid'"),
         (CPU, dict(power=3), "power=3"),
         (CPU, dict(dtype=torch.float16), "the cpu kernel takes torch.float32, torch.float64, got torch.float16"),
         (CPU, dict(attn_mask=torch.zeros(3, 4, requires_grad=True)), "attn_mask requires grad"),
@@ -127,7 +126,7 @@ def test_cuda_sequence_length_bound():
 def test_all_reasons_are_listed_together():
     q, k, v, r, _ = inputs(dtype=torch.float16)
     mask = torch.zeros(3, 4, dtype=torch.float16, requires_grad=True)
-    kw = dict(phi="sigmoid", attn_mask=mask)
+    kw = dict(power=3, attn_mask=mask)
     got = reasons(CPU, q, k, v, r, kw)
     assert len(got) == 3, got
     with pytest.raises(ValueError) as e:
