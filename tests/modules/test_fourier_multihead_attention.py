@@ -168,11 +168,14 @@ def test_a_causal_module_applies_a_given_mask_as_a_mask():
     assert not torch.allclose(plain(x, x, x, attn_mask=future)[0], plain(x, x, x)[0])
 
 
+@pytest.mark.parametrize("phi", ["power", "sigmoid"])
 @pytest.mark.parametrize("causal_flag", [False, True])
 @pytest.mark.parametrize("add_zero_attn", [False, True])
-def test_incremental_self_attention_equals_full(add_zero_attn, causal_flag):
-    """The steps equal the full causal forward: of a causal module, or of a plain one given the future mask."""
-    m = make(self_attention=True, add_zero_attn=add_zero_attn, causal=causal_flag)
+def test_incremental_self_attention_equals_full(add_zero_attn, causal_flag, phi):
+    """The steps equal the full causal forward: of a causal module, or of a plain one given the future
+    mask; also for phi = sigmoid, whose steps of one query take the row groups and read the key table's
+    keys as the cached keys' view."""
+    m = make(self_attention=True, add_zero_attn=add_zero_attn, causal=causal_flag, phi=phi)
     T = 6
     x = torch.randn(T, 2, E)
     future = future_mask(T)
@@ -403,7 +406,7 @@ def direct_attention(q, k, v, radius, power, phi):
 
 @pytest.mark.parametrize("phi,power", [("power", 4), ("power", 3), ("abs", 1), ("relu", 1), ("sigmoid", 1)])
 def test_every_phi_matches_the_formula_forward_and_backward(phi, power):
-    """Odd powers and sigmoid run on the reference backend, p = 4, |x| and ReLU on the fused CPU kernel:
+    """Odd powers run on the reference backend, p = 4, |x|, ReLU and sigmoid on the fused CPU kernel:
     output and input gradient against the formula evaluated directly in float64."""
     m = make(self_attention=True, phi=phi, power=power).train()
     g = torch.Generator().manual_seed(4)
