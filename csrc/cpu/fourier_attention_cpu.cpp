@@ -217,11 +217,13 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
               " are supported, got ", dtype);
   at::Tensor key_table = checked_key_table(tables, q_in, k_in);
-  // with a key table, the short-query forward reads the keys from it alone: k stays as given (phi =
-  // sigmoid has no short-query forward: its slices of a few rows take the row groups, which read k)
+  // whether the slices take the short-query forward (phi = sigmoid has none: its slices of a few
+  // rows take the row groups, and their workspace); with a key table it reads the keys from the
+  // table alone: k stays as given
   const bool sigmoid = phi == "sigmoid";
   const int64_t short_rows = cpu::best_kernels().short_query_rows;
-  const bool keys_from_table = key_table.defined() && sh.N < short_rows && !sigmoid;
+  const bool short_query = sh.N < short_rows && !sigmoid;
+  const bool keys_from_table = key_table.defined() && short_query;
   const CallArgs c{sh,
                    q_in.contiguous(),
                    keys_from_table ? k_in : k_in.contiguous(),
@@ -244,8 +246,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     RECORD_FUNCTION(kCpuForwardKernelScope, std::vector<c10::IValue>());
     if (dtype == at::kFloat) {
       const cpu::KernelTable& kernels = cpu::best_kernels();
-      // (the workspace of the row groups where a slice of a few rows takes them: at least their rows)
-      const int64_t workspace_rows = sigmoid ? std::max(sh.N, short_rows) : sh.N;
+      const int64_t workspace_rows = short_query ? sh.N : std::max(sh.N, short_rows);
       for_each_float32_slice(c, kernels.forward_workspace(workspace_rows, sh.M, sh.D, sh.Dv),
                              [&](const cpu::SliceArgs& s, int64_t bh, float* ws) {
                                kernels.forward(s, out.data_ptr<float>() + bh * sh.N * sh.Dv,
