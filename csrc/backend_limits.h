@@ -13,11 +13,16 @@
 namespace fourierformer {
 namespace limits {
 
-// p of phi(x) = x^p: the fused kernels work in the log domain (log |sinc|^p = p log |sinc|,
-// which drops the sign of sinc), so p must be a multiple of kFusedPowerMultiple (even), and at
-// least kFusedMinPower. fused_power_rule() (fourier_attention_ops.cpp) says this in words.
-constexpr double kFusedMinPower = 2.0;
-constexpr double kFusedPowerMultiple = 2.0;
+// p of phi(x) = x^p, per backend: p must be a multiple of k*PowerMultiple and at least
+// k*MinPower (fused_power_rule(), fourier_attention_ops.cpp, says it in words). The kernels work in
+// the log domain, p log|sinc|: an even p's weights are never negative. The CPU kernels take odd p
+// too: each weight's sign (the sign of its product of sincs) goes beside its log-magnitude and the
+// signed weights are normalised directly, w_ij / (sum_j w_ij + eps), as the reference defines them
+// (docs/kernels.md); the CUDA kernels take even p alone.
+constexpr double kCpuMinPower = 1.0;
+constexpr double kCpuPowerMultiple = 1.0;
+constexpr double kCudaMinPower = 2.0;
+constexpr double kCudaPowerMultiple = 2.0;
 
 // The phis of the op (fourier_attention's phi, the ops' argument phi) each fused backend runs:
 // "power" with the rule on p above; "abs", phi(x) = |x|, the log domain with p = 1

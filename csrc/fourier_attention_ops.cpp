@@ -23,16 +23,17 @@
 namespace fourierformer {
 namespace {
 
-// The rule of backend_limits.h on p, in words ("even p >= 2"): the check below says it, and
-// the extension exports it with the limits, for the Python declarations' reasons.
-std::string fused_power_rule() {
+// A rule of backend_limits.h on p, in words ("even p >= 2", "integer p >= 1").
+std::string fused_power_rule(double min_power, double multiple) {
   std::ostringstream rule;
-  if (limits::kFusedPowerMultiple == 2.0) {
+  if (multiple == 1.0) {
+    rule << "integer p";
+  } else if (multiple == 2.0) {
     rule << "even p";
   } else {
-    rule << "p a multiple of " << limits::kFusedPowerMultiple;
+    rule << "p a multiple of " << multiple;
   }
-  rule << " >= " << limits::kFusedMinPower;
+  rule << " >= " << min_power;
   return rule.str();
 }
 
@@ -51,11 +52,12 @@ void check_phi(c10::string_view phi, double power, bool on_cpu) {
     scan(limits::kCpuPhis);
   else
     scan(limits::kCudaPhis);
-  const bool powered = phi == "power" && power >= limits::kFusedMinPower &&
-                       std::fmod(power, limits::kFusedPowerMultiple) == 0.0;
+  const double min_power = on_cpu ? limits::kCpuMinPower : limits::kCudaMinPower;
+  const double multiple = on_cpu ? limits::kCpuPowerMultiple : limits::kCudaPowerMultiple;
+  const bool powered = phi == "power" && power >= min_power && std::fmod(power, multiple) == 0.0;
   const bool unit = phi != "power" && power == limits::kUnitPower;
   TORCH_CHECK(listed && (powered || unit), "fourier_attention: the ", on_cpu ? "cpu" : "cuda",
-              " kernels take phi(x) = x^p with ", fused_power_rule(), " (log domain)", others,
+              " kernels take phi(x) = x^p with ", fused_power_rule(min_power, multiple), others,
               " (with p = 1), got phi = ", std::string(phi), ", p = ", power, "; other phis run on the reference backend");
 }
 
@@ -210,15 +212,16 @@ PyObject* name_tuple(const char* const (&names)[N]) {
 // with the rule on p in words (power_rule) and the op's phis each backend runs (phis). A limit a backend does not have is None.
 PyObject* backend_limits_dict() {
   namespace L = fourierformer::limits;
-  const std::string rule = fourierformer::fused_power_rule();
+  const std::string cpu_rule = fourierformer::fused_power_rule(L::kCpuMinPower, L::kCpuPowerMultiple);
+  const std::string cuda_rule = fourierformer::fused_power_rule(L::kCudaMinPower, L::kCudaPowerMultiple);
   PyObject* cpu = Py_BuildValue("{s:s,s:N,s:N,s:d,s:d,s:s,s:O,s:O,s:O,s:L}", "device", "cpu", "dtypes",
-                                name_tuple(L::kCpuDtypes), "phis", name_tuple(L::kCpuPhis), "min_power", L::kFusedMinPower, "power_multiple",
-                                L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim", Py_None,
+                                name_tuple(L::kCpuDtypes), "phis", name_tuple(L::kCpuPhis), "min_power", L::kCpuMinPower, "power_multiple",
+                                L::kCpuPowerMultiple, "power_rule", cpu_rule.c_str(), "max_head_dim", Py_None,
                                 "seq_len_bound", Py_None, "tiled_backward_max_head_dim", Py_None,
                                 "key_table_keys", (long long)L::kCpuKeyTableKeys);
   PyObject* cuda = Py_BuildValue("{s:s,s:N,s:N,s:d,s:d,s:s,s:i,s:L,s:i}", "device", "cuda", "dtypes",
-                                 name_tuple(L::kCudaDtypes), "phis", name_tuple(L::kCudaPhis), "min_power", L::kFusedMinPower, "power_multiple",
-                                 L::kFusedPowerMultiple, "power_rule", rule.c_str(), "max_head_dim",
+                                 name_tuple(L::kCudaDtypes), "phis", name_tuple(L::kCudaPhis), "min_power", L::kCudaMinPower, "power_multiple",
+                                 L::kCudaPowerMultiple, "power_rule", cuda_rule.c_str(), "max_head_dim",
                                  L::kCudaMaxHeadDim, "seq_len_bound", (long long)L::kCudaSeqLenBound,
                                  "tiled_backward_max_head_dim", L::kCudaTiledBackwardMaxHeadDim);
   if (cpu == nullptr || cuda == nullptr) {

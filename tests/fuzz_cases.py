@@ -25,7 +25,9 @@ RADIUS_SIGNS = ("positive", "negative", "mixed", "positive", "mixed")
 
 NULL_KEY_FACTORS = (0.0, 0.1, 0.0, 1.0, 0.0, 10.0)
 DROPOUTS = (0.0, 0.5, 0.0, 0.0, 0.1, 0.0)  # by (seed // 3) % 6: every radius shape and mask meets both
-PHI_KINDS = ("power", "abs", "power", "relu")  # by (seed // 2) % 4: the fused phis besides the even powers
+# by (seed // 2) % 6: the fused phis besides the even powers ("odd": phi(x) = x^p with p 1, 3 or 5, signed
+# weights, on the CPU kernels alone)
+PHI_KINDS = ("power", "abs", "power", "relu", "odd", "power")
 
 
 def median_row_mass(q, k, radius, kwargs) -> float:
@@ -93,6 +95,8 @@ def draw_case(seed: int) -> dict:
             delta = pick((0.0, 1e-6, 1e-3, 3e-2))
             k[b, h, j, d] = q[b, h, i, d] - m * math.pi * (1 + delta) / float(r_hd[h, d])
 
+    if phi == "odd":
+        power, phi = (1, 3, 5)[seed % 3], "power"
     kwargs = dict(power=power) if phi == "power" else dict(power=power, phi=phi)  # (|x| takes no power)
     causal = mask_kind.startswith("causal") and N <= M
     if causal:

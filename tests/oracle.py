@@ -15,6 +15,12 @@ x_ijd) (torch's logsigmoid of sin(x) / x, its series 1 - x^2/6 + x^4/120 below |
 and with ``normaliser_eps`` = eps > 0 (the published code's normaliser) out_i = sum_j w_ij v_j /
 (sum_j w_ij + eps): eps is the weight of one more key, of log-weight log(eps) and value 0.
 
+Odd p (phi="power"): the weights w_ij = prod_d sinc(x_ijd)^p exp(mask_ij) keep their sign, the sign
+of the product (sin(x) x < 0 in an odd number of features), and are normalised directly, P_ij =
+w_ij / (sum_j w_ij + eps), whatever the sum's sign; a row with no visible key gives 0. Computed as
+sign_ij exp(S_ij - m_i) / (sum_j sign_ij exp(S_ij - m_i) + eps exp(-m_i)), m_i the row's largest
+score, so that nothing underflows.
+
 It imports nothing from ``fourierformer_fairseq`` (not the reference, not the kernels), so
 that tests of either can use it as the ground truth. Gradients come from autograd.
 
@@ -143,6 +149,39 @@ def _sinc_plain(x: torch.Tensor) -> torch.Tensor:
     return torch.where(zero, torch.ones_like(x), torch.sin(xl) / xl)
 
 
+def signed_weights(phi: str, power) -> bool:
+    """Whether phi's weights change sign: x^p with odd p."""
+    return phi == "power" and int(power) % 2 == 1
+
+
+def _negative_products(q, k, radius, visible=None, d_chunk=32):
+    """(B, H, N, M) bool: whether prod_d sinc(R_d (q_id - k_jd)) is negative (an odd number of
+    features with sin(x) x < 0); False where ``visible`` is False."""
+    B, H, N, D = q.shape
+    R = _radius_table(radius, H, D).to(q.dtype).detach()
+    negative = torch.zeros(B, H, N, k.shape[2], dtype=torch.bool)
+    for d0 in range(0, D, d_chunk):
+        d1 = min(D, d0 + d_chunk)
+        x = R[:, d0:d1].reshape(1, H, 1, 1, d1 - d0) * (q[..., d0:d1].detach().unsqueeze(3)
+                                                        - k[..., d0:d1].detach().unsqueeze(2))
+        negative ^= ((torch.sin(x) * x < 0).sum(-1) % 2).bool()
+    return negative if visible is None else negative & visible
+
+
+def _signed_normalised(S, negative, visible, normaliser_eps):
+    """sign e^(S - m) / (sum_j sign e^(S - m) + eps e^-m) per row (m its largest S); 0 for a row
+    with no visible key."""
+    m = S.amax(-1, keepdim=True) if S.shape[-1] > 0 else S.new_full(S.shape[:-1] + (1,), float("-inf"))
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+    e = torch.exp(S - m)
+    e = torch.where(negative, -e, e)
+    total = e.sum(-1, keepdim=True)
+    if normaliser_eps > 0:
+        total = total + normaliser_eps * torch.exp(-m)
+    seen = visible.any(-1, keepdim=True)
+    return e / torch.where(seen, total, torch.ones_like(total))
+
+
 def phi_power(phi: str, power) -> float:
     """p of the log domain for a phi: the call's power for "power", 1 for |x|, ReLU and sigmoid."""
     if phi not in PHIS:
@@ -195,6 +234,8 @@ def _weights(q, k, radius, power, attn_mask, key_padding_mask, causal, log_abs_s
     mask = additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal, dtype)
     visible = mask != float("-inf")
     S = torch.where(visible, _scores(q, k, radius, power, log_abs_sinc, visible=visible, phi=phi) + mask, mask)
+    if signed_weights(phi, power):
+        return _signed_normalised(S, _negative_products(q, k, radius, visible), visible, normaliser_eps)
     if normaliser_eps > 0:
         # w_ij / (sum_j w_ij + eps): eps is the weight of one more key, whose value is 0
         null = torch.full((B, H, N, 1), float(normaliser_eps), dtype=dtype).log()
@@ -287,11 +328,18 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
     M = k.shape[2]
     with torch.no_grad():
         P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps, phi)  # (B, H, N, M)
+        # Signed weights (odd p): a row's normaliser sum_j w_ij is a signed sum, whose relative
+        # error is its terms' times c_i = sum_j |P_ij| (1 where the weights have one sign), and
+        # every term of the row carries it: their weights are taken as c_i |P_ij|, and out_i's
+        # terms include the normaliser's, |out_i| per unit of its error.
+        signed = signed_weights(phi, power)
+        c = P.abs().sum(-1, keepdim=True).clamp_min(1.0) if signed else None
+        Pa = P.abs() * c if signed else P
         power = phi_power(phi, power)  # (the log domain's p: dS/dx = p g(x))
         # with dropout, dS_ij = P_ij (f_ij dP_ij - Delta_i), Delta_i = sum_j P_ij f_ij dP_ij
         dP = _dropped(torch.matmul(go, v.transpose(-1, -2)), dropout_scale)
         delta = (P * dP).sum(-1, keepdim=True)
-        A = P * (dP.abs() + delta.abs())  # (B, H, N, M)
+        A = Pa * (dP.abs() + delta.abs())  # (B, H, N, M)
         diff = q.unsqueeze(3) - k.unsqueeze(2)  # (B, H, N, M, D)
         G = _dlog_phi(R.reshape(1, H, 1, 1, D) * diff, phi).abs() * A.unsqueeze(-1)
         dq = power * R.abs().reshape(1, H, 1, D) * G.sum(3)
@@ -315,8 +363,10 @@ def oracle_gradient_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, k
             dr = dr.sum(1)
         elif shape in ((D,), (1, D)):
             dr = dr.sum(0)
-        out = torch.matmul(_dropped(P, dropout_scale), v.abs())
-        dv = torch.matmul(_dropped(P, dropout_scale).transpose(-1, -2), go.abs())
+        out = torch.matmul(_dropped(Pa, dropout_scale), v.abs())
+        if signed:
+            out = out + c * torch.matmul(_dropped(P, dropout_scale), v).abs()
+        dv = torch.matmul(_dropped(Pa, dropout_scale).transpose(-1, -2), go.abs())
     return tuple(t.abs().max().item() if t.numel() else 0.0 for t in (out, dq, dk, dv, dr))
 
 
@@ -345,6 +395,12 @@ def null_key_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padd
         lse = torch.logsumexp(S, -1)
         seen = torch.isfinite(lse)
         gap = torch.sigmoid(torch.log(torch.tensor(float(normaliser_eps), dtype=torch.float64)) - lse)  # 1 - m_i
+        if signed_weights(phi, power):  # |eps / (Z + eps)| for the signed sum Z (the kernels add eps e^-L to it)
+            m = torch.where(seen, S.amax(-1), torch.zeros_like(lse)).unsqueeze(-1)
+            negative = _negative_products(q, k, radius, torch.isfinite(S))
+            Z = torch.where(negative, -torch.exp(S - m), torch.exp(S - m)).sum(-1)
+            null = normaliser_eps * torch.exp(-m.squeeze(-1))
+            gap = (null / (Z + null)).abs()
         gap = torch.where(seen, gap, torch.zeros_like(gap)).unsqueeze(-1)  # (B, H, N, 1)
         P = oracle_weights(q, k, radius, power, attn_mask, key_padding_mask, causal, normaliser_eps, phi)
         power = phi_power(phi, power)  # (the log domain's p: dS/dx = p g(x))
@@ -359,7 +415,7 @@ def null_key_scales(q, k, v, radius, grad_out, power=4, attn_mask=None, key_padd
         dq = power * (gap * ((dS.unsqueeze(-1) * g).sum(3).abs() + (E.unsqueeze(-1) * g).sum(3).abs())) \
             * R.abs().reshape(1, H, 1, D)
         dk = power * (gap.unsqueeze(-1) * Rr * ((dS.unsqueeze(-1) * g).abs() + (E.unsqueeze(-1) * g).abs())).sum(2)
-        dv = torch.matmul((gap * Pf).transpose(-1, -2), go.abs())
+        dv = torch.matmul((gap * Pf.abs()).transpose(-1, -2), go.abs())
         out = (gap * torch.matmul(Pf, v)).abs()
         # dradius: row (b, h, i)'s contribution sums over j, and over d where the radius is shared
         c, e = ((X.unsqueeze(-1) * g * diff).sum(3) for X in (dS, E))  # (B, H, N, D)
@@ -430,9 +486,14 @@ def lse_mismatches(lse, q, k, radius, power=4, attn_mask=None, key_padding_mask=
     M = k.shape[2]
     sinc_part = _scores(q.double(), k.double(), radius.double(), power, _log_abs_sinc_oracle, phi=phi)
     exact_scores = sinc_part + additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal)
-    exact = torch.logsumexp(exact_scores, -1)
-    plain = torch.logsumexp(_scores(q.float(), k.float(), radius.float(), power, _log_abs_sinc_plain, phi=phi)
-                            + additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal, torch.float32), -1)
+    plain_scores = (_scores(q.float(), k.float(), radius.float(), power, _log_abs_sinc_plain, phi=phi)
+                    + additive_mask(B, H, N, M, attn_mask, key_padding_mask, causal, torch.float32))
+    if signed_weights(phi, power):  # log|sum_j sign_ij e^S_ij|
+        negative = _negative_products(q.double(), k.double(), radius.double(), torch.isfinite(exact_scores))
+        exact, plain = (_log_abs_signed_sum(S, negative) for S in (exact_scores, plain_scores))
+    else:
+        exact = torch.logsumexp(exact_scores, -1)
+        plain = torch.logsumexp(plain_scores, -1)
     ours = lse.detach().double().cpu()
     if tuple(ours.shape) != (B, H, N):
         return [f"lse: shape {tuple(ours.shape)}, expected {(B, H, N)}"]
@@ -451,6 +512,14 @@ def lse_mismatches(lse, q, k, radius, power=4, attn_mask=None, key_padding_mask=
         return [f"lse: error {err[worst].item():.3e} > 4 x plain + 16 eps x (sum_j P_ij |S'_ij| + p D) = "
                 f"{bound[worst].item():.3e}"]
     return []
+
+
+def _log_abs_signed_sum(S, negative):
+    """log|sum_j sign_ij e^S_ij| per row (-inf for a row with no finite score)."""
+    m = S.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(S - m)
+    return torch.log(torch.where(negative, -e, e).sum(-1).abs()) + m.squeeze(-1)
 
 
 def float64_mismatches(ours, q, k, v, radius, grad_out, **kwargs):

@@ -6,6 +6,7 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -19,6 +20,9 @@
 namespace fourierformer {
 
 namespace {
+
+// phi(x) = x^p with odd p: signed weights (SliceArgs::odd_power).
+bool odd_power(c10::string_view phi, double power) { return phi == "power" && std::fmod(power, 2.0) == 1.0; }
 
 struct SliceMasks {
   at::Tensor attn_mask;  // additive; undefined if none
@@ -43,6 +47,7 @@ struct CallArgs {
   double power;
   bool relu;  // phi = ReLU (see SliceArgs::relu)
   bool sigmoid;  // phi = sigmoid (see SliceArgs::sigmoid)
+  bool odd_power;  // phi(x) = x^p with odd p (see SliceArgs::odd_power)
   bool causal;
   double dropout_p;
   int64_t seed;
@@ -66,6 +71,7 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   s.power = (T)c.power;
   s.relu = c.relu;
   s.sigmoid = c.sigmoid;
+  s.odd_power = c.odd_power;
   s.attn_mask = nullptr;
   s.mask_row_stride = 0;
   if (c.masks.attn_mask.defined()) {
@@ -233,6 +239,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
                    power,
                    phi == "relu",
                    sigmoid,
+                   odd_power(phi, power),
                    causal,
                    dropout_p,
                    seed,
@@ -259,7 +266,7 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
       });
     }
   }
-  scale_by_null_key(out, lse, log_eps);
+  if (!c.odd_power) scale_by_null_key(out, lse, log_eps);  // (odd p: the kernels apply the null key)
   return {out, lse};
 }
 
@@ -280,8 +287,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
                   out_in.size(3) == sh.Dv,
               "fourier_attention backward: grad_out and out must be (B, H, N, Dv)");
   const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
-                   prepare_masks(attn_mask, key_bias, dtype), power, phi == "relu", phi == "sigmoid", causal, dropout_p,
-                   seed, log_eps};
+                   prepare_masks(attn_mask, key_bias, dtype), power, phi == "relu", phi == "sigmoid", odd_power(phi, power),
+                   causal, dropout_p, seed, log_eps};
   const at::Tensor out = out_in.to(dtype).contiguous(), dout = dout_in.to(dtype).contiguous();
   const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
   at::Tensor dq = at::empty_like(c.q), dk = at::empty_like(c.k), dv = at::empty_like(c.v);

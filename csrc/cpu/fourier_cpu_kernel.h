@@ -32,6 +32,10 @@ struct SliceArgs {
   float power;
   bool relu;  // phi = ReLU (power 1): a key with a factor whose sinc is negative has weight 0
   bool sigmoid;  // phi = sigmoid (power 1): S = sum_d log sigmoid(sinc x), in the log domain
+  // phi(x) = x^p with odd p: each weight carries its product's sign, and a row is normalised by
+  // the signed sum of its weights plus eps (the kernel applies the null key itself; lse is
+  // log|sum_j w_ij|, -inf where that sum is 0). See FactorSign in sinc_tables.inc.
+  bool odd_power;
   // Additive mask element (i, j) at attn_mask[i * mask_row_stride + j]; nullptr if none.
   const float* attn_mask;
   int64_t mask_row_stride;
@@ -59,7 +63,8 @@ struct KernelTable {
   // (no N x M term).
   size_t (*forward_workspace)(int64_t N, int64_t M, int64_t D, int64_t Dv);
   size_t (*backward_workspace)(int64_t N, int64_t M, int64_t D, int64_t Dv);
-  // out (N, Dv), lse (N,): log of the softmax normaliser, +inf for fully masked rows. lse is
+  // out (N, Dv), lse (N,): log of the softmax normaliser (of its magnitude for odd p), +inf for
+  // fully masked rows. lse is
   // float64: it can be of order 1e3 (p times a sum of D logs) while the backward needs it to
   // float32 accuracy relative to 1, and a float32 lse would carry an error of ulp(1e3) / 2.
   void (*forward)(const SliceArgs&, float* out, double* lse, float* workspace);

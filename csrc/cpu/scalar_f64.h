@@ -23,6 +23,7 @@ struct ScalarSlice {
   T power;
   bool relu;  // phi = ReLU (power 1): a key with a factor whose sinc is negative has weight 0
   bool sigmoid;  // phi = sigmoid (power 1): S = sum_d log sigmoid(sinc x), in the log domain
+  bool odd_power;  // phi(x) = x^p, odd p: signed weights sign e^S (see SliceArgs::odd_power)
   const T* attn_mask;
   int64_t mask_row_stride;
   const T* key_bias;
@@ -45,13 +46,16 @@ struct ScalarSlice {
     return derivative / (T(1) + std::exp(y));
   }
 
-  T score(int64_t i, int64_t j) const {
+  // S_ij = p sum_d log|sinc x| + mask (phi's score); with odd_power, *negative gets the sign of the
+  // weight (of the product of the sincs).
+  T score(int64_t i, int64_t j, bool* negative = nullptr) const {
     T mask = 0;
     if (attn_mask) mask += attn_mask[i * mask_row_stride + j];
     if (key_bias) mask += key_bias[j];
     if (mask == -std::numeric_limits<T>::infinity()) return mask;  // a masked key's score is not formed
     T s = 0;
     bool dead = false;  // (relu: a negative factor)
+    bool odd = false;  // (odd_power: an odd number of negative factors)
     for (int64_t d = 0; d < D; ++d) {
       T x = radius[d] * (q[i * D + d] - k[j * D + d]);
       const T sin_x = std::sin(x);
@@ -61,7 +65,9 @@ struct ScalarSlice {
       }
       s += log_abs_sinc_from_sin(x, sin_x);
       dead |= relu && sin_x * x < 0;
+      odd ^= sin_x * x < 0;
     }
+    if (negative) *negative = odd_power && odd;
     // (ReLU's zero weight: -inf, NaN with a NaN or +inf mask, as the formula's 0 e^mask)
     return dead ? -std::numeric_limits<T>::infinity() + mask : s * power + mask;
   }
@@ -74,12 +80,15 @@ struct ScalarSlice {
 
   void forward(T* out, double* lse, std::vector<T>& row) const {
     row.resize(M);
+    std::vector<char> negative(M);
     for (int64_t i = 0; i < N; ++i) {
       const int64_t end = visible_end(i);
       T m = -std::numeric_limits<T>::infinity();
       bool nan_row = false;  // a NaN score, or a +inf one (a +inf mask): the formula's row is NaN
       for (int64_t j = 0; j < end; ++j) {
-        row[j] = score(i, j);
+        bool neg = false;
+        row[j] = score(i, j, &neg);
+        negative[j] = neg;
         nan_row |= !(row[j] < std::numeric_limits<T>::infinity()) && row[j] != -std::numeric_limits<T>::infinity();
         m = std::max(m, row[j]);
       }
@@ -96,13 +105,18 @@ struct ScalarSlice {
       T sum = 0;
       for (int64_t j = 0; j < end; ++j) {
         T e = std::exp(row[j] - m);
+        if (negative[j]) e = -e;
         sum += e;
         e *= dropout_scale(i, j);
         if (e == 0) continue;
         for (int64_t c = 0; c < Dv; ++c) out_i[c] += e * v[j * Dv + c];
       }
-      for (int64_t c = 0; c < Dv; ++c) out_i[c] /= sum;
-      lse[i] = m + std::log(sum);
+      // (odd p: the signed sum, and the null key here: w / (sum_j w_j + eps), see signed_row_scale)
+      const T denominator = odd_power && log_eps > -std::numeric_limits<double>::infinity()
+                                ? sum + (T)std::exp(log_eps - (double)m)
+                                : sum;
+      for (int64_t c = 0; c < Dv; ++c) out_i[c] /= denominator;
+      lse[i] = m + std::log(std::abs(sum));
     }
   }
 
@@ -120,11 +134,23 @@ struct ScalarSlice {
     for (int64_t i = 0; i < N; ++i) {
       if (!(lse[i] < std::numeric_limits<T>::infinity())) continue;
       const T* dout_i = dout + i * Dv;
-      const T share = (T)null_key_share(lse[i], log_eps);
       const int64_t end = visible_end(i);
+      // odd p: P = sign e^(S - lse) sums to the normaliser's sign, +-1, and P / (that sum + eps e^-lse)
+      // is w / (Z + eps), as in the float32 kernels (signed_row_scale)
+      T sign_sum = 0;
+      for (int64_t j = 0; j < end; ++j) {
+        bool neg = false;
+        P[j] = std::exp(score(i, j, &neg) - lse[i]);
+        if (neg) P[j] = -P[j];
+        sign_sum += P[j];
+      }
+      const T share = odd_power ? T(1) / (sign_sum + (log_eps > -std::numeric_limits<double>::infinity()
+                                                          ? (T)std::exp(log_eps - lse[i])
+                                                          : T(0)))
+                                : (T)null_key_share(lse[i], log_eps);
       T delta = 0;
       for (int64_t j = 0; j < end; ++j) {
-        P[j] = share * std::exp(score(i, j) - lse[i]);  // the weight after the null key
+        P[j] *= share;  // the weight after the null key
         T dot = 0;
         if (P[j] != 0)
           for (int64_t c = 0; c < Dv; ++c) dot += dout_i[c] * v[j * Dv + c];

@@ -7,8 +7,9 @@ computes, for each batch b and head h,
     w_ij = prod_d phi(sinc(R_d (q_id - k_jd))),   out_i = sum_j w_ij v_j / sum_j w_ij
 
 with phi(x) = x^p (or |x|, ReLU, sigmoid: the phi keyword). Backends: "cuda" and "cpu" (fused
-kernels in the log domain with a saved log-normaliser: even p, and on the CPU |x| and ReLU, the
-log domain with p = 1) and "reference" (pure PyTorch, every phi); what each accepts is declared
+kernels in the log domain with a saved log-normaliser: even p, |x| and ReLU, the log domain with
+p = 1, and on the CPU sigmoid and odd p, whose signed weights keep a sign beside their
+log-magnitude) and "reference" (pure PyTorch, every phi); what each accepts is declared
 once, in backends.py.
 
 Importing this package loads the compiled extension (extension.py) and registers the fused
@@ -118,8 +119,9 @@ def fourier_attention(
         q: (B, H, N, D) queries; k: (B, H, M, D) keys; v: (B, H, M, Dv) values.
         radius: R, learnable: a scalar, (H, 1) per head, (D,) or (H, D) per feature; or a Python
             number (a fixed R, no gradient).
-        power: p of phi(x) = x^p (phi="power"). Even p: log domain, fused kernels.
-            Odd p: direct normalisation on the reference backend (diverges, as in the paper).
+        power: p of phi(x) = x^p (phi="power"). Even p: log domain, fused kernels. Odd p: signed
+            weights normalised directly, w_ij / (sum_j w_ij + eps) (diverges, as in the paper); the
+            CPU kernels and the reference run it.
         phi: "power", or "abs", "relu", "sigmoid" (the paper's Table 7; power is then ignored).
             "abs": prod_d |sinc|, the log domain with p = 1; "relu": prod_d max(sinc, 0), the same
             with a zero weight (score -inf) wherever a factor's sinc is negative (a row whose

@@ -86,8 +86,8 @@ class FusedBackend:
 
     max_head_dim = _limit("max_head_dim", "Largest D and Dv; None: no limit.")
     min_power = _limit("min_power", "phi(x) = x^p only, p at least this (and a multiple of power_multiple).")
-    power_multiple = _limit("power_multiple", "p must be a multiple of this (2: the log domain drops sinc's sign).")
-    power_rule = _limit("power_rule", 'The rule on p in the extension\'s words: "even p >= 2".')
+    power_multiple = _limit("power_multiple", "p must be a multiple of this (2: even p alone; 1: odd p too, signed weights).")
+    power_rule = _limit("power_rule", 'The rule on p in the extension\'s words: "even p >= 2", "integer p >= 1".')
     phis = _limit("phis", 'The phis it runs: "power" (under power_rule), and where listed "abs", "relu", "sigmoid" (p = 1).')
     seq_len_bound = _limit("seq_len_bound", "N and M must be below this; None: no bound.")
     tiled_backward_max_head_dim = _limit(

@@ -5,8 +5,9 @@
 For non-negative phi the weights are computed in the log domain,
     S_ij = sum_d log phi(sinc(x_ijd)),   out_i = softmax_j(S_ij + mask_ij) V,
 which never underflows and takes additive -inf masks as they are. For phi = x^p
-with odd p the weights change sign, so the reference normalises them directly
-(sum_j w_ij can be ~0, which is why those variants diverge in the paper).
+with odd p the weights change sign, so the reference normalises them directly,
+w_ij exp(mask_ij) / (sum_j w_ij exp(mask_ij) + eps) (sum_j w_ij can be ~0, which is why those
+variants diverge in the paper); a row with no visible key gives 0 for every phi.
 
 Every fused kernel is tested against this file. It materialises (B, H, N, M, D)
 intermediates chunk by chunk, so it is meant for correctness, not speed.
@@ -136,16 +137,24 @@ def masked_softmax(S: torch.Tensor, normaliser_eps: float = 0.0) -> torch.Tensor
 
 
 def _direct_weights(inp: AttentionInputs) -> torch.Tensor:
-    """Signed weights normalised directly (odd powers): w_ij / sum_j w_ij."""
+    """Signed weights normalised directly (odd powers): w_ij / (sum_j w_ij + eps), w_ij the product
+    of the factors times exp(mask_ij) (0 where masked, as the log domain's S_ij + mask_ij); a row
+    with no visible key gives 0, as every phi's does. The products are taken as they are, in the
+    inputs' dtype: they can underflow where the fused kernels' log-magnitudes do not."""
     D = inp.q.shape[-1]
+    mask = additive_mask(inp)
+    hidden = _hidden(inp, mask)
     w = None
     for d0 in range(0, D, _D_CHUNK):
-        part = (_sinc(_scaled_differences(inp, d0, min(D, d0 + _D_CHUNK))) ** inp.power).prod(-1)
+        part = (_sinc(_scaled_differences(inp, d0, min(D, d0 + _D_CHUNK), hidden)) ** inp.power).prod(-1)
         w = part if w is None else w * part
-    mask = additive_mask(inp)
-    if mask is not None:
-        w = w.masked_fill(torch.isinf(mask.expand_as(w)), 0.0)
-    return w / (w.sum(-1, keepdim=True) + inp.normaliser_eps)
+    if mask is None:
+        return w / (w.sum(-1, keepdim=True) + inp.normaliser_eps)
+    masked = (mask == float("-inf")).expand_as(w)
+    w = torch.where(masked, torch.zeros_like(w), w * torch.exp(mask.masked_fill(mask == float("-inf"), 0.0)))
+    total = w.sum(-1, keepdim=True) + inp.normaliser_eps
+    seen = (~masked).any(-1, keepdim=True)
+    return w / torch.where(seen, total, torch.ones_like(total))
 
 
 def dropout_keep_mask(seed: int, shape, dropout_p: float, device) -> torch.Tensor:

@@ -63,15 +63,16 @@ def test_cpu_declaration_agrees_with_the_cpu_op(dtype):
 
 @needs_extension
 def test_cpu_op_takes_exactly_the_declared_phis():
-    """The raw C++ op runs the phis the declaration lists (the others with power 1, "power" with an
-    even p) and refuses the rest, naming the phis it runs."""
+    """The raw C++ op runs the phis the declaration lists (the others with power 1, "power" with a p
+    under its power rule: every integer p >= 1 on the CPU) and refuses the rest, naming the phis it runs."""
     q, k, v, r, _ = inputs()
     radius = r.expand(2, 5).contiguous()
     for phi in ("power", "abs", "relu", "sigmoid"):
-        for power in (1.0, 2.0, 4.0):
+        for power in (1.0, 2.0, 3.0, 4.0):
             run = lambda: torch.ops.fourierformer.fourier_attention_forward(  # noqa: E731
                 q, k, v, radius, power, None, None, False, 0.0, 0, 0.0, None, phi)
-            takes = phi in CPU.phis and ((phi == "power") == (power != 1.0))
+            powered = power >= CPU.min_power and power % CPU.power_multiple == 0
+            takes = phi in CPU.phis and (powered if phi == "power" else power == 1.0)
             if takes:
                 out, _ = run()
                 assert torch.isfinite(out).all(), (phi, power)
@@ -91,7 +92,7 @@ def test_each_reason_alone():
     assert "inputs are on cpu" in cuda_base  # plus, on a machine without CUDA, why it cannot run at all
     assert cuda_base == list(CUDA.not_supported_reasons()) + ["inputs are on cpu"]
     cases = [
-        (CPU, dict(power=3), "power=3"),
+        (CUDA, dict(power=3), "power=3"),
         (CPU, dict(dtype=torch.float16), "the cpu kernel takes torch.float32, torch.float64, got torch.float16"),
         (CPU, dict(attn_mask=torch.zeros(3, 4, requires_grad=True)), "attn_mask requires grad"),
         (CUDA, dict(phi="sigmoid"), "phi='sigmoid'"),
@@ -128,9 +129,15 @@ def test_all_reasons_are_listed_together():
     mask = torch.zeros(3, 4, dtype=torch.float16, requires_grad=True)
     kw = dict(power=3, attn_mask=mask)
     got = reasons(CPU, q, k, v, r, kw)
-    assert len(got) == 3, got
+    assert len(got) == 2, got  # the dtype and the mask (the CPU kernels take p = 3)
     with pytest.raises(ValueError) as e:
         fourier_attention(q, k, v, r, backend="cpu", **kw)
+    for reason in got:
+        assert reason in str(e.value)
+    got = reasons(CUDA, q, k, v, r, kw)  # the CUDA kernels' power rule too
+    assert sum(("power=3" in g) + ("attn_mask requires grad" in g) + ("inputs are on cpu" in g) for g in got) == 3, got
+    with pytest.raises(ValueError) as e:
+        fourier_attention(q, k, v, r, backend="cuda", **kw)
     for reason in got:
         assert reason in str(e.value)
 
@@ -159,8 +166,10 @@ def test_auto_falls_back_to_the_reference_with_one_warning(monkeypatch):
         assert reason in message
     with warnings.catch_warnings(record=True) as caught:  # another reason: a new warning
         warnings.simplefilter("always")
-        fourier_attention(q.float(), k.float(), v.float(), r.float(), power=3)
-    assert len([w for w in caught if "power=3" in str(w.message)]) == 1
+        mask = torch.zeros(3, 4, requires_grad=True)
+        fourier_attention(q.float(), k.float(), v.float(), r.float(), attn_mask=mask)
+        fourier_attention(q.float(), k.float(), v.float(), r.float(), attn_mask=mask)
+    assert len([w for w in caught if "attn_mask requires grad" in str(w.message)]) == 1
 
 
 def test_info_reports_the_declarations():

@@ -4,8 +4,8 @@ Every case is drawn from its own seed: shapes with every remainder of N and M mo
 kernels' lane (16, 8, 4) and row-group (8, 4) widths, head dims up to 128, keys that
 duplicate queries exactly or to 1e-6 or 1e-3, keys next to sinc's zeros (and on them as
 closely as float32 allows), large |R q| (range reduction), powers 2, 4 and 6, phi(x) = |x| and
-ReLU (the log domain with p = 1, ReLU's weight 0 where a factor's sinc is negative; each on every
-fourth pair of seeds), every radius
+ReLU (the log domain with p = 1, ReLU's weight 0 where a factor's sinc is negative) and odd powers
+1, 3 and 5 (signed weights; each on every sixth pair of seeds), every radius
 shape, causal, key padding (fully padded sequences included), finite additive and bool
 masks, positive, negative and mixed-sign radii, and the published normaliser (a null key of
 weight eps, at 0.1, 1 or 10 times the median row's mass). The forward and all four gradients are checked.
