@@ -4,7 +4,7 @@ independent float64 oracle (tests/oracle.py, keyword ``phi``).
 phi(x) = |x| is the log domain with p = 1: S_ij = sum_d log|sinc(R_d (q_id - k_jd))| (the ops take it
 as power 1); ReLU is the same with S_ij = -inf (a zero weight) wherever a factor's sinc is negative,
 so that a row whose every visible key has one gives 0, as a row with every key masked; sigmoid has
-S_ij = sum_d log sigmoid(sinc(R_d (q_id - k_jd))) (the CPU backend only; power 1 as well). Each case checks the forward and the four gradients within oracle.oracle_mismatches'
+S_ij = sum_d log sigmoid(sinc(R_d (q_id - k_jd))) (power 1 as well). Each case checks the forward and the four gradients within oracle.oracle_mismatches'
 bound (4 x the error of a plain float32 implementation of the same formula, plus 16 float32 eps
 of the terms' scale), or within float64_mismatches' 1e-9 of the scale for the float64 kernel:
 every mask kind (bool masks: the one-pass forward; finite additive masks: the log-domain forward),
@@ -33,7 +33,7 @@ CPU_FUSED = not backend_unavailable_reason("cpu")
 pytestmark = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
 
 FUSED_CPU_PHIS = ("abs", "relu", "sigmoid")
-FUSED_CUDA_PHIS = ("abs", "relu")
+FUSED_CUDA_PHIS = ("abs", "relu", "sigmoid")
 MASK_KINDS = ("none", "causal", "padded", "causal_padded", "additive", "bool")
 
 
@@ -104,8 +104,8 @@ def draw(B, H, N, M, D, Dv, seed, std=1.0):
 
 @pytest.mark.parametrize("phi", FUSED_CPU_PHIS)
 def test_phi_declarations_take_it_where_it_runs(phi):
-    """The CPU backend declares every phi here, the CUDA backend |x| and ReLU: a backend gives a reason
-    about phi exactly where it does not run it."""
+    """The CPU backend declares every phi here, the CUDA backend those of FUSED_CUDA_PHIS (|x|, ReLU and
+    sigmoid): a backend gives a reason about phi exactly where it does not run it."""
     assert phi in DECLARATIONS["cpu"].phis and (phi in DECLARATIONS["cuda"].phis) == (phi in FUSED_CUDA_PHIS)
     q = torch.zeros(1, 1, 2, 4)
     from fourierformer_fairseq.ops.inputs import prepare_inputs
