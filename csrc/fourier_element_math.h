@@ -87,10 +87,10 @@ FF_HD double dlog_sinc_taylor(double x, double x2) {
 
 // ---- phi = sigmoid: log sigmoid(y) and sigmoid(-y) at y = sinc x, on sinc's range [-0.2173, 1] ----
 // Polynomials of degree 8 in y, fitted in float64 at Chebyshev points of [-0.2173, 1.0001] (their
-// error there below 2^-22 relative when evaluated in float32): the coefficients of the CPU kernel's
-// log_sigmoid_of_sinc and sigmoid_of_minus_sinc (cpu/sinc_tables.inc). Any float-like T; the CUDA
-// kernels' float32 path and simple float32 kernels evaluate them (float64 takes the formula:
-// log_sigmoid_f64, dlog_sigmoid_sinc_f64).
+// error there below 2^-22 relative when evaluated in float32). Any float-like T: the CPU kernels
+// evaluate them on vectors (log_sigmoid_of_sinc, sigmoid_of_minus_sinc in cpu/sinc_tables.inc), the
+// CUDA kernels' float32 path and simple float32 kernels per element (float64 takes the formula:
+// log_sigmoid_sinc_f64, dlog_sigmoid_sinc_f64).
 template <typename T>
 FF_HD T log_sigmoid_poly(T y) {
   return -0.6931471806375562f +
@@ -115,15 +115,16 @@ FF_HD T sigmoid_minus_poly(T y) {
 }
 
 // float64: log sigmoid(sinc x) = -log(1 + e^-y) with y = sin(x) / x (1 at x = 0; the quotient keeps
-// its relative accuracy down to tiny x in float64), as the CPU's float64 path (cpu/scalar_f64.h).
+// its relative accuracy down to tiny x in float64): the float64 paths of the CPU (cpu/scalar_f64.h)
+// and CUDA.
 FF_HD double log_sigmoid_sinc_f64(double x) {
   const double y = x == 0.0 ? 1.0 : sin(x) / x;
   return -log1p(exp(-y));
 }
 
 // float64: d log sigmoid(sinc x) / dx = sigmoid(-sinc x) sinc'(x), sinc'(x) = (x cos x - sin x) / x^2,
-// or its series below |x| = 0.1 (where the quotient cancels; the next term is below 1e-19 there), as
-// the CPU's float64 path (cpu/scalar_f64.h, ScalarSlice::dlog_sigmoid_sinc).
+// or its series below |x| = 0.1 (where the quotient cancels; the next term is below 1e-19 there): the
+// float64 paths of the CPU (cpu/scalar_f64.h) and CUDA.
 FF_HD double dlog_sigmoid_sinc_f64(double x) {
   const double x2 = x * x;
   const double y = x == 0.0 ? 1.0 : sin(x) / x;

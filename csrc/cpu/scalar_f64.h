@@ -34,18 +34,6 @@ struct ScalarSlice {
 
   int64_t visible_end(int64_t i) const { return causal ? std::min(M, i + (M - N) + 1) : M; }
 
-  // d log sigmoid(sinc x) / dx = sigmoid(-sinc x) sinc'(x), sinc'(x) = (x cos x - sin x) / x^2, or
-  // its series below |x| = 0.1 (where the quotient cancels; the next term is below 1e-19 there).
-  static T dlog_sigmoid_sinc(T x) {
-    const T x2 = x * x;
-    const T y = x == 0 ? T(1) : std::sin(x) / x;
-    const T derivative =
-        std::abs(x) < T(0.1)
-            ? x * (T(-1) / 3 + x2 * (T(1) / 30 + x2 * (T(-1) / 840 + x2 * (T(1) / 45360 + x2 * (T(-1) / 3991680)))))
-            : (x * std::cos(x) - std::sin(x)) / x2;
-    return derivative / (T(1) + std::exp(y));
-  }
-
   // S_ij = p sum_d log|sinc x| + mask (phi's score); with odd_power, *negative gets the sign of the
   // weight (of the product of the sincs).
   T score(int64_t i, int64_t j, bool* negative = nullptr) const {
@@ -59,8 +47,8 @@ struct ScalarSlice {
     for (int64_t d = 0; d < D; ++d) {
       T x = radius[d] * (q[i * D + d] - k[j * D + d]);
       const T sin_x = std::sin(x);
-      if (sigmoid) {  // log sigmoid(y) = -log(1 + e^-y), y = sinc x
-        s -= std::log1p(std::exp(-(x == 0 ? T(1) : sin_x / x)));
+      if (sigmoid) {  // log sigmoid(sinc x) (../fourier_element_math.h)
+        s += (T)log_sigmoid_sinc_f64((double)x);
         continue;
       }
       s += log_abs_sinc_from_sin(x, sin_x);
@@ -165,7 +153,7 @@ struct ScalarSlice {
         for (int64_t d = 0; d < D; ++d) {
           const T diff = q[i * D + d] - k[j * D + d];
           const T x = radius[d] * diff;
-          const T dx = coef * (sigmoid ? dlog_sigmoid_sinc(x) : dlog_sinc_from_sincos(x, std::sin(x), std::cos(x)));
+          const T dx = coef * (sigmoid ? (T)dlog_sigmoid_sinc_f64((double)x) : dlog_sinc_from_sincos(x, std::sin(x), std::cos(x)));
           dq[i * D + d] += radius[d] * dx;
           dk[j * D + d] -= radius[d] * dx;
           dradius[d] += diff * dx;

@@ -17,8 +17,8 @@ of order p * D (a sum of D logs), and the backward needs it to float32 accuracy 
 to 1, which a float32 lse (error ulp(|lse|) / 2) would not give. With ``normaliser_eps`` > 0
 (the published code's ``sum_j w_ij + eps``) ``lse`` stays the log-sum over the real keys and
 ``out`` is scaled by their share sigmoid(lse - log eps); the backward recomputes that share.
-``phi`` is the op's phi where the backend runs it ("power", and "abs" and "relu", on the CPU also
-"sigmoid", with power 1: ops.fused.op_power; csrc/backend_limits.h lists them per backend). ``tables`` (float32, 1-D) are the per-(row, feature) tables that the CUDA kernels of float32,
+``phi`` is the op's phi where the backend runs it ("power", and "abs", "relu" and "sigmoid" with
+power 1: ops.fused.op_power; csrc/backend_limits.h lists them per backend). ``tables`` (float32, 1-D) are the per-(row, feature) tables that the CUDA kernels of float32,
 float16 and bfloat16 build from q, k and radius before they run (csrc/cuda/tables.cuh): the
 autograd below builds them once per step and hands them to both ops, which otherwise build their
 own (FOURIERFORMER_KEEP_TABLES=0: so they do; the tables then need no memory between the forward
