@@ -26,11 +26,11 @@ constexpr double kCudaPowerMultiple = 2.0;
 
 // The phis of the op (fourier_attention's phi, the ops' argument phi) each fused backend runs:
 // "power" with the rule on p above; "abs", phi(x) = |x|, the log domain with p = 1
-// (log |sinc|), and "relu", the same with a zero weight wherever a factor's sinc is negative,
-// both taken with power kUnitPower; on the CPU also "sigmoid", sum_d log sigmoid(sinc) (power
-// kUnitPower). The other phis run on the reference backend.
+// (log |sinc|), "relu", the same with a zero weight wherever a factor's sinc is negative, and
+// "sigmoid", sum_d log sigmoid(sinc), all taken with power kUnitPower. The other phis run on the
+// reference backend.
 constexpr const char* kCpuPhis[] = {"power", "abs", "relu", "sigmoid"};
-constexpr const char* kCudaPhis[] = {"power", "abs", "relu"};
+constexpr const char* kCudaPhis[] = {"power", "abs", "relu", "sigmoid"};
 constexpr double kUnitPower = 1.0;
 
 // Input dtypes, named as torch names them. The CPU kernels are float32 (vectorised) and

@@ -85,6 +85,55 @@ FF_HD double dlog_sinc_taylor(double x, double x2) {
   return x * (-1.0 / 3.0 + x2 * (-1.0 / 45.0 + x2 * (-2.0 / 945.0 + x2 * (-1.0 / 4725.0 + x2 * (-2.0 / 93555.0)))));
 }
 
+// ---- phi = sigmoid: log sigmoid(y) and sigmoid(-y) at y = sinc x, on sinc's range [-0.2173, 1] ----
+// Polynomials of degree 8 in y, fitted in float64 at Chebyshev points of [-0.2173, 1.0001] (their
+// error there below 2^-22 relative when evaluated in float32): the coefficients of the CPU kernel's
+// log_sigmoid_of_sinc and sigmoid_of_minus_sinc (cpu/sinc_tables.inc). Any float-like T; the CUDA
+// kernels' float32 path and simple float32 kernels evaluate them (float64 takes the formula:
+// log_sigmoid_f64, dlog_sigmoid_sinc_f64).
+template <typename T>
+FF_HD T log_sigmoid_poly(T y) {
+  return -0.6931471806375562f +
+         y * (0.500000003836925f +
+              y * (-0.12499999053000288f +
+                   y * (-2.79427248558935e-07f +
+                        y * (0.005208766765036044f +
+                             y * (3.7314403541035727e-06f +
+                                  y * (-0.00036272603101880185f +
+                                       y * (2.2980815199169873e-05f + y * 1.3006955692541957e-05f)))))));
+}
+template <typename T>
+FF_HD T sigmoid_minus_poly(T y) {
+  return 0.49999999994889627f +
+         y * (-0.24999999450740054f +
+              y * (-5.256360602355476e-10f +
+                   y * (0.02083294585066474f +
+                        y * (1.1295121908649523e-06f +
+                             y * (-0.002079275563611863f +
+                                  y * (-2.5966706658339092e-05f +
+                                       y * (0.0002637498748978036f + y * -5.116597418391189e-05f)))))));
+}
+
+// float64: log sigmoid(sinc x) = -log(1 + e^-y) with y = sin(x) / x (1 at x = 0; the quotient keeps
+// its relative accuracy down to tiny x in float64), as the CPU's float64 path (cpu/scalar_f64.h).
+FF_HD double log_sigmoid_sinc_f64(double x) {
+  const double y = x == 0.0 ? 1.0 : sin(x) / x;
+  return -log1p(exp(-y));
+}
+
+// float64: d log sigmoid(sinc x) / dx = sigmoid(-sinc x) sinc'(x), sinc'(x) = (x cos x - sin x) / x^2,
+// or its series below |x| = 0.1 (where the quotient cancels; the next term is below 1e-19 there), as
+// the CPU's float64 path (cpu/scalar_f64.h, ScalarSlice::dlog_sigmoid_sinc).
+FF_HD double dlog_sigmoid_sinc_f64(double x) {
+  const double x2 = x * x;
+  const double y = x == 0.0 ? 1.0 : sin(x) / x;
+  const double derivative =
+      (x < 0.0 ? -x : x) < 0.1
+          ? x * (-1.0 / 3 + x2 * (1.0 / 30 + x2 * (-1.0 / 840 + x2 * (1.0 / 45360 + x2 * (-1.0 / 3991680)))))
+          : (x * cos(x) - sin(x)) / x2;
+  return derivative / (1.0 + exp(y));
+}
+
 // Scalar log|sinc(x)| from a precomputed sin(x); used by the CUDA kernel and the
 // float64 CPU path. Returns -inf exactly where sin(x) == 0 and x != 0.
 FF_HD float ff_log(float x) { return logf(x); }

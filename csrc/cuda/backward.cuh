@@ -65,7 +65,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
       (p.attn_mask && active) ? p.attn_mask + b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row : nullptr;
   const acc_t* kbias = p.key_bias ? p.key_bias + (int64_t)b * M : nullptr;
 
-  // Per d = lane + 32 t, with a_j = p P_ij f_ij dP_ij, b_j = p P_ij, g_j = g(R_d (q_id - k_jd)):
+  // Per d = lane + 32 t, with a_j = p P_ij f_ij dP_ij, b_j = p P_ij, g_j = g(R_d (q_id - k_jd)) (phi_dlog:
+  // the derivative of the call's phi):
   // sum_j a_j g_j, sum_j b_j g_j (dq) and the same times (q_id - k_jd) (dradius).
   acc_t dq_a[kPerLane], dq_b[kPerLane], dr_a[kPerLane], dr_b[kPerLane];
 #pragma unroll
@@ -111,7 +112,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
         const int d = lane + 32 * t;
         if (d < D) {
           const acc_t diff = qrow[d] - Ks[d * kTileStride + jj];
-          const acc_t gj = dlog_sinc(Rs[d] * diff);
+          const acc_t gj = phi_dlog(p, Rs[d] * diff);
           const acc_t gdiff = gj * diff;
           dq_a[t] += aj * gj;
           dq_b[t] += bj * gj;
@@ -259,7 +260,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dkv_kernel(const Params<scala
 #pragma unroll
         for (int t = 0; t < kPerLane; ++t) {
           const int d = lane + 32 * t;
-          if (d < D) dk_acc[t] += ci * dlog_sinc(Rs[d] * (Qs[d * kTileStride + ii] - krow[d]));
+          if (d < D) dk_acc[t] += ci * phi_dlog(p, Rs[d] * (Qs[d * kTileStride + ii] - krow[d]));
         }
       }
     }

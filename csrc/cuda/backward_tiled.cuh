@@ -89,6 +89,10 @@ constexpr int kDeltaSplitMinFeatures = 64;
 FF_HD int delta_pass_split(int64_t blocks, int Dp, int64_t resident, int max_splits) {
   return max_splits >= 2 && Dp >= kDeltaSplitMinFeatures && blocks > 0 && 2 * blocks <= resident ? 2 : 1;
 }
+// The phi of the main pass's instance for a call's phi: with the score cache (`cache`) the scores are
+// the pre-pass's and only the g pass's derivative tells the phis apart, which is log|sinc|'s for
+// ReLU as for the power (where P is not 0): ReLU runs the power's instance there.
+FF_HD constexpr Phi main_pass_phi(Phi phi, bool cache) { return cache && phi == Phi::kRelu ? Phi::kPower : phi; }
 // Features per split: Dp / splits rounded up to whole chunks (the last split takes the rest).
 FF_HD int main_split_features(int Dp, int splits) {
   const int per = (Dp + splits - 1) / splits;
@@ -113,6 +117,26 @@ FF_DEV float dlog_sinc_tables(float q, float t, float t_low, float k, float X, f
 FF_DEV float dlog_sinc_g(float q, float t, float t_low, float k, float X, float Y, float Y_low, float x_per_u) {
   float u;
   return dlog_sinc_tables(q, t, t_low, k, X, Y, Y_low, x_per_u, u);
+}
+
+// phi = sigmoid: d/dx log sigmoid(sinc x) = sigmoid(-sinc x) sinc'(x) of one element from the table
+// fields as sigmoid_sinc_term reads them (cos a staged at t_low's place, forward_tiled.cuh): with
+// r = 1 / x (div.approx), sinc x = s' cos a r and cos x = c' cos a (c' = X + t Y, as g's; the high
+// parts alone, to about 2^-23 absolutely), sinc'(x) = (cos x - sinc x) r; below |x| =
+// kSincTaylorBound sinc's series and sinc' = sinc g with g's (there the difference cancels);
+// sigmoid(-sinc x) by its polynomial (sigmoid_minus_poly). Per element: u, x, x^2, the reciprocal,
+// s' and c' (2), their products (4), the difference, the series (2 + 4), the selects (2), the
+// polynomial (8) and the product.
+FF_DEV float dlog_sigmoid_sinc_tables(float q, float t, float cos_a, float k, float X, float Y, float x_per_u) {
+  const float x = x_per_u * (q - k);
+  const float x2 = x * x;
+  const float r = ff_divide_approx(1.0f, x);  // (used where |x| >= kSincTaylorBound)
+  const float sinc_big = fmaf(t, X, -Y) * cos_a * r;
+  const float derivative_big = (fmaf(t, Y, X) * cos_a - sinc_big) * r;
+  const bool small = x2 < kSincTaylorBound * kSincTaylorBound;
+  const float y = small ? sinc_taylor(x2) : sinc_big;
+  const float derivative = small ? y * dlog_sinc_taylor(x, x2) : derivative_big;
+  return sigmoid_minus_poly(y) * derivative;
 }
 
 // The main pass's dv = P^T dO for value columns up to 4 kO (kO by Dv: MainPassColumns in
@@ -207,8 +231,8 @@ FF_DEV float softmax_weight(float S2, float high, float low) { return ff_exp2_ap
 // half of the thread's rows (tile_scores_impl<2>): twice the warps per block, for the halves'
 // exchange of their products on top of the instructions per element.
 // ---------------------------------------------------------------------------------------
-// kRelu: phi = ReLU (the scores of tile_scores_impl<..., true>).
-template <typename scalar_t, int kSplit, bool kRelu = false>
+// kPhi: the call's phi (Phi; the scores of tile_scores_impl).
+template <typename scalar_t, int kSplit, Phi kPhi = Phi::kPower>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
     backward_delta_tiled_kernel(const Params<scalar_t, float> p) {
   static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
@@ -259,10 +283,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];  // (kSplit 2: rows ii < kRows)
     if constexpr (kSplit == 1) {
-      tile_scores_log2<kRelu>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S);
+      tile_scores_log2<kPhi>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S);
     } else {
       int rare;
-      tile_scores_impl<2, true, kRelu>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);
+      tile_scores_impl<2, true, kPhi>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);
     }
     __syncthreads();  // the score chunks are consumed
     const int64_t bh = ids[0];
@@ -369,13 +393,16 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
 // Main pass: dk, dv, the dq sums (into p.dq_acc) and the keys' share of dradius. Grid:
 // B * H * ceil(M / kFwdKeys) blocks of kFwdThreads (after the pre-pass). Value columns up to
 // 4 kO (kO = 1, 2, 4, 8, 16, 32: the dv tiles of DvTile<kO>); kCache: the scores from
-// p.score_cache (score_cache.h), else computed; kRelu: phi = ReLU (the scores computed here: the
-// cache holds the pre-pass's, so kCache takes kRelu false).
+// p.score_cache (score_cache.h), else computed; kPhi: the call's phi (Phi): the scores computed here
+// (tile_scores_log2) and the g pass's derivative (kSigmoid: dlog_sigmoid_sinc_tables). With the cache
+// the scores are the pre-pass's, so that the phis of one derivative share an instance
+// (main_pass_phi: ReLU takes the power's).
 // ---------------------------------------------------------------------------------------
-template <typename scalar_t, int kO, bool kCache, bool kRelu = false>
+template <typename scalar_t, int kO, bool kCache, Phi kPhi = Phi::kPower>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(const Params<scalar_t, float> p) {
   static_assert(kO == 1 || kO == 2 || kO % 4 == 0, "value columns per thread");
-  static_assert(!(kCache && kRelu), "with the cache the scores are the pre-pass's");
+  static_assert(kPhi == main_pass_phi(kPhi, kCache), "with the cache the scores are the pre-pass's");
+  constexpr bool kSigmoid = kPhi == Phi::kSigmoid;
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv, D = p.D;
   const int ostride = dkv_out_stride(Dv);
@@ -442,8 +469,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
       }
     } else {  // no score cache: the scores again
       const int tid = fresh_thread_index(), warp = tid >> 5, lane = tid & 31;
-      tile_scores_log2<kRelu>(p, (int64_t)ids[0], i0, ids[1], (warp & 1) * 8 + (lane & 7), (warp >> 1) * 4 + (lane >> 3),
-                       region, S);
+      tile_scores_log2<kPhi>(p, (int64_t)ids[0], i0, ids[1], (warp & 1) * 8 + (lane & 7), (warp >> 1) * 4 + (lane >> 3),
+                             region, S);
     }
     __syncthreads();  // the score chunks and the previous tile's partials are consumed
     const int tid = fresh_thread_index();
@@ -620,9 +647,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
             const float* rsrc = trows + (int64_t)(d0 + dd) * N + (i0 + r);
             const float* ksrc = tkeys + (int64_t)(d0 + dd) * M + (j0 + r);
 #pragma unroll
-            for (int f = 0; f < kRowFields; ++f)
+            for (int f = 0; f < kRowFields; ++f)  // (kSigmoid: cos a at t_low's place, sigmoid_row_field)
               *reinterpret_cast<float4*>(Rf + (f * kChunk + dd) * kFwdRows + r) =
-                  row_on ? load4(rsrc + f * rfield) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                  row_on ? (kSigmoid ? sigmoid_row_field4(rsrc, rfield, f) : load4(rsrc + f * rfield))
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int f = 0; f < kKeyFields; ++f) {
               const float pad = pad_key_field(f);
@@ -639,7 +667,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
           // SASS: loop=g_staging_scalar step=kStageStep trips=chunk_dc/kStageStep
           for (int dd = dd0; dd < dc; dd += kStageStep, rsrc += kStageStep * (int64_t)N, ksrc += kStageStep * (int64_t)M) {
 #pragma unroll
-            for (int f = 0; f < kRowFields; ++f) Rf[(f * kChunk + dd) * kFwdRows + r] = row_on ? rsrc[f * rfield] : 0.0f;
+            for (int f = 0; f < kRowFields; ++f)
+              Rf[(f * kChunk + dd) * kFwdRows + r] =
+                  row_on ? (kSigmoid ? sigmoid_row_field(rsrc, rfield, f) : rsrc[f * rfield]) : 0.0f;
 #pragma unroll
             for (int f = 0; f < kKeyFields; ++f)
               Kf[(f * kChunk + dd) * kFwdKeys + r] = key_on ? ksrc[f * kfield] : pad_key_field(f);
@@ -679,7 +709,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
             for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
               for (int jj = 0; jj < kMicro; ++jj) {
-                const float g = dlog_sinc_g(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], xu);
+                const float g = kSigmoid ? dlog_sigmoid_sinc_tables(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], xu)
+                                         : dlog_sinc_g(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], xu);
                 dqp[ii] = fmaf(C[ii][jj], g, dqp[ii]);
                 dkp[jj] = fmaf(C[ii][jj], g, dkp[jj]);
               }

@@ -34,6 +34,15 @@ constexpr int kMaxHeadDim = limits::kCudaMaxHeadDim;  // D and Dv
 constexpr int kPerLane = kMaxHeadDim / 32;  // register accumulators per lane
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// The phi of a call's kernel instances (Params::phi at run time; the float32 path's kernels take it
+// as a template argument, and the launcher picks the instance with with_phi, fourier_attention_launch.h):
+// kPower, p log|sinc| (phi = "power" with its even p, and "abs" with p = 1); kRelu, the same with
+// p = 1 and -inf (a zero weight) where a factor's sinc is negative; kSigmoid, sum_d log sigmoid(sinc x)
+// (p = 1), a sum over the features of values, not a product. A phi added here takes a case in
+// with_phi, its score in tile_scores_impl, forward_decode_kernel and phi_log_score, and its
+// derivative in the main pass's g pass and phi_dlog.
+enum class Phi : uint8_t { kPower = 0, kRelu, kSigmoid };
+
 // Everything the kernels read and write. Tensors are contiguous; q/k/v/out/dout and the
 // gradients of q/k/v have the input dtype, the rest the accumulation type.
 template <typename scalar_t, typename acc_t>
@@ -72,7 +81,8 @@ struct Params {
   int Dp;               // D rounded up to a multiple of kRenormEvery (padding features are flat)
   int B, H, N, M, D, Dv;
   acc_t power;
-  bool relu;  // phi = ReLU (power 1): a key with a factor whose sinc is negative has weight 0
+  bool relu;  // phi == Phi::kRelu, as the rare path (rare_pair_score) takes it
+  Phi phi;    // the call's phi (see Phi; in the byte after relu: the layout of the fields is as without it)
   // power log2(e) as a high and a low part (the float32 path's scores in log2 units:
   // S log2(e) = fma(sum, high, sum * low)), set with power
   float power_log2_high, power_log2_low;
@@ -301,11 +311,60 @@ struct LogSincSum<double> {
   }
 };
 
-// p.power times LogSincSum of the call's phi (p.relu: ReLU's -inf for a negative factor).
+// sum_d log sigmoid(sinc(R_d (a_d - b_d))) (phi = sigmoid), strides as LogSincSum's.
+template <typename acc_t>
+struct LogSigmoidSincSum;
+
+template <>
+struct LogSigmoidSincSum<float> {
+  // sinc x = sin x / x (ff_sincosf), or its series below |x| = kSincTaylorBound (1 at q = k: no
+  // floor and no quotient there); log sigmoid by the polynomial on sinc's range (log_sigmoid_poly).
+  // The terms summed in groups of 8 and the groups into the total (a float sum of D terms of order
+  // 1 then rounds about D / 8 + 8 times, not D times).
+  static FF_DEV float run(const float* a, int as, const float* b, int bs, const float* R, int D) {
+    float sum = 0.0f, group = 0.0f;
+    for (int d = 0; d < D; ++d) {
+      const float x = R[d] * (a[d * as] - b[d * bs]);
+      float y;
+      if (fabsf(x) < kSincTaylorBound) {
+        y = sinc_taylor(x * x);
+      } else {
+        float s, c;
+        ff_sincosf(x, s, c);
+        y = s / x;
+      }
+      group += log_sigmoid_poly(y);
+      if ((d & 7) == 7) {
+        sum += group;
+        group = 0.0f;
+      }
+    }
+    return sum + group;
+  }
+};
+
+template <>
+struct LogSigmoidSincSum<double> {
+  // As the CPU float64 path (log_sigmoid_sinc_f64 per element).
+  static FF_DEV double run(const double* a, int as, const double* b, int bs, const double* R, int D) {
+    double sum = 0.0;
+    for (int d = 0; d < D; ++d) sum += log_sigmoid_sinc_f64(R[d] * (a[d * as] - b[d * bs]));
+    return sum;
+  }
+};
+
+// p.power times the score of the call's phi (p.phi): LogSincSum (kRelu: its -inf for a negative
+// factor), or LogSigmoidSincSum (kSigmoid; p.power is 1 there).
 template <typename P, typename acc_t>
 FF_DEV acc_t phi_log_score(const P& p, const acc_t* a, int as, const acc_t* b, int bs, const acc_t* R, int D) {
-  return p.power * (p.relu ? LogSincSum<acc_t>::template run<true>(a, as, b, bs, R, D)
-                           : LogSincSum<acc_t>::template run<false>(a, as, b, bs, R, D));
+  switch (p.phi) {
+    case Phi::kRelu:
+      return p.power * LogSincSum<acc_t>::template run<true>(a, as, b, bs, R, D);
+    case Phi::kSigmoid:
+      return p.power * LogSigmoidSincSum<acc_t>::run(a, as, b, bs, R, D);
+    default:
+      return p.power * LogSincSum<acc_t>::template run<false>(a, as, b, bs, R, D);
+  }
 }
 
 // g(x) = d/dx log|sinc x| (finite everywhere, 0 at x = 0).
@@ -320,6 +379,32 @@ FF_DEV double dlog_sinc(double x) {
   double s, c;
   sincos(x, &s, &c);
   return dlog_sinc_from_sincos(x, s, c);
+}
+
+// d/dx log sigmoid(sinc x) = sigmoid(-sinc x) sinc'(x) (phi = sigmoid; finite everywhere, 0 at x = 0):
+// sinc'(x) = (cos x - sinc x) / x, or sinc x g(x) with the series of both below |x| =
+// kSincTaylorBound (where the quotient cancels); sigmoid(-y) by its polynomial (sigmoid_minus_poly).
+FF_DEV float dlog_sigmoid_sinc(float x) {
+  const float x2 = x * x;
+  float y, derivative;
+  if (fabsf(x) < kSincTaylorBound) {
+    y = sinc_taylor(x2);
+    derivative = y * dlog_sinc_taylor(x, x2);
+  } else {
+    float s, c;
+    ff_sincosf(x, s, c);
+    y = s / x;
+    derivative = (c - y) / x;
+  }
+  return sigmoid_minus_poly(y) * derivative;
+}
+FF_DEV double dlog_sigmoid_sinc(double x) { return dlog_sigmoid_sinc_f64(x); }
+
+// dS/dx over p of the call's phi at x: g(x) (kPower, kRelu: their weights' log is p log|sinc|
+// where not 0), dlog_sigmoid_sinc (kSigmoid).
+template <typename P, typename acc_t>
+FF_DEV acc_t phi_dlog(const P& p, acc_t x) {
+  return p.phi == Phi::kSigmoid ? dlog_sigmoid_sinc(x) : dlog_sinc(x);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -58,9 +58,11 @@ FF_HD int64_t decode_smem_floats(int Dp, int rows) {
   return (int64_t)kRowFields * Dp * rows + 2 * (int64_t)kDecWarps * rows + (int64_t)rows * kDecKeys;
 }
 
-// kRelu: phi = ReLU (sinc_factor_step<true>, as the tiled forward).
-template <typename scalar_t, int kRows, bool kRelu = false>
+// kPhi: the call's phi (Phi), as the tiled forward's element step and scores (kSigmoid: the sum of
+// sigmoid_sinc_term over the features, the rows' t_low place staged as cos a, x_per_u per feature).
+template <typename scalar_t, int kRows, Phi kPhi = Phi::kPower>
 FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<scalar_t, float> p) {
+  constexpr bool kRelu = kPhi == Phi::kRelu, kSigmoid = kPhi == Phi::kSigmoid;
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv, splits = p.decode_splits;
   float* Rf = reinterpret_cast<float*>(smem_raw);   // (kRowFields, Dp, kRows)
@@ -78,7 +80,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
   // SASS: loop=decode_row_staging step=kDecThreads trips=ceil(kRowFields*Dp*kRows/kDecThreads)
   for (int e = tid; e < kRowFields * Dp * kRows; e += kDecThreads) {
     const int ii = e % kRows, fd = e / kRows;
-    Rf[e] = trows[(int64_t)fd * N + ff_min(ii, N - 1)];
+    if constexpr (kSigmoid)  // (fd = f Dp + d: the feature's field 0 at row d of trows)
+      Rf[e] = sigmoid_row_field(trows + (int64_t)(fd % Dp) * N + ff_min(ii, N - 1), (int64_t)Dp * N, fd / Dp);
+    else
+      Rf[e] = trows[(int64_t)fd * N + ff_min(ii, N - 1)];
   }
   __syncthreads();
 
@@ -92,43 +97,67 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
   for (int ii = 0; ii < kRows; ++ii) expo[ii] = 0;
   FieldWatch watch;
   // kRenormEvery features from d0; the first group's first feature sets num and den
+  // (kSigmoid: num the row's sum, den its group's, as tile_scores_impl; x_per_u of the head)
+  const float* head_x_per_u = kSigmoid ? p.x_per_u + (int64_t)((int)bh % p.H) * Dp : nullptr;
   auto group = [&](int d0, auto first) {
 #pragma unroll
     for (int e = 0; e < kRenormEvery; ++e) {
       const int64_t d = d0 + e;
-      const float k = kf[d * M], X = kf[kfield + d * M], Y = kf[2 * kfield + d * M], Yl = kf[3 * kfield + d * M];
+      const float k = kf[d * M], X = kf[kfield + d * M], Y = kf[2 * kfield + d * M];
+      const float Yl = kSigmoid ? head_x_per_u[d] : kf[3 * kfield + d * M];
       const float* rf = Rf + d * kRows;
 #pragma unroll
       for (int ii = 0; ii < kRows; ++ii) {
-        if (decltype(first)::value && e == 0)
+        if constexpr (kSigmoid) {
+          const float term = sigmoid_sinc_term(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl);
+          den[ii] = e == 0 ? term : den[ii] + term;
+          if (decltype(first)::value && e == 0) num[ii] = 0.0f;
+        } else if (decltype(first)::value && e == 0) {
           first_factor_step<kRelu>(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
-        else
+        } else {
           sinc_factor_step<kRelu>(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
+        }
       }
     }
 #pragma unroll
-    for (int ii = 0; ii < kRows; ++ii) renormalise(num[ii], den[ii], expo[ii], watch);
+    for (int ii = 0; ii < kRows; ++ii) {
+      if constexpr (kSigmoid)
+        num[ii] += den[ii];
+      else
+        renormalise(num[ii], den[ii], expo[ii], watch);
+    }
   };
   group(0, std::true_type{});  // (Dp >= kRenormEvery: padded_features)
   // SASS: loop=decode_features step=kRenormEvery trips=Dp/kRenormEvery-1 elements=kRows*kRenormEvery unit=qkd
   for (int d0 = kRenormEvery; d0 < Dp; d0 += kRenormEvery) group(d0, std::false_type{});
 
   // ---- scores in log2 units, as tile_scores_impl's ----
-  const int flags = score_flags(watch);
-  const float klog = p.key_log[bh * M + ff_min(j, M - 1)];
-  const float power_high = p.power_log2_high, power_low = p.power_log2_low;
+  const int flags = kSigmoid ? 0 : score_flags(watch);  // (kSigmoid: no rare path, see tile_scores_impl)
   float S[kRows];
   bool visible[kRows];
+  if constexpr (kSigmoid) {
+    const float padding = sigmoid_padding_terms(p);
+    const float power_high = p.power_log2_high, power_low = p.power_log2_low;  // (power 1: log2(e))
 #pragma unroll
-  for (int ii = 0; ii < kRows; ++ii) {
-    const int i = ff_min(ii, N - 1);
-    const float e = (float)expo[ii];
-    const float sum = fmaf(e, kLn2High, p.row_log_high[bh * N + i]) +
-                      (fmaf(e, kLn2Low, p.row_log_low[bh * N + i]) +
-                       (log_ratio(fabsf(num[ii]), fabsf(den[ii])) + klog));
-    const float s = kRelu && relu_dead(num[ii]) ? NEG_INF : fmaf(sum, power_high, sum * power_low);
-    visible[ii] = ii < N && j < visible_end(p, ii);
-    S[ii] = visible[ii] ? s : NEG_INF;  // (selected, not branched on)
+    for (int ii = 0; ii < kRows; ++ii) {
+      const float sum = num[ii] - padding;
+      visible[ii] = ii < N && j < visible_end(p, ii);
+      S[ii] = visible[ii] ? fmaf(sum, power_high, sum * power_low) : NEG_INF;
+    }
+  } else {
+    const float klog = p.key_log[bh * M + ff_min(j, M - 1)];
+    const float power_high = p.power_log2_high, power_low = p.power_log2_low;
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii) {
+      const int i = ff_min(ii, N - 1);
+      const float e = (float)expo[ii];
+      const float sum = fmaf(e, kLn2High, p.row_log_high[bh * N + i]) +
+                        (fmaf(e, kLn2Low, p.row_log_low[bh * N + i]) +
+                         (log_ratio(fabsf(num[ii]), fabsf(den[ii])) + klog));
+      const float s = kRelu && relu_dead(num[ii]) ? NEG_INF : fmaf(sum, power_high, sum * power_low);
+      visible[ii] = ii < N && j < visible_end(p, ii);
+      S[ii] = visible[ii] ? s : NEG_INF;  // (selected, not branched on)
+    }
   }
   // SASS: cold=rare_path begin test
   if (flags != 0) {  // the rare path (see forward_tiled.cuh)

@@ -52,6 +52,10 @@
 // Threads with no visible pair (micro_tile_live) skip the chunk loop's products; the report's
 // counts are for full tiles.
 //
+// phi = sigmoid (kPhi, Phi::kSigmoid) sums log sigmoid(sinc x) over the features in place of the
+// products (sigmoid_sinc_term below): the same staging with two places read otherwise, the same
+// chunks and groups, then the pair's sum as its score; no rare path, masks as above.
+//
 // The row constant row_log_i (tables.cuh) is large (of order D) and cancels against the
 // exponents of num / den: it is added as fma(e, ln2_high, row_log_high) first, exact in e
 // (ln2_high has 9 bits), so that S_ij keeps float accuracy relative to |S_ij|.
@@ -248,6 +252,45 @@ FF_DEV float ff_exp2_approx(float x) {
 // s + add log2(e), add (a mask, natural log) split as fma(add, kLog2eHigh, add kLog2eLow).
 FF_DEV float add_log2(float s, float add) { return fmaf(add, kLog2eHigh, fmaf(add, kLog2eLow, s)); }
 
+// ---- phi = sigmoid: a sum over the features of log sigmoid(sinc x), not a product ----
+// Its element reads the tables as the others' do, two places staged otherwise (sigmoid_row_field):
+// the row's t_low place holds cos a (cos_from_tan, tables.cuh) and the key's y_low place the
+// feature's x_per_u. With x = x_per_u u (u = q c - k c), sinc x = s' cos a / x, s' = fma(t_hi, X,
+// -y_hi) from the high parts alone: t_low and y_low move s' cos a (= sin x) by under 2^-23
+// absolutely, however large t, and sigmoid wants sinc to that absolute accuracy (not relative, as
+// log|sinc| does near sinc's zeros). Below |x| = kSincTaylorBound sinc's series in x (1 at q = k:
+// no quotient, no floor, so no rare path); log sigmoid by its polynomial on sinc's range
+// (log_sigmoid_poly). Per element: u, x, x^2, s', s' cos a, the quotient (div.approx), the series
+// (2), the select and the polynomial (8); the terms summed per group of kRenormEvery features,
+// the groups into the pair's sum (den, num in tile_scores_impl).
+FF_DEV float sigmoid_sinc_term(float q, float t, float cos_a, float k, float X, float Y, float x_per_u) {
+  const float x = x_per_u * (q - k);
+  const float x2 = x * x;
+  const float quotient = ff_divide_approx(fmaf(t, X, -Y) * cos_a, x);  // (used where |x| >= kSincTaylorBound)
+  return log_sigmoid_poly(x2 < kSincTaylorBound * kSincTaylorBound ? sinc_taylor(x2) : quotient);
+}
+
+FF_DEV float4 splat4(float x) { return make_float4(x, x, x, x); }
+
+// Row field f of a feature as phi = sigmoid stages it (its t_low place: cos a), one float or four
+// consecutive rows (src: field 0's, fields `field` floats apart).
+FF_DEV float sigmoid_row_field(const float* src, int64_t field, int f) {
+  return f == kRowTanLow ? cos_from_tan(src[kRowTan * field], src[kRowTanLow * field]) : src[f * field];
+}
+FF_DEV float4 sigmoid_row_field4(const float* src, int64_t field, int f) {
+  const float4 v = load4(src + f * field);
+  if (f != kRowTanLow) return v;
+  const float4 t = load4(src + kRowTan * field);
+  return make_float4(cos_from_tan(t.x, v.x), cos_from_tan(t.y, v.y), cos_from_tan(t.z, v.z), cos_from_tan(t.w, v.w));
+}
+
+// What the Dp - D padding features add to a phi = sigmoid score, which subtracts it: each is
+// flat with x_per_u 0 (x = 0, sinc 1), its term log_sigmoid_poly(1).
+template <typename P>
+FF_DEV float sigmoid_padding_terms(const P& p) {
+  return (float)(p.Dp - p.D) * log_sigmoid_poly(1.0f);
+}
+
 // Whether a thread's kMicro x kMicro pairs (queries i0 + ty kMicro + (0 .. kMicro - 1), keys
 // j0 + tx kMicro + (0 .. kMicro - 1)) can hold a visible one: a row before N, a key before the
 // visible end of its last row (M; the causal diagonal). A thread that is not live computes no
@@ -269,10 +312,13 @@ FF_DEV bool micro_tile_live(const P& p, int i0, int j0, int tx, int ty) {
 // kSplit 2: a block of 2 kFwdThreads threads, thread tid and tid + kFwdThreads (same tx, ty) each
 // take half of every chunk's features, then swap products: S[ii][jj] (ii < kMicro / 2) is then
 // that of row ty * kMicro + half * kMicro / 2 + ii, half = threadIdx.x / kFwdThreads.
-template <int kSplit, bool kRareHere, bool kRelu, typename scalar_t>
+// kPhi: the call's phi (Phi). kPhi sigmoid sums terms (sigmoid_sinc_term) where the others multiply
+// factors: num holds a pair's sum, den its group's (no renormalisation, no rare path, see above).
+template <int kSplit, bool kRareHere, Phi kPhi, typename scalar_t>
 FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
                              float* region, float (&S)[kMicro][kMicro], int& rare) {
   static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
+  constexpr bool kRelu = kPhi == Phi::kRelu, kSigmoid = kPhi == Phi::kSigmoid;
   const int N = p.N, M = p.M, Dp = p.Dp;
   const int tid = threadIdx.x & (kFwdThreads - 1);
   const int half = kSplit == 1 ? 0 : (int)threadIdx.x / kFwdThreads;
@@ -289,7 +335,9 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
     for (int jj = 0; jj < kMicro; ++jj) {
-      if (kSplit == 2) {  // (kSplit 1: set by the first feature, first_factor_step)
+      if (kSigmoid) {  // (den: set by each group's first feature)
+        num[ii][jj] = 0.0f;
+      } else if (kSplit == 2) {  // (kSplit 1: set by the first feature, first_factor_step)
         num[ii][jj] = 1.0f;
         den[ii][jj] = 1.0f;
       }
@@ -307,6 +355,8 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   const int sr = wide ? 4 * (tid & 15) : tid & (kFwdRows - 1);
   const int sd0 = wide ? tid >> 4 : tid >> kFwdRowsLog2;
   const int64_t rfield = (int64_t)Dp * N, kfield = (int64_t)Dp * M;
+  // (kSigmoid: the head's x_per_u, staged in the keys' y_low place)
+  const float* head_x_per_u = kSigmoid ? p.x_per_u + (int64_t)((int)bh % p.H) * Dp : nullptr;
   const float* rsrc = p.trows + bh * kRowFields * Dp * N + (int64_t)sd0 * N + ff_min(i0 + sr, wide ? N - 4 : N - 1);
   const float* ksrc = p.tkeys + bh * kKeyFields * Dp * M + (int64_t)sd0 * M + ff_min(j0 + sr, wide ? M - 4 : M - 1);
   constexpr int kGroups = kChunk / kRenormEvery / kSplit;  // renormalisation groups per half and chunk
@@ -327,12 +377,15 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
         if (half == 0) {
 #pragma unroll
           for (int f = 0; f < kRowFields; ++f)
-            *reinterpret_cast<float4*>(rdst + f * kC * kFwdRows) = *reinterpret_cast<const float4*>(rsrc + f * rfield);
+            *reinterpret_cast<float4*>(rdst + f * kC * kFwdRows) =
+                kSigmoid ? sigmoid_row_field4(rsrc, rfield, f) : *reinterpret_cast<const float4*>(rsrc + f * rfield);
         }
         if (kSplit == 1 || half == 1) {
 #pragma unroll
           for (int f = 0; f < kKeyFields; ++f)
-            *reinterpret_cast<float4*>(kdst + f * kC * kFwdKeys) = *reinterpret_cast<const float4*>(ksrc + f * kfield);
+            *reinterpret_cast<float4*>(kdst + f * kC * kFwdKeys) =
+                kSigmoid && f == kKeySinLow ? splat4(head_x_per_u[d0 + sd0])
+                                            : *reinterpret_cast<const float4*>(ksrc + f * kfield);
         }
       }
     // SASS: cold=scalar_staging begin test
@@ -344,9 +397,12 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
           const float* r = rsrc + n * kStageStep * (int64_t)N;
           const float* k = ksrc + n * kStageStep * (int64_t)M;
 #pragma unroll
-          for (int f = 0; f < kRowFields; ++f) Rf[(f * kC + dd) * kFwdRows + sr] = r[f * rfield];
+          for (int f = 0; f < kRowFields; ++f)
+            Rf[(f * kC + dd) * kFwdRows + sr] = kSigmoid ? sigmoid_row_field(r, rfield, f) : r[f * rfield];
 #pragma unroll
-          for (int f = 0; f < kKeyFields; ++f) Kf[(f * kC + dd) * kFwdKeys + sr] = k[f * kfield];
+          for (int f = 0; f < kKeyFields; ++f)
+            Kf[(f * kC + dd) * kFwdKeys + sr] =
+                kSigmoid && f == kKeySinLow ? head_x_per_u[d0 + dd] : k[f * kfield];
         }
       }
       // SASS: cold=scalar_staging end
@@ -374,18 +430,27 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
           for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
             for (int jj = 0; jj < kMicro; ++jj) {
-              if (kFirst && g == 0 && e == 0)
+              if constexpr (kSigmoid) {  // (staged: cos a at t_low's place, x_per_u at y_low's)
+                const float term = sigmoid_sinc_term(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj]);
+                den[ii][jj] = e == 0 ? term : den[ii][jj] + term;
+              } else if (kFirst && g == 0 && e == 0) {
                 first_factor_step<kRelu>(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj],
                                          den[ii][jj]);
-              else
+              } else {
                 sinc_factor_step<kRelu>(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj],
                                         den[ii][jj]);
+              }
             }
         }
 #pragma unroll
         for (int ii = 0; ii < kMicro; ++ii)
 #pragma unroll
-          for (int jj = 0; jj < kMicro; ++jj) renormalise(num[ii][jj], den[ii][jj], expo[ii][jj], watch);
+          for (int jj = 0; jj < kMicro; ++jj) {
+            if constexpr (kSigmoid)
+              num[ii][jj] += den[ii][jj];  // the group's sum into the pair's
+            else
+              renormalise(num[ii][jj], den[ii][jj], expo[ii][jj], watch);
+          }
       }
     }
   };
@@ -404,95 +469,139 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
   // SASS: cold=empty_tile test
   if (kSplit == 1 && !live) return no_scores();
 
-  int flags = score_flags(watch);  // (kSplit 2: both halves', below)
-  // ---- kSplit 2: the halves swap quotients, each keeps kRows of the kMicro rows ----
-  // rn / rd = |num / den| in (1/2, 2), rn and rd in [1, 2) (kSplit 2: the product of the halves'
-  // quotients brought back to [1, 2) with its exponent moved to ex, over 1): log_ratio's range
   constexpr int kRows = kMicro / kSplit;
   const int row0 = ty * kMicro + half * kRows;  // the thread's rows: row0 + (0 .. kRows - 1)
-  float rn[kRows][kMicro], rd[kRows][kMicro];
-  int ex[kRows][kMicro];
-  bool dead[kRows][kMicro];  // (kRelu: a factor's sinc is negative; kSplit 2: in either half)
-  if (kSplit == 1) {
+  int flags;  // ScoreFlags (kSplit 2: both halves')
+  int row_end[kRows];
+  if constexpr (kSigmoid) {
+    // ---- phi = sigmoid: the pair's sum (kSplit 2: the halves swap sums), less the padding's ----
+    float sum[kRows][kMicro];
+    if (kSplit == 1) {
+#pragma unroll
+      for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj) sum[ii][jj] = num[ii][jj];
+    } else {
+      __syncthreads();  // the last chunk is consumed
+      // slot of pair q written by half w, read by the other (as the quotients below)
+      auto slot = [&](int w, int q) { return region + (w * kRows * kMicro + q) * kFwdThreads + tid; };
+#pragma unroll
+      for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj)  // half 0 hands rows kRows.., half 1 rows 0..
+          *slot(half, ii * kMicro + jj) = half == 0 ? num[kRows + ii][jj] : num[ii][jj];
+      __syncthreads();
+#pragma unroll
+      for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj)
+          sum[ii][jj] = (half == 0 ? num[ii][jj] : num[kRows + ii][jj]) + *slot(1 - half, ii * kMicro + jj);
+      // SASS: cold=empty_tile test
+      if (!live) return no_scores();  // (after the exchange's barriers; the partner is not live either)
+    }
+    flags = 0;  // (no products: nothing to leave the float range, and the series at q = k)
+    const float padding = sigmoid_padding_terms(p);
+    const float power_high = p.power_log2_high, power_low = p.power_log2_low;  // (power 1: log2(e))
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii) {
+      const int i = i0 + row0 + ii;
+      row_end[ii] = i < N ? visible_end(p, i) : 0;
+    }
 #pragma unroll
     for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
-        dead[ii][jj] = kRelu && relu_dead(num[ii][jj]);
-        rn[ii][jj] = fabsf(num[ii][jj]);
-        rd[ii][jj] = fabsf(den[ii][jj]);
-        ex[ii][jj] = expo[ii][jj];
+        const float s = sum[ii][jj] - padding;
+        S[ii][jj] = fmaf(s, power_high, s * power_low);
       }
   } else {
-    constexpr int kHanded = kRows * kMicro;  // pairs handed over
-    __syncthreads();  // the last chunk is consumed
-    // slot (field: quotient, exponent; writer half; pair) of thread tid
-    auto slot = [&](int f, int w, int q) { return region + ((f * 2 + w) * kHanded + q) * kFwdThreads + tid; };
+    flags = score_flags(watch);
+    // ---- kSplit 2: the halves swap quotients, each keeps kRows of the kMicro rows ----
+    // rn / rd = |num / den| in (1/2, 2), rn and rd in [1, 2) (kSplit 2: the product of the halves'
+    // quotients brought back to [1, 2) with its exponent moved to ex, over 1): log_ratio's range
+    float rn[kRows][kMicro], rd[kRows][kMicro];
+    int ex[kRows][kMicro];
+    bool dead[kRows][kMicro];  // (kRelu: a factor's sinc is negative; kSplit 2: in either half)
+    if (kSplit == 1) {
 #pragma unroll
-    for (int ii = 0; ii < kRows; ++ii)
+      for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
-      for (int jj = 0; jj < kMicro; ++jj) {  // half 0 hands rows kRows.., half 1 rows 0..
-        const int q = ii * kMicro + jj;
-        const float hn = half == 0 ? num[kRows + ii][jj] : num[ii][jj];
-        const float hd = half == 0 ? den[kRows + ii][jj] : den[ii][jj];
-        const int he = half == 0 ? expo[kRows + ii][jj] : expo[ii][jj];
-        // (kRelu: with hn's sign, relu_dead)
-        const float quotient = fabsf(ff_divide_approx(hn, hd));
-        *slot(0, half, q) = kRelu ? copysignf(quotient, hn) : quotient;
-        *slot(1, half, q) = ff_bits_float(he);
-      }
-    region[4 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(score_flags(watch));
-    __syncthreads();
-    const int other = 1 - half;
+        for (int jj = 0; jj < kMicro; ++jj) {
+          dead[ii][jj] = kRelu && relu_dead(num[ii][jj]);
+          rn[ii][jj] = fabsf(num[ii][jj]);
+          rd[ii][jj] = fabsf(den[ii][jj]);
+          ex[ii][jj] = expo[ii][jj];
+        }
+    } else {
+      constexpr int kHanded = kRows * kMicro;  // pairs handed over
+      __syncthreads();  // the last chunk is consumed
+      // slot (field: quotient, exponent; writer half; pair) of thread tid
+      auto slot = [&](int f, int w, int q) { return region + ((f * 2 + w) * kHanded + q) * kFwdThreads + tid; };
+#pragma unroll
+      for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj) {  // half 0 hands rows kRows.., half 1 rows 0..
+          const int q = ii * kMicro + jj;
+          const float hn = half == 0 ? num[kRows + ii][jj] : num[ii][jj];
+          const float hd = half == 0 ? den[kRows + ii][jj] : den[ii][jj];
+          const int he = half == 0 ? expo[kRows + ii][jj] : expo[ii][jj];
+          // (kRelu: with hn's sign, relu_dead)
+          const float quotient = fabsf(ff_divide_approx(hn, hd));
+          *slot(0, half, q) = kRelu ? copysignf(quotient, hn) : quotient;
+          *slot(1, half, q) = ff_bits_float(he);
+        }
+      region[4 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(score_flags(watch));
+      __syncthreads();
+      const int other = 1 - half;
+#pragma unroll
+      for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj) {
+          const int q = ii * kMicro + jj;
+          const float kn = half == 0 ? num[ii][jj] : num[kRows + ii][jj];
+          const float kd = half == 0 ? den[ii][jj] : den[kRows + ii][jj];
+          const int ke = half == 0 ? expo[ii][jj] : expo[kRows + ii][jj];
+          const float handed = *slot(0, other, q);
+          dead[ii][jj] = kRelu && (relu_dead(kn) || relu_dead(handed));
+          float r = fabsf(ff_divide_approx(kn, kd)) * fabsf(handed);  // in (1/4, 4)
+          const int e = take_exponent(r);                             // r to [1, 2)
+          rn[ii][jj] = r;
+          rd[ii][jj] = 1.0f;
+          ex[ii][jj] = ke + ff_float_bits(*slot(1, other, q)) + e;
+        }
+      flags = score_flags(watch) | ff_float_bits(region[4 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
+      // SASS: cold=empty_tile test
+      if (!live) return no_scores();  // (after the exchange's barriers; the partner is not live either)
+    }
+
+    // ---- scores (what follows is loaded or computed only now: fewer registers live in the loop) ----
+    float log_high[kRows], log_low[kRows], klog[kMicro];
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii) {
+      const int i = i0 + row0 + ii;
+      const bool on = i < N;
+      log_high[ii] = on ? p.row_log_high[bh * N + i] : 0.0f;
+      log_low[ii] = on ? p.row_log_low[bh * N + i] : 0.0f;
+      row_end[ii] = on ? visible_end(p, i) : 0;
+    }
+#pragma unroll
+    for (int jj = 0; jj < kMicro; ++jj) {
+      const int j = j0 + tx * kMicro + jj;
+      klog[jj] = j < M ? p.key_log[bh * M + j] : 0.0f;
+    }
+    // power log2(e) (from the launcher) as a high and a low float: S = fma(sum, high, sum * low)
+    const float power_high = p.power_log2_high, power_low = p.power_log2_low;
 #pragma unroll
     for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
-        const int q = ii * kMicro + jj;
-        const float kn = half == 0 ? num[ii][jj] : num[kRows + ii][jj];
-        const float kd = half == 0 ? den[ii][jj] : den[kRows + ii][jj];
-        const int ke = half == 0 ? expo[ii][jj] : expo[kRows + ii][jj];
-        const float handed = *slot(0, other, q);
-        dead[ii][jj] = kRelu && (relu_dead(kn) || relu_dead(handed));
-        float r = fabsf(ff_divide_approx(kn, kd)) * fabsf(handed);  // in (1/4, 4)
-        const int e = take_exponent(r);                             // r to [1, 2)
-        rn[ii][jj] = r;
-        rd[ii][jj] = 1.0f;
-        ex[ii][jj] = ke + ff_float_bits(*slot(1, other, q)) + e;
+        // (computed for every pair; a key past the end holds the last key's fields, finite)
+        const float e = (float)ex[ii][jj];
+        const float sum = fmaf(e, kLn2High, log_high[ii]) +
+                          (fmaf(e, kLn2Low, log_low[ii]) + (log_ratio(rn[ii][jj], rd[ii][jj]) + klog[jj]));
+        S[ii][jj] = kRelu && dead[ii][jj] ? NEG_INF : fmaf(sum, power_high, sum * power_low);
       }
-    flags = score_flags(watch) | ff_float_bits(region[4 * kHanded * kFwdThreads + other * kFwdThreads + tid]);
-    // SASS: cold=empty_tile test
-    if (!live) return no_scores();  // (after the exchange's barriers; the partner is not live either)
   }
-
-  // ---- scores (what follows is loaded or computed only now: fewer registers live in the loop) ----
-  float log_high[kRows], log_low[kRows], klog[kMicro];
-  int row_end[kRows];
-#pragma unroll
-  for (int ii = 0; ii < kRows; ++ii) {
-    const int i = i0 + row0 + ii;
-    const bool on = i < N;
-    log_high[ii] = on ? p.row_log_high[bh * N + i] : 0.0f;
-    log_low[ii] = on ? p.row_log_low[bh * N + i] : 0.0f;
-    row_end[ii] = on ? visible_end(p, i) : 0;
-  }
-#pragma unroll
-  for (int jj = 0; jj < kMicro; ++jj) {
-    const int j = j0 + tx * kMicro + jj;
-    klog[jj] = j < M ? p.key_log[bh * M + j] : 0.0f;
-  }
-  // power log2(e) (from the launcher) as a high and a low float: S = fma(sum, high, sum * low)
-  const float power_high = p.power_log2_high, power_low = p.power_log2_low;
-#pragma unroll
-  for (int ii = 0; ii < kRows; ++ii)
-#pragma unroll
-    for (int jj = 0; jj < kMicro; ++jj) {
-      // (computed for every pair; a key past the end holds the last key's fields, finite)
-      const float e = (float)ex[ii][jj];
-      const float sum = fmaf(e, kLn2High, log_high[ii]) +
-                        (fmaf(e, kLn2Low, log_low[ii]) + (log_ratio(rn[ii][jj], rd[ii][jj]) + klog[jj]));
-      S[ii][jj] = kRelu && dead[ii][jj] ? NEG_INF : fmaf(sum, power_high, sum * power_low);
-    }
   {  // keys a row does not see: -inf (a thread-uniform test: the thread's keys all visible to all
      // its rows, as in every tile but the causal diagonal's and the last, needs no select)
     int first_end = row_end[0];
@@ -550,11 +659,11 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 
 // Scores of a tile times log2(e) (see tile_scores_impl), rare path and masks included: the
 // backward's (P = 2^(S log2(e) - lse log2(e)), the forward's roundings).
-template <bool kRelu, typename scalar_t>
+template <Phi kPhi, typename scalar_t>
 FF_DEV void tile_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
                              float* region, float (&S)[kMicro][kMicro]) {
   int rare;  // (0: the rare path is done here)
-  tile_scores_impl<1, true, kRelu>(p, bh, i0, j0, tx, ty, region, S, rare);
+  tile_scores_impl<1, true, kPhi>(p, bh, i0, j0, tx, ty, region, S, rare);
 }
 
 // The forward's rare path: after the scores of the tile are in St (row stride kScoreStride),
@@ -590,8 +699,8 @@ FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
   // SASS: cold=rare_scores end
 }
 
-// kRelu: phi = ReLU (sinc_factor_step<true>).
-template <typename scalar_t, int kO, bool kRelu = false>
+// kPhi: the call's phi (Phi; tile_scores_impl).
+template <typename scalar_t, int kO, Phi kPhi = Phi::kPower>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 ? 2 : 1)
     forward_tiled_kernel(const Params<scalar_t, float> p) {
   static_assert(kO % 4 == 0, "value columns per thread: whole float4");
@@ -653,7 +762,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
     int rare;  // ScoreFlags
-    tile_scores_impl<kSplit, false, kRelu>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);  // log2 units
+    tile_scores_impl<kSplit, false, kPhi>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);  // log2 units
     const int64_t bh = ids[0];
     const int i0 = ids[1];
     const int row0 = ty * kMicro + (tid / kFwdThreads) * (kMicro / kSplit);  // the rows of S

@@ -32,6 +32,10 @@
 //   backward.cuh        dq (warp per query: P_ij, dP_ij, Delta_i from its own P; lanes over d:
 //                       dq_id and dradius) and dk/dv (warp per key).
 //
+// Every path runs each phi of the ops the CUDA backend declares (limits::kCudaPhis): the float32
+// path's kernels by instance (template argument Phi, common.cuh; phi = sigmoid's sum of log
+// sigmoid(sinc x) per element: forward_tiled.cuh), the simple kernels by Params::phi.
+//
 // The element math (Taylor branches, clamps, dropout hash) is the one of
 // ../fourier_element_math.h. float32 needs two things of its own (common.cuh), so that the
 // results do not depend on how sinf / logf are compiled (--use_fast_math, which a build may add,

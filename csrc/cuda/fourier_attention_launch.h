@@ -43,7 +43,7 @@ inline int64_t grid_blocks(const AttentionShape& sh, int64_t rows, int64_t rows_
 template <typename scalar_t, typename acc_t>
 Params<scalar_t, acc_t> make_params(const AttentionShape& sh, const at::Tensor& q, const at::Tensor& k,
                                     const at::Tensor& v, const at::Tensor& radius, const at::Tensor& mask,
-                                    const at::Tensor& key_bias, double power, bool relu, bool causal,
+                                    const at::Tensor& key_bias, double power, Phi phi, bool causal,
                                     double dropout_p, int64_t seed) {
   Params<scalar_t, acc_t> p{};
   p.q = q.data_ptr<scalar_t>();
@@ -66,7 +66,8 @@ Params<scalar_t, acc_t> make_params(const AttentionShape& sh, const at::Tensor& 
   p.D = (int)sh.D;
   p.Dv = (int)sh.Dv;
   p.power = (acc_t)power;
-  p.relu = relu;
+  p.phi = phi;
+  p.relu = phi == Phi::kRelu;
   {
     const double pw = (double)(float)power * 1.44269504088896340736;
     p.power_log2_high = (float)pw;
@@ -217,14 +218,27 @@ at::Tensor tables_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at:
   return tables;
 }
 
-// f(std::integral_constant<bool, relu>): the float32 path's kernel instances by phi (kRelu: phi =
-// ReLU; "power" and "abs" take the same instances, with p.power).
+// The kernels' Phi of the op's phi ("power" and "abs" take the same instances, with p.power).
+inline Phi kernel_phi(c10::string_view phi) {
+  if (phi == "relu") return Phi::kRelu;
+  if (phi == "sigmoid") return Phi::kSigmoid;
+  return Phi::kPower;
+}
+
+// f(std::integral_constant<Phi, phi>): the float32 path's kernel instances by phi (a Phi added takes
+// its case here).
 template <typename F>
-void with_relu(bool relu, F&& f) {
-  if (relu)
-    f(std::true_type{});
-  else
-    f(std::false_type{});
+void with_phi(Phi phi, F&& f) {
+  switch (phi) {
+    case Phi::kRelu:
+      f(std::integral_constant<Phi, Phi::kRelu>{});
+      break;
+    case Phi::kSigmoid:
+      f(std::integral_constant<Phi, Phi::kSigmoid>{});
+      break;
+    default:
+      f(std::integral_constant<Phi, Phi::kPower>{});
+  }
 }
 
 // The decoding forward (forward_decode.cuh): the key chunks' partials, then their merge. p's tables
@@ -242,8 +256,8 @@ void launch_decode(const AttentionShape& sh, Params<scalar_t, float>& p, const a
   p.decode_splits = (int)splits;
   const size_t smem = sizeof(float) * decode_smem_floats(p.Dp, DecodeRows::of(sh.N));
   DecodeRows::dispatch(sh.N, [&](auto kRows) {  // (tile_switch.h)
-    with_relu(p.relu, [&](auto kRelu) {
-      launch(forward_decode_kernel<scalar_t, decltype(kRows)::value, decltype(kRelu)::value>, blocks, kDecThreads,
+    with_phi(p.phi, [&](auto kPhi) {
+      launch(forward_decode_kernel<scalar_t, decltype(kRows)::value, decltype(kPhi)::value>, blocks, kDecThreads,
              smem, p);
     });
   });
@@ -274,8 +288,8 @@ void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const 
     const int64_t blocks = grid_blocks(sh, sh.N, kFwdRows);
     const int threads = forward_threads(p.Dv);
     ForwardColumns::dispatch(p.Dv, [&](auto kO) {  // (tile_switch.h)
-      with_relu(p.relu, [&](auto kRelu) {
-        launch(forward_tiled_kernel<scalar_t, decltype(kO)::value, decltype(kRelu)::value>, blocks, threads, smem, p);
+      with_phi(p.phi, [&](auto kPhi) {
+        launch(forward_tiled_kernel<scalar_t, decltype(kO)::value, decltype(kPhi)::value>, blocks, threads, smem, p);
       });
     });
   }
@@ -291,7 +305,7 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
                                                 c10::string_view phi = "power") {
   PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, "forward");
-  const bool relu = phi == "relu";
+  const Phi kphi = kernel_phi(phi);
   const AttentionShape& sh = in.sh;
   at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(sh, in.dtype));
   at::Tensor nan_rows;  // (see scores_all_finite)
@@ -309,7 +323,7 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_forward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     Params<scalar_t, acc_t> p = make_params<scalar_t, acc_t>(sh, in.q, in.k, in.v, in.radius, in.mask,
-                                                             in.key_bias, power, relu, causal, dropout_p, seed);
+                                                             in.key_bias, power, kphi, causal, dropout_p, seed);
     p.out = out.data_ptr<scalar_t>();
     p.lse = lse.data_ptr<double>();
     launch_forward(sh, p, in.q.options(), launch, tables);
@@ -355,9 +369,10 @@ void launch_main_tiled(const AttentionShape& sh, Params<scalar_t, float> p, cons
   p.main_splits = (p.Dp + p.split_features - 1) / p.split_features;
   const int64_t blocks = tiles * p.main_splits;
   MainPassColumns::dispatch(p.Dv, [&](auto kO) {
-    // (with the cache the scores are the pre-pass's: one instance for every phi)
-    with_relu(!kCache && p.relu, [&](auto kRelu) {
-      launch(backward_main_tiled_kernel<scalar_t, decltype(kO)::value, kCache, decltype(kRelu)::value && !kCache>,
+    // (with the cache the scores are the pre-pass's: main_pass_phi)
+    with_phi(main_pass_phi(p.phi, kCache), [&](auto kPhi) {
+      launch(backward_main_tiled_kernel<scalar_t, decltype(kO)::value, kCache,
+                                        main_pass_phi(decltype(kPhi)::value, kCache)>,
              blocks, kFwdThreads, smem, p);
     });
   });
@@ -398,12 +413,12 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
         score_cache = at::empty({cache_bytes / (int64_t)sizeof(float)}, options.dtype(at::kFloat));
         p.score_cache = score_cache.data_ptr<float>();
       }
-      with_relu(p.relu, [&](auto kRelu) {
-        constexpr bool relu = decltype(kRelu)::value;
+      with_phi(p.phi, [&](auto kPhi) {
+        constexpr Phi phi = decltype(kPhi)::value;
         if (sh.N > 0 && delta_split == 2)
-          launch(backward_delta_tiled_kernel<scalar_t, 2, relu>, row_blocks, 2 * kFwdThreads, delta_split_smem, p);
+          launch(backward_delta_tiled_kernel<scalar_t, 2, phi>, row_blocks, 2 * kFwdThreads, delta_split_smem, p);
         else if (sh.N > 0)
-          launch(backward_delta_tiled_kernel<scalar_t, 1, relu>, row_blocks, kFwdThreads, delta_smem, p);
+          launch(backward_delta_tiled_kernel<scalar_t, 1, phi>, row_blocks, kFwdThreads, delta_smem, p);
       });
       if (sh.M > 0) {  // with N = 0 this writes zero dk and dv
         if (p.score_cache)
@@ -433,7 +448,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const Launcher& launch, c10::string_view phi = "power") {
   PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, "backward");
-  const bool relu = phi == "relu";
+  const Phi kphi = kernel_phi(phi);
   at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(in.sh, in.dtype));
   const double log_eps = null_key_log_eps(normaliser_eps);
   const AttentionShape& sh = in.sh;
@@ -468,7 +483,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_backward_cuda", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       Params<scalar_t, acc_t> p = make_params<scalar_t, acc_t>(sh, in.q, in.k, in.v, in.radius, in.mask,
-                                                               in.key_bias, power, relu, causal, dropout_p, seed);
+                                                               in.key_bias, power, kphi, causal, dropout_p, seed);
       p.dout = dout.data_ptr<scalar_t>();
       p.lse_in = lse.data_ptr<double>();
       p.delta = delta.data_ptr<acc_t>();

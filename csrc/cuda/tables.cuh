@@ -31,6 +31,12 @@
 // The backward gets cos(x) from the same tables: cos(x) / cos(a) = (X + t Y) / rho, so
 // cot x = (X + t Y) / s' (no table of cos a at all).
 //
+// phi = sigmoid sums log sigmoid(sinc x) over the features, which needs sinc x itself, not a ratio
+// whose row and key constants drop out of a product: sin x = s' cos(a) / rho and x = u x_per_u, with
+// cos a from the row's t (its sign in t_lo's sign bit, cos_from_tan) and rho taken as 1 (within
+// 2^-24). The tables stay the same for every phi (fourier_attention_tables takes none): the kernels of
+// phi = sigmoid stage cos a in place of t_lo as they read the rows (forward_tiled.cuh).
+//
 // table_kernel: kTableSlots (8) threads per row, each a slot of the features (d = slot + 8 n),
 // a float64 sincos per (row, feature); the divisions by cos as a reciprocal (float estimate and
 // two Newton steps); a query row's constant from the products of the |cos| and of the m = |R| / c
@@ -109,6 +115,22 @@ FF_DEV void split_tan_signed(double t, bool negative_cos, float& t_hi, float& t_
   t_lo = (float)rest;
   if (t_lo == 0.0f) t_lo = negative_cos ? -0.0f : 0.0f;
 }
+
+// 1 / sqrt(x) (rsqrtf: the hardware's reciprocal square root, within 2 ulp).
+FF_DEV float ff_rsqrt(float x) {
+#if defined(FF_HOST_EMULATION)
+  return 1.0f / sqrtf(x);
+#else
+  return rsqrtf(x);
+#endif
+}
+
+// cos a of a row's feature from its tables (phi = sigmoid, which needs sin x itself, see above): the
+// sign of cos a (t_lo's sign bit, split_tan_signed) over sqrt(1 + t_hi^2), to a few ulps (t_hi is
+// tan a to half an ulp or one; |t_hi| < 1e17, so that 1 + t_hi^2 stays finite). A flat or padding
+// feature's t_hi is no tangent: its value is meaningless and unused (phi = sigmoid takes the series
+// there, x being tiny or 0).
+FF_DEV float cos_from_tan(float t_hi, float t_lo) { return copysignf(ff_rsqrt(fmaf(t_hi, t_hi, 1.0f)), t_lo); }
 
 // One thread per (row, feature slot): a block takes kTableRows consecutive rows of the
 // (batch, head) slices (rows first, then keys, per slice; lane = row, so that the table writes

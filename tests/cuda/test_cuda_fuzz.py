@@ -17,6 +17,10 @@ Bounds, per tensor of (out, dq, dk, dv, dradius):
   normal number, so eps * tiny is the spacing of the subnormals, where float16 gradients of
   duplicate keys land).
 - float64: within 1e-9 scale of the oracle (as the CPU float64 kernel).
+
+phi = sigmoid: the fuzz's draws (tests/fuzz_cases.py, shared with the CPU fuzz) give it to no case, so
+every fourth case runs again with phi = sigmoid in place of its own (sigmoid_case), within the same
+bounds, with and without the score cache and on split grids too.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import torch
 
 from oracle import (EPS32, NAMES, PLAIN_FACTOR, SCALE_FACTOR, UNDERFLOW, float64_mismatches, oracle_mismatches,  # noqa: E402
                     lse_mismatches, oracle_gradient_scales, oracle_gradients, plain_gradients)
-from fuzz_cases import case_classes, op_forward_args  # noqa: E402
+from fuzz_cases import case_classes, median_row_mass, op_forward_args  # noqa: E402
 from fuzz_cases import draw_case as draw_any_case  # noqa: E402
 
 from fourierformer_fairseq.ops import DECLARATIONS, backend_unavailable_reason, fourier_attention  # noqa: E402
@@ -45,6 +49,25 @@ def draw_case(seed):
     if phi not in CUDA_PHIS:
         pytest.skip(f"phi={phi!r}: the CUDA kernels run {CUDA_PHIS}")
     return draw_any_case(seed)
+# every fourth fuzz case again with phi = sigmoid (sigmoid_case)
+SIGMOID_SEEDS = range(0, N_CASES, 4)
+
+
+def sigmoid_case(seed):
+    """Fuzz case `seed` with phi = sigmoid (power 1) in place of its own phi; the null key's eps taken
+    anew from sigmoid's median row mass, as draw_case takes it for the case's own phi."""
+    case = draw_any_case(seed)
+    kwargs = {k: v for k, v in case["kwargs"].items() if k not in ("phi", "normaliser_eps")}
+    kwargs.update(phi="sigmoid", power=1)
+    eps_factor = case_classes(seed)[4]
+    if eps_factor:
+        kwargs["normaliser_eps"] = eps_factor * median_row_mass(case["q"], case["k"], case["radius"], kwargs)
+    oracle_kwargs = {k: v for k, v in kwargs.items() if k != "dropout_p"}
+    if "dropout_scale" in case["oracle_kwargs"]:
+        oracle_kwargs["dropout_scale"] = case["oracle_kwargs"]["dropout_scale"]
+    return dict(case, kwargs=kwargs, oracle_kwargs=oracle_kwargs, label=case["label"] + " with phi=sigmoid")
+
+
 # Where the tests run: on CPU, tests/cuda/test_cuda_harness_on_cpu.py runs some of them through the
 # CPU kernels, so that a mistake of the harness shows without a GPU.
 DEVICE, BACKEND = "cuda", "cuda"
@@ -151,6 +174,38 @@ def test_cuda_fuzz_float64_against_oracle(seed):
     case = {**case, **{n: case[n].double() for n in ("q", "k", "v", "radius", "grad_out")}}
     bad = float64_mismatches(cuda_gradients(case, torch.float64), *_args(case), **case["oracle_kwargs"])
     assert not bad, case["label"] + "\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("seed", SIGMOID_SEEDS)
+def test_cuda_fuzz_sigmoid_float32_against_oracle(seed):
+    case = _rounded(sigmoid_case(seed), torch.float32)
+    _within_oracle(case, cuda_gradients(case, torch.float32))
+
+
+@pytest.mark.parametrize("seed", range(0, N_CASES, 20))
+def test_cuda_fuzz_sigmoid_float64_against_oracle(seed):
+    case = sigmoid_case(seed)
+    case = {**case, **{n: case[n].double() for n in ("q", "k", "v", "radius", "grad_out")}}
+    bad = float64_mismatches(cuda_gradients(case, torch.float64), *_args(case), **case["oracle_kwargs"])
+    assert not bad, case["label"] + "\n" + "\n".join(bad)
+
+
+def test_cuda_sigmoid_score_cache_and_grid_splits(monkeypatch):
+    """phi = sigmoid's own instances of the tiled backward's main pass (with the score cache too: its
+    g pass takes sigmoid's derivative) and of its two-half pre-pass: the first four sigmoid cases
+    with and without the score cache, and the first three with D >= 64 split and whole, within the
+    oracle's bound and alike as in the tests above."""
+    for seed in list(SIGMOID_SEEDS)[:4]:
+        case = _rounded(sigmoid_case(seed), torch.float32)
+        cached, recomputed = _both_ways(monkeypatch, case, "FOURIERFORMER_SCORE_CACHE_MB", "0")
+        _assert_alike(case, cached, recomputed, 1e-6, "with and without the cache")
+    monkeypatch.delenv("FOURIERFORMER_SCORE_CACHE_MB", raising=False)
+    seeds = [s for s in SIGMOID_SEEDS if draw_any_case(s)["q"].shape[-1] >= 64][:3]
+    assert seeds, "no sigmoid case with head dim 64 or more"
+    for seed in seeds:
+        case = _rounded(sigmoid_case(seed), torch.float32)
+        split, whole = _both_ways(monkeypatch, case, "FOURIERFORMER_GRID_SPLITS", "1")
+        _assert_alike(case, split, whole, 1e-5, "with the grid split (two-half pre-pass)")
 
 
 def test_cuda_score_cache_on_and_off_agree(monkeypatch):

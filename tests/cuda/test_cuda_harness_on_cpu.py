@@ -46,6 +46,28 @@ def test_float64_fuzz_harness(seed):
     harness.test_cuda_fuzz_float64_against_oracle(seed)
 
 
+@pytest.mark.parametrize("seed", [s for s in SEEDS if s in harness.SIGMOID_SEEDS])
+def test_sigmoid_fuzz_harness(seed):
+    harness.test_cuda_fuzz_sigmoid_float32_against_oracle(seed)
+
+
+def test_sigmoid_case_is_sigmoid_and_its_own_null_key():
+    """sigmoid_case gives the op and the oracle phi = sigmoid with power 1, its dropout the case's,
+    and a null key's eps of sigmoid's row mass (so that a case whose own phi is a power gets another)."""
+    for seed in harness.SIGMOID_SEEDS[:6]:
+        case, own = harness.sigmoid_case(seed), draw_case(seed)
+        for kw in (case["kwargs"], case["oracle_kwargs"]):
+            assert kw["phi"] == "sigmoid" and kw["power"] == 1
+        assert ("dropout_p" in case["kwargs"]) == ("dropout_p" in own["kwargs"])
+        assert ("dropout_scale" in case["oracle_kwargs"]) == ("dropout_scale" in own["oracle_kwargs"])
+        if own["kwargs"].get("normaliser_eps"):
+            assert case["kwargs"]["normaliser_eps"] != own["kwargs"]["normaliser_eps"]
+
+
+def test_sigmoid_score_cache_and_grid_splits_harness(monkeypatch):
+    harness.test_cuda_sigmoid_score_cache_and_grid_splits(monkeypatch)
+
+
 def test_dropout_case_draws_the_oracles_mask():
     """The harness seeds the op's dropout as the oracle's factors assume: the gradients of a
     dropout case differ from those of another seed's draw (so the check above could fail)."""

@@ -95,7 +95,6 @@ def test_each_reason_alone():
         (CUDA, dict(power=3), "power=3"),
         (CPU, dict(dtype=torch.float16), "the cpu kernel takes torch.float32, torch.float64, got torch.float16"),
         (CPU, dict(attn_mask=torch.zeros(3, 4, requires_grad=True)), "attn_mask requires grad"),
-        (CUDA, dict(phi="sigmoid"), "phi='sigmoid'"),
         (CUDA, dict(D=CUDA.max_head_dim + 1), f"head dims up to {CUDA.max_head_dim}, got D = {CUDA.max_head_dim + 1}"),
         (CUDA, dict(Dv=CUDA.max_head_dim + 1), f"Dv = {CUDA.max_head_dim + 1}"),
     ]

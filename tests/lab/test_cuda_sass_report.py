@@ -424,15 +424,27 @@ def test_the_instances_are_the_launchers_choices_at_each_head_dim(host_info):
         assert ("delta2" in templates) == (sizes["Dp"] >= c["kDeltaSplitMinFeatures"])
         without = {i.kind: i.template for i in build.launcher_instances(c, sizes, score_cache=False)}
         assert without["main"] == f"backward_main_tiled_kernel<float, {main}, false>" and "delta2" not in without
-        # phi = ReLU: its kRelu instance of each kernel that computes scores (with_relu), the same main
-        # pass where it reads the pre-pass's scores
-        relu = {i.kind: i.template for i in build.launcher_instances(c, sizes, relu=True)}
-        assert relu["forward"] == f"forward_tiled_kernel<float, {fwd}, true>"
-        assert relu["delta"] == "backward_delta_tiled_kernel<float, 1, true>"
+        # phi = ReLU: its Phi::kRelu instance of each kernel that computes scores (with_phi), the
+        # power's main pass where it reads the pre-pass's scores (main_pass_phi)
+        relu = {i.kind: i.template for i in build.launcher_instances(c, sizes, phi="relu")}
+        assert relu["forward"] == f"forward_tiled_kernel<float, {fwd}, Phi::kRelu>"
+        assert relu["delta"] == "backward_delta_tiled_kernel<float, 1, Phi::kRelu>"
         assert relu["main"] == templates["main"]
-        assert relu["decode"] == f"forward_decode_kernel<float, {c['decode_rows_most']}, true>"
-        relu_without = {i.kind: i.template for i in build.launcher_instances(c, sizes, score_cache=False, relu=True)}
-        assert relu_without["main"] == f"backward_main_tiled_kernel<float, {main}, false, true>"
+        assert relu["decode"] == f"forward_decode_kernel<float, {c['decode_rows_most']}, Phi::kRelu>"
+        relu_without = {i.kind: i.template for i in build.launcher_instances(c, sizes, score_cache=False, phi="relu")}
+        assert relu_without["main"] == f"backward_main_tiled_kernel<float, {main}, false, Phi::kRelu>"
+        # phi = sigmoid: its Phi::kSigmoid instance of every kernel that computes scores, and of the
+        # main pass with the score cache too (its g pass takes sigmoid's derivative)
+        sigmoid = {i.kind: i.template for i in build.launcher_instances(c, sizes, phi="sigmoid")}
+        assert sigmoid["forward"] == f"forward_tiled_kernel<float, {fwd}, Phi::kSigmoid>"
+        assert sigmoid["delta"] == "backward_delta_tiled_kernel<float, 1, Phi::kSigmoid>"
+        assert sigmoid["main"] == f"backward_main_tiled_kernel<float, {main}, true, Phi::kSigmoid>"
+        assert sigmoid["decode"] == f"forward_decode_kernel<float, {c['decode_rows_most']}, Phi::kSigmoid>"
+        assert ("delta2" in sigmoid) == ("delta2" in templates)
+        sigmoid_without = {i.kind: i.template
+                           for i in build.launcher_instances(c, sizes, score_cache=False, phi="sigmoid")}
+        assert sigmoid_without["main"] == f"backward_main_tiled_kernel<float, {main}, false, Phi::kSigmoid>"
+        assert {i.kind for i in build.launcher_instances(c, sizes, phi="sigmoid")} == set(templates)
 
 
 def test_the_report_keeps_no_copy_of_the_launchers_choices():

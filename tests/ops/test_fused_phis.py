@@ -4,7 +4,7 @@ independent float64 oracle (tests/oracle.py, keyword ``phi``).
 phi(x) = |x| is the log domain with p = 1: S_ij = sum_d log|sinc(R_d (q_id - k_jd))| (the ops take it
 as power 1); ReLU is the same with S_ij = -inf (a zero weight) wherever a factor's sinc is negative,
 so that a row whose every visible key has one gives 0, as a row with every key masked; sigmoid has
-S_ij = sum_d log sigmoid(sinc(R_d (q_id - k_jd))) (the CPU backend only; power 1 as well); x and x^3
+S_ij = sum_d log sigmoid(sinc(R_d (q_id - k_jd))) (power 1 as well); x and x^3
 (phi "power" with p 1 and 3, the CPU backend only) have signed weights prod_d sinc^p, normalised by
 their signed sum plus eps, also where that sum is near 0 (the bound then grows with the plain
 float32 implementation's error, which the cancellation amplifies as it does the kernels'). Each case checks the forward and the four gradients within oracle.oracle_mismatches'
@@ -38,7 +38,7 @@ CPU_FUSED = not backend_unavailable_reason("cpu")
 pytestmark = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
 
 FUSED_CPU_PHIS = ("abs", "relu", "sigmoid")
-FUSED_CUDA_PHIS = ("abs", "relu")
+FUSED_CUDA_PHIS = ("abs", "relu", "sigmoid")
 # phi(x) = x^p with odd p (phi "power"): signed weights, normalised directly (the CPU kernels)
 ODD_POWERS = {"x": 1, "x^3": 3}
 CPU_CASES = FUSED_CPU_PHIS + tuple(ODD_POWERS)
@@ -117,8 +117,8 @@ def draw(B, H, N, M, D, Dv, seed, std=1.0):
 
 @pytest.mark.parametrize("phi", FUSED_CPU_PHIS)
 def test_phi_declarations_take_it_where_it_runs(phi):
-    """The CPU backend declares every phi here, the CUDA backend |x| and ReLU: a backend gives a reason
-    about phi exactly where it does not run it."""
+    """The CPU backend declares every phi here, the CUDA backend those of FUSED_CUDA_PHIS (|x|, ReLU and
+    sigmoid): a backend gives a reason about phi exactly where it does not run it."""
     assert phi in DECLARATIONS["cpu"].phis and (phi in DECLARATIONS["cuda"].phis) == (phi in FUSED_CUDA_PHIS)
     q = torch.zeros(1, 1, 2, 4)
     from fourierformer_fairseq.ops.inputs import prepare_inputs

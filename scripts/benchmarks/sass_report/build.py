@@ -187,30 +187,37 @@ class Instance:
     grid_rows: str = ""  # rows per block of the grid: rows of the slice / this
 
 
-def launcher_instances(c, sizes, score_cache=True, relu=False):
+# The template argument of each phi's kernel instances (csrc/cuda/common.cuh: Phi; "abs" runs the
+# power's instances with p = 1), and which the launcher's main pass takes with the score cache, where
+# its scores are the pre-pass's (main_pass_phi in backward_tiled.cuh: ReLU the power's).
+PHIS = {"power": "", "relu": ", Phi::kRelu", "sigmoid": ", Phi::kSigmoid"}
+CACHED_MAIN_PASS_PHI = {"power": "power", "relu": "power", "sigmoid": "sigmoid"}
+
+
+def launcher_instances(c, sizes, score_cache=True, phi="power"):
     """The float32 kernels launch_forward and launch_backward (fourier_attention_launch.h) run at a head
     dim D = Dv, with the template arguments the launcher's choices give there (tile_switch.h, through
     the host program: c its constants and choices, sizes those of the head dim). With score_cache the
-    backward's main pass reads the pre-pass's scores; without it, it computes them again. With relu,
-    the instances of phi = ReLU (with_relu: kRelu true where a kernel computes scores; the main pass
-    that reads the pre-pass's scores is the same for every phi)."""
+    backward's main pass reads the pre-pass's scores; without it, it computes them again. phi: the
+    instances of that phi (with_phi: its Phi where a kernel computes scores or, the main pass, takes
+    their derivative; with the score cache the main pass of CACHED_MAIN_PASS_PHI[phi])."""
     Dp = sizes["Dp"]
-    phi = ", true" if relu else ""  # (the kRelu template argument; false is its default)
+    arg = PHIS[phi]  # (the kPhi template argument; Phi::kPower is its default)
     out = [Instance("tables", "table_kernel<float>", {}, "kTableThreads", "table_smem_floats")]
     kO = sizes["fwd_columns"]
-    out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}{phi}>", {"kO": kO}, "fwd_threads",
+    out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}{arg}>", {"kO": kO}, "fwd_threads",
                         "fwd_smem_floats", "kFwdRows"))
     if sizes["tiled_backward"]:
-        out.append(Instance("delta", f"backward_delta_tiled_kernel<float, 1{phi}>", {"kSplit": 1}, "kFwdThreads",
+        out.append(Instance("delta", f"backward_delta_tiled_kernel<float, 1{arg}>", {"kSplit": 1}, "kFwdThreads",
                             "delta_smem_floats", "kFwdRows"))
         if Dp >= c["kDeltaSplitMinFeatures"] and score_cache:
             # where the grid is small (delta_pass_split; with the score cache only): the pre-pass
             # in two halves (not in the totals but the small-grid backward's)
-            out.append(Instance("delta2", f"backward_delta_tiled_kernel<float, 2{phi}>", {"kSplit": 2}, "delta2_threads",
+            out.append(Instance("delta2", f"backward_delta_tiled_kernel<float, 2{arg}>", {"kSplit": 2}, "delta2_threads",
                                 "delta2_smem_floats", "kFwdRows"))
         kOk = sizes["main_columns"]
         cache = "true" if score_cache else "false"  # (the pre-pass's scores read, or computed again)
-        main_phi = phi if not score_cache else ""
+        main_phi = PHIS[CACHED_MAIN_PASS_PHI[phi]] if score_cache else arg
         out.append(Instance("main", f"backward_main_tiled_kernel<float, {kOk}, {cache}{main_phi}>", {"kO": kOk},
                             "kFwdThreads", "main_smem_floats", "kFwdKeys"))
         out.append(Instance("finish", "backward_dq_finish_kernel<float>", {}, "kFwdThreads",
@@ -224,7 +231,7 @@ def launcher_instances(c, sizes, score_cache=True, relu=False):
     # merge of its chunks (N: the rows counted; kRows: the register rows of the instance)
     for which, n in (("one", 1), ("most", c["kDecodeMaxRows"])):
         rows = c[f"decode_rows_{which}"]
-        out.append(Instance("decode", f"forward_decode_kernel<float, {rows}{phi}>", {"kRows": rows, "N": n},
+        out.append(Instance("decode", f"forward_decode_kernel<float, {rows}{arg}>", {"kRows": rows, "N": n},
                             "kDecThreads", f"decode_{which}_smem_floats", "kDecKeys"))
         out.append(Instance("combine", "forward_combine_kernel<float>", {"kRows": rows, "N": n}, "kCombineThreads",
                             None))

@@ -12,8 +12,8 @@ import time
 
 from . import build
 from .annotations import LOOPS, REGIONS, UNITS, AnnotationError, Sources, missing_annotations
-from .build import (ARCH, ROOT, Builder, ToolMissing, find_tool, launcher_instances, progress, run, setup_nvcc_flags,
-                    tool_version)
+from .build import (ARCH, PHIS, ROOT, Builder, ToolMissing, find_tool, launcher_instances, progress, run,
+                    setup_nvcc_flags, tool_version)
 from .count import analyse, whole_per_element
 from .disassembly import parse_nvdisasm
 from .occupancy import SM90, launch_bounds, occupancy, parse_ptxas, parse_res_usage
@@ -28,10 +28,11 @@ def main(argv=None):
     ap.add_argument("--no-score-cache", action="store_true",
                     help="count the backward's main pass without the pre-pass's score cache (it computes the "
                          "scores again, as where B H N M floats exceed kScoreCacheBytes)")
-    ap.add_argument("--phi", choices=("power", "relu"), default="power",
-                    help="the kernels' instances for this phi: power (also abs: the same instances, p = 1) or relu "
-                         "(its kRelu instances: the forward, the pre-pass, the main pass without the score cache "
-                         "and the decoding forward)")
+    ap.add_argument("--phi", choices=tuple(PHIS), default="power",
+                    help="the kernels' instances for this phi: power (also abs: the same instances, p = 1), relu "
+                         "(its Phi::kRelu instances: the forward, the pre-pass, the main pass without the score "
+                         "cache and the decoding forward) or sigmoid (its Phi::kSigmoid instances, the main pass "
+                         "with the score cache too: its g pass takes sigmoid's derivative)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (.cu, ptxas logs, SASS) and print it")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fourierformer-sass-cache"),
                     help="cubin cache (default: %(default)s)")
@@ -56,7 +57,7 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="fourierformer-sass-")
     try:
         report = build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, args.cache_dir, work, args.keep,
-                              score_cache=not args.no_score_cache, relu=args.phi == "relu")
+                              score_cache=not args.no_score_cache, phi=args.phi)
     except AnnotationError as e:
         print(f"cuda_sass_report: {e}", file=sys.stderr)
         return 1
@@ -80,7 +81,7 @@ def main(argv=None):
 
 
 def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir, work, keep, score_cache=True,
-                 relu=False):
+                 phi="power"):
     b = Builder(cache_dir, work, nvcc, flags)
     nvdisasm_version = tool_version(nvdisasm)
     progress(f"nvcc {b.nvcc_version} ({nvcc}), nvdisasm {nvdisasm_version}, flags {' '.join(flags)}, "
@@ -98,12 +99,12 @@ def build_report(head_dims, shapes, nvcc, nvdisasm, cuobjdump, flags, cache_dir,
         warnings.append(f"no annotation in the headers for the region {ident} ({REGIONS[ident]['why']}): "
                         f"counted as run")
     report = dict(date=time.strftime("%Y-%m-%d"), arch=ARCH, nvcc=b.nvcc_version, nvdisasm=nvdisasm_version,
-                  nvcc_flags=flags, phi="relu" if relu else "power",
+                  nvcc_flags=flags, phi=phi,
                   headers_sha256=b.hash, constants=c, head_dims={}, warnings=warnings)
     done = {}
     for hd in head_dims:
         sizes = info["sizes"][str(hd)]
-        insts = launcher_instances(c, sizes, score_cache, relu)
+        insts = launcher_instances(c, sizes, score_cache, phi)
         rows = []
         for inst in insts:
             if inst.template not in done:

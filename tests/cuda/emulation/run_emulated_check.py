@@ -9,7 +9,8 @@ as plain C++ (FF_HOST_EMULATION, with the emulator of csrc/cuda/emulation/; ever
 an OS thread, barriers and shuffles are real, shared memory starts as NaN) with the installed
 torch, in a throw-away module that registers those kernels as the CPU implementation of the
 fourierformer ops. Checks forward,
-backward, masks, causal, dropout and fully masked rows against
+backward, masks, causal, dropout and fully masked rows, for every phi the CUDA kernels run (the
+powers, |x|, ReLU, sigmoid), against
 fourierformer_fairseq.ops.fourier_attention_reference in float64, the decoding forward (few query
 rows, keys split over blocks) against tests/oracle.py at decoding shapes, negative, zero and tiny
 radii of every shape and non-finite inputs against tests/oracle.py, and the float32 sin/cos.
@@ -222,7 +223,7 @@ def op_args(case, power, dropout_p, seed, normaliser_eps=0.0, phi="power"):
 
 
 def op_power(phi, power):
-    """The op's power for phi: the call's for "power", 1 for |x| and ReLU (the ops take no other)."""
+    """The op's power for phi: the call's for "power", 1 for |x|, ReLU and sigmoid (the ops take no other)."""
     return float(power) if phi == "power" else 1.0
 
 
@@ -296,12 +297,12 @@ def check_smem_limit(f32):
     print("  ok  99 KiB per block: Dv 160 runs the simple forward kernel")
 
 
-def backward_two_ways(case, env, value, dout_seed, also):
-    """The float32 backward of `case` (power 4, causal, its key padding as a key bias, dropout
-    0.2) with the environment variable `env` unset and then set to `value`, `also()` run while
-    it is set; the two (dq, dk, dv, dradius)."""
+def backward_two_ways(case, env, value, dout_seed, also, phi="power"):
+    """The float32 backward of `case` (power 4, or phi's power, causal, its key padding as a key bias,
+    dropout 0.2) with the environment variable `env` unset and then set to `value`, `also()` run
+    while it is set; the two (dq, dk, dv, dradius)."""
     assert case["causal"] and case["attn_mask"] is None
-    args = op_args(case, 4, 0.2, 5)
+    args = op_args(case, 4, 0.2, 5, 0.0, phi)
     out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(dout_seed))
 
@@ -349,6 +350,46 @@ def check_relu_kills(f32):
     bound = f32["atol"] + f32["rtol"] * outs["abs"].abs().max().item()
     assert moved > 100 * bound, f"ReLU and |x| agree within {moved:.1e}: the ReLU cases check no sign"
     print(f"  ok  ReLU's zero weights move out by {moved:.1e} from |x|'s (the bound: {bound:.1e})")
+
+
+def check_sigmoid_paths(f32):
+    """phi = sigmoid's own instances of the tiled backward: the main pass with the pre-pass's score
+    cache (its g pass takes sigmoid's derivative: another instance than the power's) and without it
+    (it computes the scores: FF_EMU_SCORE_CACHE_BYTES=0), both against the reference and the two
+    alike as in check_score_cache (M = 70: the last 4 keys of a row straddle its end); on a small grid
+    (D 100: the pre-pass in two halves, which swap sums, and four main-pass splits; D 40: two splits,
+    dk and dv bit for bit) and on the whole one; and the simple float32 forward where the GPU allows
+    99 KiB per block (Dv 160)."""
+    case = make_case(2, 1, 69, 70, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
+    cached, recomputed = backward_two_ways(
+        case, "FF_EMU_SCORE_CACHE_BYTES", "0", 11,
+        lambda: run_case("f32 sigmoid causal kpm dropout, no score cache", case, 1, 0.2, phi="sigmoid", **f32),
+        phi="sigmoid")
+    run_case("f32 sigmoid causal kpm dropout, score cache", case, 1, 0.2, phi="sigmoid", **f32)
+    for name, a, b in zip(("dq", "dk", "dv", "dradius"), cached, recomputed):
+        err = (a - b).abs().max().item()
+        same = err <= 1e-6 * max(1.0, b.abs().max().item()) if name in ("dq", "dradius") else torch.equal(a, b)
+        assert same, f"sigmoid, score cache: {name} differs by {err:.3e}"
+    for D, Dv, N, M, same in ((40, 40, 37, 70, True), (100, 12, 37, 70, False)):
+        case = make_case(2, 1, N, M, D, Dv, torch.float32, causal=True, kpm=True, scale=0.4, seed=D)
+        label = f"f32 sigmoid D{D} Dv{Dv} N{N} M{M} causal kpm dropout"
+        split, whole = backward_two_ways(case, "FF_EMU_SM_COUNT", "1", 12,
+                                         lambda: run_case(label + ", whole", case, 1, 0.2, phi="sigmoid", **f32),
+                                         phi="sigmoid")
+        run_case(label + ", split", case, 1, 0.2, phi="sigmoid", **f32)
+        for name, a, b in zip(("dq", "dk", "dv", "dradius"), split, whole):
+            err = (a - b).abs().max().item()
+            rel = 1e-6 if same else 1e-5
+            ok = torch.equal(a, b) if same and name in ("dk", "dv") else err <= rel * max(1.0, b.abs().max().item())
+            assert ok, f"sigmoid, grid splits: {name} differs by {err:.3e} (D {D}, Dv {Dv})"
+    case = make_case(1, 1, 9, 40, 64, 160, torch.float32, scale=0.3)
+    args = op_args(case, 1, 0.0, 0, 0.0, "sigmoid")
+    unlimited = torch.ops.fourierformer.fourier_attention_forward(*args)[0]
+    with environment("FF_EMU_SMEM_OPTIN", "101376"):
+        limited = torch.ops.fourierformer.fourier_attention_forward(*args)[0]
+        run_case("f32 sigmoid D64 Dv160 at 99 KiB per block", case, 1, 0.0, phi="sigmoid", **f32)
+    assert not torch.equal(unlimited, limited), "the 99 KiB limit did not change sigmoid's forward kernel"
+    print("  ok  sigmoid: score cache and recomputed scores, split and whole agree; the simple forward at 99 KiB")
 
 
 def check_score_cache_budget():
@@ -427,17 +468,20 @@ def check_block_order():
     (summed over blocks by atomics) to float rounding. float32 with the backward split on a small
     grid (D 100: the pre-pass in halves, four main-pass splits; D 40: two), several query and key
     tiles with remainders, causal, key padding, dropout; float64 (the simple kernels); the decoding
-    forward (several key chunks)."""
+    forward (several key chunks); phi = sigmoid's float32 instances."""
     cases = (("f32 D100 Dv12 N37 M70", make_case(2, 1, 37, 70, 100, 12, torch.float32, causal=True, kpm=True,
                                                 scale=0.4, seed=100), 0.2),
+             # phi = sigmoid's instances: the pre-pass's halves swap sums, the main pass's splits
+             ("f32 sigmoid D100 Dv12 N37 M70", make_case(2, 1, 37, 70, 100, 12, torch.float32, causal=True, kpm=True,
+                                                        scale=0.4, seed=101), 0.2, "sigmoid"),
              ("f32 D40 Dv20 N65 M130", make_case(1, 2, 65, 130, 40, 20, torch.float32, causal=True, kpm=True,
                                                  scale=0.5, seed=40), 0.0),
              ("f64 D59 Dv33 N37 M45", make_case(1, 2, 37, 45, 59, 33, torch.float64, mask="random"), 0.3),
              # the decoding forward: partials of three key chunks per slice, merged by a second kernel
              ("f32 decoding D16 Dv12 N5 M130", make_case(2, 2, 5, 130, 16, 12, torch.float32, causal=True, kpm=True,
                                                          scale=0.5, seed=5), 0.2))
-    for label, case, dropout_p in cases:
-        args = op_args(case, 4, dropout_p, 5)
+    for label, case, dropout_p, *phi in cases:
+        args = op_args(case, 4, dropout_p, 5, 0.0, *phi)
         B, H, N, _ = case["q"].shape
         dout = torch.randn(B, H, N, case["v"].shape[-1], generator=torch.Generator().manual_seed(9),
                            dtype=args[3].dtype)
@@ -458,22 +502,24 @@ def check_shared_tables():
     """fourier_attention_tables built once and passed to the forward and the backward (as the
     autograd does on a GPU) gives what they give building their own, bit for bit, in float32,
     float16 and bfloat16, with a key padding mask, causal and dropout; the tables' size is
-    _C.cuda_table_floats's formula's; float64 gets none; tables of other inputs are refused."""
-    for dtype, D, Dv in ((torch.float32, 12, 7), (torch.float16, 16, 16), (torch.bfloat16, 40, 20)):
+    _C.cuda_table_floats's formula's; float64 gets none; tables of other inputs are refused. phi = sigmoid
+    reads the same tables (they take no phi), staged otherwise (cos a at t_low's place)."""
+    for dtype, D, Dv, phi in ((torch.float32, 12, 7, "power"), (torch.float16, 16, 16, "power"),
+                              (torch.bfloat16, 40, 20, "power"), (torch.float32, 12, 7, "sigmoid")):
         case = make_case(2, 3, 21, 37, D, Dv, dtype, causal=True, kpm=True, scale=0.7, seed=3)
         q, k, v, radius = case["q"], case["k"], case["v"], case["radius"].float()
         key_bias = torch.zeros(case["key_padding"].shape).masked_fill(case["key_padding"], float("-inf"))
-        args = (q, k, v, radius, 4.0, None, key_bias, True, 0.1, 9, 0.0)
+        args = (q, k, v, radius, op_power(phi, 4), None, key_bias, True, 0.1, 9, 0.0)
         tables = torch.ops.fourierformer.fourier_attention_tables(q, k, radius)
         B, H, N, _ = q.shape
         M, Dp = k.shape[2], -(-D // 8) * 8
         assert tables.dtype == torch.float32 and tables.numel() == B * H * (3 * Dp * N + 4 * Dp * M + 2 * N + M) + H * Dp
-        out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
-        out_t, lse_t = torch.ops.fourierformer.fourier_attention_forward(*args, tables)
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(*args, None, phi)
+        out_t, lse_t = torch.ops.fourierformer.fourier_attention_forward(*args, tables, phi)
         assert torch.equal(out, out_t) and torch.equal(lse, lse_t), f"{dtype}: the forward with given tables differs"
         dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-        grads = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:])
-        grads_t = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:], tables)
+        grads = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:], None, phi)
+        grads_t = torch.ops.fourierformer.fourier_attention_backward(dout, *args[:4], out, lse, *args[4:], tables, phi)
         for name, a, b in zip(("dq", "dk", "dv", "dradius"), grads, grads_t):
             # (dq and dradius: float atomics, whose order may differ between two runs: as in
             # check_score_cache)
@@ -482,14 +528,14 @@ def check_shared_tables():
             assert same, f"{dtype}: the backward's {name} with given tables differs by {err:.3e}"
         other = torch.ops.fourierformer.fourier_attention_tables(q[:, :, :-1], k, radius)
         try:
-            torch.ops.fourierformer.fourier_attention_forward(*args, other)
+            torch.ops.fourierformer.fourier_attention_forward(*args, other, phi)
         except RuntimeError as e:
             assert "fourier_attention_tables(q, k, radius)" in str(e), e
         else:
             raise AssertionError("the forward took the tables of other inputs")
     q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
     assert torch.ops.fourierformer.fourier_attention_tables(q, q, torch.ones(2, 4, dtype=torch.float64)).numel() == 0
-    print("  ok  tables built once: forward and backward as with their own (f32, f16, bf16); others refused")
+    print("  ok  tables built once: forward and backward as with their own (f32, f16, bf16; f32 sigmoid); others refused")
     check_misaligned_tables()
 
 
@@ -542,12 +588,22 @@ DECODING_CASES = [
     # |x| and ReLU (the ReLU instances; exact duplicates: the rare path decides ReLU's sign there)
     (2, 2, 3, 65, 16, 7, torch.float32, dict(kpm=True, phi="abs")),
     (1, 2, 5, 130, 32, 16, torch.float32, dict(duplicates=True, causal=True, phi="relu")),
+    # sigmoid (its instances at every register-row count; exact duplicates: the series at q = k)
+    (2, 2, 1, 1, 16, 16, torch.float32, dict(phi="sigmoid")),
+    (2, 2, 2, 64, 64, 64, torch.float32, dict(causal=True, phi="sigmoid")),
+    (2, 1, 4, 130, 64, 33, torch.float32, dict(mask="random", phi="sigmoid")),
+    (1, 2, 5, 300, 128, 100, torch.float32, dict(mask="float", causal=True, phi="sigmoid")),
+    (2, 2, 8, 200, 16, 16, torch.float32, dict(mask="full_row", phi="sigmoid")),
+    (2, 1, 6, 129, 64, 20, torch.float32, dict(kpm=True, normaliser_eps=1e-3, phi="sigmoid")),
+    (1, 1, 7, 300, 16, 16, torch.float32, dict(duplicates=True, causal=True, phi="sigmoid")),
 ]
 DECODING_CASES_FULL = [  # (not --quick: as the tiled kernels' float16 and bfloat16 cases)
     (2, 2, 1, 130, 64, 64, torch.float16, dict(kpm=True)),
     (1, 2, 5, 70, 16, 16, torch.bfloat16, dict(mask="random", causal=True)),
     (2, 2, 8, 300, 128, 128, torch.float32, dict(causal=True, kpm=True, normaliser_eps=1e-6)),
     (1, 2, 4, 70, 16, 16, torch.bfloat16, dict(mask="random", phi="relu")),
+    (2, 2, 1, 130, 64, 64, torch.float16, dict(kpm=True, phi="sigmoid")),
+    (1, 2, 5, 70, 16, 16, torch.bfloat16, dict(mask="random", causal=True, phi="sigmoid")),
 ]
 # float16 and bfloat16: the inputs rounded to them are the oracle's too; out within the tiled cases'
 # tolerances (run_cases: the result's rounding to the dtype)
@@ -616,6 +672,12 @@ def check_decoding(quick):
     run_case("f32 decoding relu N3 M130 causal kpm dropout", make_case(2, 1, 3, 130, 16, 12, torch.float32,
                                                                        causal=True, kpm=True, scale=0.5, seed=9),
              4, 0.2, phi="relu", **f32)
+    run_case("f32 decoding sigmoid N3 M130 causal kpm dropout", make_case(2, 1, 3, 130, 16, 12, torch.float32,
+                                                                          causal=True, kpm=True, scale=0.5, seed=10),
+             1, 0.2, phi="sigmoid", **f32)
+    run_case("f32 decoding sigmoid N8 M70 D64 null key mask", make_case(1, 2, 8, 70, 64, 9, torch.float32,
+                                                                        mask="random", scale=0.5, seed=11),
+             1, 0.0, normaliser_eps=1e-4, phi="sigmoid", **f32)
 
 
 def check_empty_shapes():
@@ -667,9 +729,9 @@ def fuzz_case(seed):
         kpm = torch.rand(B, M, generator=g) < 0.3
         kpm[-1, : M // 2] = True
         kwargs["key_padding_mask"] = kpm
-    # phi drawn last (the draws above are those of the cases before |x| and ReLU): half the cases
-    # |x| or ReLU, with the op's power 1
-    phi = pick(("power", "power", "abs", "relu"))
+    # phi drawn last (the draws above are those of the cases before the other phis): a quarter of the
+    # cases each of the power, sigmoid, |x| and ReLU (the others with the op's power 1)
+    phi = pick(("power", "sigmoid", "abs", "relu"))
     if phi != "power":
         kwargs.update(phi=phi, power=1)
     label = (f"fuzz {seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} p={kwargs['power']} phi={phi} "
@@ -731,14 +793,16 @@ def special_cases():
     k = torch.randn(1, 2, 7, 64, generator=g) * 3
     cases.append(("null key takes every row N5 M7 D64", q, k, torch.randn(1, 2, 7, 3, generator=g), torch.tensor(10.0),
                   dict(power=4, normaliser_eps=1e-6)))
-    # |x| and ReLU (power 1) on the cases above where the sign of a factor is hardest to read: the
-    # cases' inputs again (copies of their tensors), ReLU's weight 0 for a key with a negative factor
-    relu_of = {"negative and zero radius": "relu", "tile remainders N65 M130 duplicates causal": "relu",
-               "float4 staging N64 M68 D32 duplicates": "relu", "rows at tan's poles (product overflow)": "relu",
-               "huge angles R=100": "abs", "null key eps 1e-9 causal N9 M70": "abs"}
+    # |x| and ReLU (power 1) on the cases above where the sign of a factor is hardest to read, ReLU's
+    # weight 0 for a key with a negative factor; sigmoid (power 1) on every one of them (duplicates:
+    # its series at q = k; tan's poles: cos a from a t of order 2^24; huge angles; the null key): the
+    # cases' inputs again (copies of their tensors)
+    other_phis = {"negative and zero radius": ("relu",), "tile remainders N65 M130 duplicates causal": ("relu",),
+                  "float4 staging N64 M68 D32 duplicates": ("relu",),
+                  "rows at tan's poles (product overflow)": ("relu",), "huge angles R=100": ("abs",),
+                  "null key eps 1e-9 causal N9 M70": ("abs",)}
     for label, q, k, v, radius, kwargs in list(cases):
-        if label in relu_of:
-            phi = relu_of[label]
+        for phi in other_phis.get(label, ()) + ("sigmoid",):
             cases.append((f"{phi}: {label}", q.clone(), k.clone(), v.clone(), radius.clone(),
                           dict(kwargs, power=1, phi=phi)))
     return cases
@@ -751,17 +815,21 @@ def special_cases():
 # float64 oracle's exactly, the finite entries within a loose bound.
 NONFINITE_ROWS = (1, 5, 9, 70)  # (70: more than one block of rows, and of keys; float32 only: the
 # float64 kernels take every row alike, and are slow to emulate)
+NONFINITE_SIGMOID_ROWS = (5, 70)  # phi = sigmoid: the decoding forward and the tiled kernels
 
 
-def nonfinite_mismatches(where, N, causal, dtype):
-    """What differs between the emulated op and the oracle on nonfinite_case (empty: nothing)."""
+def nonfinite_mismatches(where, N, causal, dtype, phi="power"):
+    """What differs between the emulated op and the oracle on nonfinite_case (empty: nothing), with
+    phi (another than the power: power 1)."""
     q, k, v, radius, grad_out, kwargs = nonfinite_case(where, N, causal)
+    if phi != "power":
+        kwargs = dict(kwargs, power=1, phi=phi)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     kpm = kwargs.get("key_padding_mask")
     key_bias = None if kpm is None else torch.zeros(kpm.shape, dtype=acc).masked_fill(kpm, float("-inf"))
     mask = kwargs.get("attn_mask")
-    args = (q.to(dtype), k.to(dtype), v.to(dtype), radius.to(acc), 2.0, None if mask is None else mask.reshape(1, 1, *mask.shape).to(acc),
-            key_bias, causal, 0.0, 0, 0.0)
+    args = (q.to(dtype), k.to(dtype), v.to(dtype), radius.to(acc), float(kwargs["power"]),
+            None if mask is None else mask.reshape(1, 1, *mask.shape).to(acc), key_bias, causal, 0.0, 0, 0.0, None, phi)
     out, _, dq, dk, dv, dr = forward_backward(args, grad_out.to(dtype))
     expected = oracle_gradients(q, k, v, radius, grad_out, **kwargs)
     bad = []
@@ -786,13 +854,41 @@ def nonfinite_mismatches(where, N, causal, dtype):
     return bad
 
 
+def radius_mismatches(q, k, v, dout, r, shape, kwargs, label):
+    """check_radii's case at radius r of `shape`, float32 and float64: what breaks the bound."""
+    H, D = q.shape[1], q.shape[3]
+    power, causal, phi = float(kwargs["power"]), kwargs.get("causal", False), kwargs.get("phi", "power")
+    failures = []
+    for dtype in (torch.float32, torch.float64):
+        table = r.reshape(-1, 1 if shape in ((), (H, 1)) else D).expand(H, D).to(dtype).contiguous()
+        args = [t.to(dtype) for t in (q, k, v)]
+        out, lse = torch.ops.fourierformer.fourier_attention_forward(*args, table, power, None, None, causal,
+                                                                     0.0, 0, 0.0, None, phi)
+        dq, dk, dv, dtable = torch.ops.fourierformer.fourier_attention_backward(
+            dout.to(dtype), *args, table, out, lse, power, None, None, causal, 0.0, 0, 0.0, None, phi)
+        dr = dtable.sum() if shape == () else (dtable.sum(1, keepdim=True) if shape == (H, 1) else
+                                                (dtable.sum(0) if shape == (D,) else dtable))
+        ours = (out, dq, dk, dv, dr)
+        if dtype == torch.float32:
+            bad = oracle_mismatches(ours, q, k, v, r, dout, series=True, **kwargs)
+        else:
+            exact = oracle_gradients(q, k, v, r, dout, **kwargs)
+            scales = oracle_gradient_scales(q, k, v, r, dout, **kwargs)
+            bad = [f"{n}: {(a - x).abs().max().item():.3e} > 1e-9 x {s:.3e}"
+                   for n, a, x, s in zip(("out", "dq", "dk", "dv", "dradius"), ours, exact, scales)
+                   if not (a - x).abs().max().item() <= 1e-9 * s + 1e-300]
+        if bad:
+            failures.append(f"{label} {str(dtype).split('.')[-1]}: {'; '.join(bad)}")
+    return failures
+
+
 def check_radii():
     """Negative, zero and tiny radii, forward and the four gradients, against the float64 oracle:
     float32 within oracle_mismatches' bound (its plain float32 implementation with the series of
     log|sinc| near 0, as the quotient's derivative cancels at tiny x), float64 within 1e-9 of each
     result's scale (as the CPU float64 checks). Every radius shape: scalar, per head, per feature,
     per (head, feature); the op takes the (H, D) table, and the gradient is summed back to the
-    shape given."""
+    shape given. Each case with the power and with phi = sigmoid."""
     t0 = time.time()
     B, H, N, M, D, Dv = 2, 2, 5, 9, 8, 3
     g = torch.Generator().manual_seed(51)
@@ -806,27 +902,9 @@ def check_radii():
             r = {"negative": -1.5 * magnitude, "mixed": 1.5 * magnitude * (sign if shape else -1.0),
                  "tiny": 1e-10 * magnitude * sign, "zero": torch.zeros(shape)}[value]
             kwargs = dict(power=4, causal=True) if value in ("negative", "zero") else dict(power=2)
-            power, causal = float(kwargs["power"]), kwargs.get("causal", False)
-            for dtype in (torch.float32, torch.float64):
-                table = r.reshape(-1, 1 if shape in ((), (H, 1)) else D).expand(H, D).to(dtype).contiguous()
-                args = [t.to(dtype) for t in (q, k, v)]
-                out, lse = torch.ops.fourierformer.fourier_attention_forward(*args, table, power, None, None, causal,
-                                                                             0.0, 0)
-                dq, dk, dv, dtable = torch.ops.fourierformer.fourier_attention_backward(
-                    dout.to(dtype), *args, table, out, lse, power, None, None, causal, 0.0, 0)
-                dr = dtable.sum() if shape == () else (dtable.sum(1, keepdim=True) if shape == (H, 1) else
-                                                        (dtable.sum(0) if shape == (D,) else dtable))
-                ours = (out, dq, dk, dv, dr)
-                if dtype == torch.float32:
-                    bad = oracle_mismatches(ours, q, k, v, r, dout, series=True, **kwargs)
-                else:
-                    exact = oracle_gradients(q, k, v, r, dout, **kwargs)
-                    scales = oracle_gradient_scales(q, k, v, r, dout, **kwargs)
-                    bad = [f"{n}: {(a - x).abs().max().item():.3e} > 1e-9 x {s:.3e}"
-                           for n, a, x, s in zip(("out", "dq", "dk", "dv", "dradius"), ours, exact, scales)
-                           if not (a - x).abs().max().item() <= 1e-9 * s + 1e-300]
-                if bad:
-                    failures.append(f"{shape_name} {value} {str(dtype).split('.')[-1]}: {'; '.join(bad)}")
+            for phi in ("power", "sigmoid"):  # (sigmoid: power 1)
+                failures += radius_mismatches(q, k, v, dout, r, shape, dict(kwargs, power=1, phi=phi)
+                                              if phi != "power" else kwargs, f"{shape_name} {value} {phi}")
     for f in failures:
         print(f"  BAD radius {f}")
     print(f"  negative, zero and tiny radii: {'ok' if not failures else f'{len(failures)} cases BAD'} "
@@ -836,23 +914,23 @@ def check_radii():
 
 def check_nonfinite(verbose=False):
     """Every case of NONFINITE at NONFINITE_ROWS rows, causal and not, float32 and float64 (v_nan
-    not causal: the oracle's P @ V spreads a value's NaN to rows that do not see its key)."""
+    not causal: the oracle's P @ V spreads a value's NaN to rows that do not see its key); with phi =
+    sigmoid at NONFINITE_SIGMOID_ROWS."""
     t0 = time.time()
     failures = []
-    for dtype in (torch.float32, torch.float64):
-        for where in NONFINITE:
-            for N in NONFINITE_ROWS:
-                if N > 64 and dtype == torch.float64:
-                    continue
-                for causal in (False, True):
-                    if where == "v_nan" and causal:
-                        continue
-                    label = f"{str(dtype).split('.')[-1]} {where} N{N}{' causal' if causal else ''}"
-                    if verbose:
-                        print(f"  nonfinite {label}")
-                    bad = nonfinite_mismatches(where, N, causal, dtype)
-                    if bad:
-                        failures.append(f"{label}: {'; '.join(bad)}")
+    cases = [(phi, dtype, where, N, causal)
+             for phi, rows in (("power", NONFINITE_ROWS), ("sigmoid", NONFINITE_SIGMOID_ROWS))
+             for dtype in (torch.float32, torch.float64) for where in NONFINITE for N in rows
+             for causal in (False, True)
+             if not (N > 64 and dtype == torch.float64) and not (where == "v_nan" and causal)]
+    for phi, dtype, where, N, causal in cases:
+        label = (f"{str(dtype).split('.')[-1]} {where} N{N}{' causal' if causal else ''}"
+                 + ("" if phi == "power" else f" {phi}"))
+        if verbose:
+            print(f"  nonfinite {label}")
+        bad = nonfinite_mismatches(where, N, causal, dtype, phi)
+        if bad:
+            failures.append(f"{label}: {'; '.join(bad)}")
     for f in failures:
         print(f"  BAD nonfinite {f}")
     print(f"  nonfinite inputs: {'ok' if not failures else f'{len(failures)} cases BAD'} ({time.time() - t0:.0f}s)")
@@ -1023,6 +1101,33 @@ def run_checks(mod, args):
          dict(f32, phi="relu")),
         ("f32 relu D129 Dv200 N9 M7 (simple backward)", make_case(1, 1, 9, 7, 129, 200, torch.float32, scale=0.8), 1,
          0.0, dict(f32, phi="relu")),
+        # sigmoid (power 1): the float64 simple kernels, the float32 tiled forward and backward (its
+        # main pass with and without the score cache, split and whole: check_sigmoid_paths), the
+        # decoding forward (N <= 8) and the simple float32 backward (D above 128)
+        ("f64 sigmoid N37 M45 D59 Dv33 mask", make_case(1, 2, 37, 45, 59, 33, torch.float64, mask="random"), 1, 0.0,
+         dict(f64, phi="sigmoid")),
+        ("f64 sigmoid causal kpm dropout null key", make_case(2, 1, 5, 40, 8, 12, torch.float64, causal=True,
+                                                              kpm=True), 1, 0.2,
+         dict(f64, normaliser_eps=1e-3, phi="sigmoid")),
+        ("f64 sigmoid float mask H-broadcast", make_case(2, 3, 9, 33, 4, 5, torch.float64, mask="float"), 1, 0.0,
+         dict(f64, phi="sigmoid")),
+        ("f64 sigmoid fully masked rows", make_case(1, 1, 6, 10, 3, 4, torch.float64, mask="full_row"), 1, 0.0,
+         dict(f64, phi="sigmoid")),
+        ("f32 sigmoid N33 M70 D40", make_case(1, 1, 33, 70, 40, 20, torch.float32), 1, 0.0, dict(f32, phi="sigmoid")),
+        ("f32 sigmoid large |x| (scale 20)", make_case(1, 1, 9, 40, 8, 8, torch.float32, scale=20.0), 1, 0.0,
+         dict(f32, phi="sigmoid")),
+        ("f32 sigmoid causal dropout kpm", make_case(2, 1, 20, 41, 5, 3, torch.float32, causal=True, kpm=True), 1,
+         0.2, dict(f32, phi="sigmoid")),
+        ("f32 sigmoid D100 Dv100 N9 M70 causal float mask", make_case(1, 1, 9, 70, 100, 100, torch.float32,
+                                                                      causal=True, scale=0.8, mask="float"), 1, 0.0,
+         dict(f32, phi="sigmoid")),
+        ("f32 sigmoid fully masked rows N65 M70", make_case(1, 2, 65, 70, 24, 8, torch.float32, mask="full_row"), 1,
+         0.0, dict(f32, phi="sigmoid")),
+        ("f32 sigmoid null key D129 Dv200 (decoding forward, simple backward)",
+         make_case(1, 1, 5, 7, 129, 200, torch.float32, scale=0.3), 1, 0.0,
+         dict(f32, normaliser_eps=0.5, phi="sigmoid")),
+        ("f32 sigmoid D129 Dv200 N9 M7 (simple backward)", make_case(1, 1, 9, 7, 129, 200, torch.float32,
+                                                                     scale=0.8), 1, 0.0, dict(f32, phi="sigmoid")),
     ]
     if not args.quick:
         cases += [
@@ -1037,10 +1142,20 @@ def run_checks(mod, args):
              dict(rtol=2e-2, atol=2e-3, phi="relu")),
             ("bf16 abs N17 M40 D16 mask", make_case(1, 2, 17, 40, 16, 16, torch.bfloat16, scale=0.5, mask="random"), 1,
              0.0, dict(rtol=5e-2, atol=1e-2, phi="abs")),
+            ("f16 sigmoid N17 M40 D16", make_case(1, 2, 17, 40, 16, 16, torch.float16, scale=0.5), 1, 0.0,
+             dict(rtol=2e-2, atol=2e-3, phi="sigmoid")),
+            ("bf16 sigmoid N17 M40 D16 mask", make_case(1, 2, 17, 40, 16, 16, torch.bfloat16, scale=0.5,
+                                                        mask="random"), 1, 0.0, dict(rtol=5e-2, atol=1e-2, phi="sigmoid")),
+            ("f64 sigmoid D256 Dv256 N3 M33", make_case(1, 1, 3, 33, 256, 256, torch.float64, scale=0.3), 1, 0.0,
+             dict(f64, phi="sigmoid")),
+            ("f32 sigmoid D256 Dv256 N70 M40 (simple backward)", make_case(1, 1, 70, 40, 256, 256, torch.float32,
+                                                                           scale=0.3), 1, 0.0,
+             dict(f32, phi="sigmoid")),
         ]
     for name, case, power, p, tol in cases:
         run_case(name, case, power, dropout_p=p, **tol)
     check_relu_kills(f32)
+    check_sigmoid_paths(f32)
     check_smem_limit(f32)
     check_score_cache(f32)
     check_grid_splits(f32)
