@@ -849,8 +849,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
       }
     }
     // SASS: cold=rare_scores_call test
-    if (rare)
-      rare_scores_log2<scalar_t, kPhi>(p, bh, i0, j0, tx, row0, kMicro / kSplit, St, (rare & kRareAll) != 0, Sg);
+    if (rare) rare_scores_log2<scalar_t, kPhi>(p, bh, i0, j0, tx, row0, kMicro / kSplit, St, (rare & kRareAll) != 0, Sg);
     __syncthreads();  // scores written; the chunk region is free for V
     const scalar_t* v = p.v + bh * M * Dv;
     if (kO <= 32) {  // element tid + kThreads n of the (kFwdKeys, kVStride) tile: compile-time row
