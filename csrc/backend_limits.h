@@ -18,11 +18,11 @@ namespace limits {
 // the log domain, p log|sinc|: an even p's weights are never negative. The CPU kernels take odd p
 // too: each weight's sign (the sign of its product of sincs) goes beside its log-magnitude and the
 // signed weights are normalised directly, w_ij / (sum_j w_ij + eps), as the reference defines them
-// (docs/kernels.md); the CUDA kernels take even p alone.
+// (docs/kernels.md); so do the CUDA kernels (their Phi::kOdd instances).
 constexpr double kCpuMinPower = 1.0;
 constexpr double kCpuPowerMultiple = 1.0;
-constexpr double kCudaMinPower = 2.0;
-constexpr double kCudaPowerMultiple = 2.0;
+constexpr double kCudaMinPower = 1.0;
+constexpr double kCudaPowerMultiple = 1.0;
 
 // The phis of the op (fourier_attention's phi, the ops' argument phi) each fused backend runs:
 // "power" with the rule on p above; "abs", phi(x) = |x|, the log domain with p = 1

@@ -45,7 +45,8 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
                                     c10::string_view phi = "power", bool on_cpu = false);
 
 // Whether the CPU (on_cpu) or the CUDA backend runs phi with power (limits::kCpuPhis, kCudaPhis:
-// "power" with an even p >= 2, the others with p = limits::kUnitPower); raises saying which it runs.
+// "power" with p under the backend's power rule, the others with p = limits::kUnitPower); raises
+// saying which it runs.
 void check_phi(c10::string_view phi, double power, bool on_cpu);
 
 // log(normaliser_eps) (-inf for 0) after checking it is finite and >= 0.

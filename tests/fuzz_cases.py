@@ -26,7 +26,7 @@ RADIUS_SIGNS = ("positive", "negative", "mixed", "positive", "mixed")
 NULL_KEY_FACTORS = (0.0, 0.1, 0.0, 1.0, 0.0, 10.0)
 DROPOUTS = (0.0, 0.5, 0.0, 0.0, 0.1, 0.0)  # by (seed // 3) % 6: every radius shape and mask meets both
 # by (seed // 2) % 6: the fused phis besides the even powers ("odd": phi(x) = x^p with p 1, 3 or 5, signed
-# weights, on the CPU kernels alone)
+# weights)
 PHI_KINDS = ("power", "abs", "power", "relu", "odd", "power")
 
 

@@ -85,10 +85,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
     const int j = j0 + lane;
     acc_t a = 0, bcoef = 0;
     if (j < end_i) {
-      acc_t s = phi_log_score(p, qrow, 1, Ks + lane, kTileStride, Rs, D);
+      bool negative;  // (Phi::kOdd: P's sign)
+      acc_t s = phi_signed_score(p, qrow, 1, Ks + lane, kTileStride, Rs, D, negative);
       if (mask_row) s += mask_row[j];
       if (kbias) s += kbias[j];
-      const acc_t P = s == -ff_inf<acc_t>() ? acc_t(0) : ff_exp((s - L_high) - L_low);
+      acc_t P = s == -ff_inf<acc_t>() ? acc_t(0) : ff_exp((s - L_high) - L_low);
+      if (negative) P = -P;
       if (P != acc_t(0)) {
         const acc_t f = p.dropout_p > 0.0f ? dropout_factor(p, (uint32_t)bh, i, j) : acc_t(1);
         const acc_t* vrow = Vs + lane * vstride;
@@ -123,13 +125,22 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dq_kernel(const Params<scalar
     }
   }
   const acc_t psum = warp_sum(psum_lane);  // c_i; 0 for rows without a gradient
-  // m_i / c_i: P renormalised, times the real keys' share with the null key (null_key_share)
-  const double log_share = live ? null_key_log_share(L, p.log_eps) : 0.0;
-  const acc_t inv_c = psum > acc_t(0) ? acc_t(exp(log_share)) / psum : acc_t(0);
+  // m_i / c_i: P renormalised, times the real keys' share with the null key (null_key_share);
+  // Phi::kOdd: P / (c_i + eps e^-lse_i) (signed P and c_i; signed_row_scale), its sign for the
+  // dk/dv kernel in p.row_sign
+  const bool odd = p.phi == Phi::kOdd;
+  const double log_share = live && !odd ? null_key_log_share(L, p.log_eps) : 0.0;
+  const double odd_scale = live && odd ? signed_row_scale((double)psum, L, p.log_eps) : 0.0;
+  const acc_t inv_c = odd ? (acc_t)odd_scale : psum > acc_t(0) ? acc_t(exp(log_share)) / psum : acc_t(0);
   const acc_t delta = warp_sum(delta_lane) * inv_c;  // sum_j (P_ij / c_i) f_ij dP_ij
   if (active && lane == 0) {  // for the dk/dv kernel
     p.delta[bh * N + i] = delta;
-    p.lse_bwd[bh * N + i] = psum > acc_t(0) ? L + log((double)psum) - log_share : (double)INFINITY;
+    if (odd) {
+      p.lse_bwd[bh * N + i] = live ? L - log(fabs(odd_scale)) : (double)INFINITY;
+      p.row_sign[bh * N + i] = odd_scale < 0.0 ? acc_t(-1) : acc_t(1);
+    } else {
+      p.lse_bwd[bh * N + i] = psum > acc_t(0) ? L + log((double)psum) - log_share : (double)INFINITY;
+    }
   }
   acc_t dr_acc[kPerLane];  // sum_j p dS_ij g(x_ijd) (q_id - k_jd)
 #pragma unroll
@@ -232,10 +243,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) backward_dkv_kernel(const Params<scala
     const acc_t L = Ls[lane];
     acc_t coef = 0, w = 0;
     if (lane < nq && L < INF && (!p.causal || j <= i + (M - N))) {
-      acc_t s = phi_log_score(p, Qs + lane, kTileStride, krow, 1, Rs, D);
+      bool negative;  // (Phi::kOdd: the sign of the pair's product, times the row's p.row_sign)
+      acc_t s = phi_signed_score(p, Qs + lane, kTileStride, krow, 1, Rs, D, negative);
       if (mask_bh) s += mask_bh[(int64_t)i * p.mask_row + j];
       s += kbias_j;
-      const acc_t P = s == -INF ? acc_t(0) : ff_exp((s - L) - Ls_low[lane]);
+      acc_t P = s == -INF ? acc_t(0) : ff_exp((s - L) - Ls_low[lane]);
+      if (p.phi == Phi::kOdd) P *= negative ? -p.row_sign[bh * N + i] : p.row_sign[bh * N + i];
       if (P != acc_t(0)) {
         const acc_t f = p.dropout_p > 0.0f ? dropout_factor(p, (uint32_t)bh, i, j) : acc_t(1);
         const acc_t* dorow = dOs + lane * ostride;

@@ -231,7 +231,10 @@ FF_DEV float softmax_weight(float S2, float high, float low) { return ff_exp2_ap
 // half of the thread's rows (tile_scores_impl<2>): twice the warps per block, for the halves'
 // exchange of their products on top of the instructions per element.
 // ---------------------------------------------------------------------------------------
-// kPhi: the call's phi (Phi; the scores of tile_scores_impl).
+// kPhi: the call's phi (Phi; the scores of tile_scores_impl). kOdd: P takes the sign of its product of
+// sincs (tile_scores_impl's `negative`, kept in the score cache's sign bytes for the main pass), c_i
+// and Delta_i are signed sums, and the row's P / (c_i + eps e^-lse_i) (signed_row_scale) is the signed
+// weight: it writes lse_i - log|that scale| and, in p.row_sign, its sign.
 template <typename scalar_t, int kSplit, Phi kPhi = Phi::kPower>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
     backward_delta_tiled_kernel(const Params<scalar_t, float> p) {
@@ -282,11 +285,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
   // SASS: loop=delta_key_tiles step=kFwdKeys unroll=1 trips=ceil(M/kFwdKeys)
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];  // (kSplit 2: rows ii < kRows)
+    unsigned negative = 0;    // (kOdd: the signs, see tile_scores_impl)
     if constexpr (kSplit == 1) {
-      tile_scores_log2<kPhi>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S);
+      tile_scores_log2<kPhi>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, negative);
     } else {
       int rare;
-      tile_scores_impl<2, true, kPhi>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);
+      tile_scores_impl<2, true, kPhi>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare, negative);
     }
     __syncthreads();  // the score chunks are consumed
     const int64_t bh = ids[0];
@@ -301,6 +305,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
         if (i < N)
           *reinterpret_cast<float4*>(p.score_cache + (bh * N + i) * score_cache_stride(M) + j0 + tx * kMicro) =
               make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
+        if (kPhi == Phi::kOdd && i < N)  // (the sign bytes after the scores: score_sign_bytes)
+          reinterpret_cast<unsigned char*>(p.score_cache + (int64_t)p.B * p.H * N * score_cache_stride(M))
+              [(bh * N + i) * (score_cache_stride(M) / 4) + (j0 >> 2) + tx] = (negative >> (ii * kMicro)) & 15u;
       }
       // SASS: cold=score_cache_store end
     }
@@ -334,7 +341,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
     for (int ii = 0; ii < kRows; ++ii) {
       const float lh = Lh[row0 + ii], ll = Ll[row0 + ii];
 #pragma unroll
-      for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = softmax_weight(S[ii][jj], lh, ll);  // P
+      for (int jj = 0; jj < kMicro; ++jj) {
+        S[ii][jj] = softmax_weight(S[ii][jj], lh, ll);  // P
+        if (kPhi == Phi::kOdd && ((negative >> (ii * kMicro + jj)) & 1u)) S[ii][jj] = -S[ii][jj];
+      }
     }
     // SASS: cold=dropout begin test
     if (p.dropout_p > 0.0f) {  // (block-uniform) dP times the keep factor
@@ -380,12 +390,22 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
   if (threadIdx.x < kFwdRows && i0 + (int)threadIdx.x < N) {
     const int r = threadIdx.x, i = i0 + r;
     const float psum = row_sums[r * 2 + 1] + row_sums[(kFwdRows + r) * 2 + 1];  // c_i; 0 without a gradient
-    // m_i / c_i: P renormalised, times the real keys' share with the null key (null_key_share)
     const double L_row = p.lse_in[bh * N + i];
-    const double log_share = psum > 0.0f ? null_key_log_share(L_row, p.log_eps) : 0.0;
-    const float inv_c = psum > 0.0f ? (float)exp(log_share) / psum : 0.0f;
-    p.delta[bh * N + i] = (row_sums[r * 2] + row_sums[(kFwdRows + r) * 2]) * inv_c;
-    p.lse_bwd[bh * N + i] = psum > 0.0f ? L_row + log((double)psum) - log_share : (double)INFINITY;
+    if constexpr (kPhi == Phi::kOdd) {
+      // P / (c_i + eps e^-lse_i): P is w / |Z| for the forward's Z = sign e^lse and c_i about Z / |Z|,
+      // so that this is w / (Z + eps), conditioned as the formula is where eps keeps Z + eps from 0
+      const bool live = L_row < (double)INFINITY;  // (+inf: no visible key, P = 0)
+      const double scale = live ? signed_row_scale(psum, L_row, p.log_eps) : 0.0;
+      p.delta[bh * N + i] = (row_sums[r * 2] + row_sums[(kFwdRows + r) * 2]) * (float)scale;
+      p.lse_bwd[bh * N + i] = live ? L_row - log(fabs(scale)) : (double)INFINITY;
+      p.row_sign[bh * N + i] = scale < 0.0 ? -1.0f : 1.0f;
+    } else {
+      // m_i / c_i: P renormalised, times the real keys' share with the null key (null_key_share)
+      const double log_share = psum > 0.0f ? null_key_log_share(L_row, p.log_eps) : 0.0;
+      const float inv_c = psum > 0.0f ? (float)exp(log_share) / psum : 0.0f;
+      p.delta[bh * N + i] = (row_sums[r * 2] + row_sums[(kFwdRows + r) * 2]) * inv_c;
+      p.lse_bwd[bh * N + i] = psum > 0.0f ? L_row + log((double)psum) - log_share : (double)INFINITY;
+    }
   }
 }
 
@@ -396,7 +416,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * kSplit, 2 / kSplit)
 // p.score_cache (score_cache.h), else computed; kPhi: the call's phi (Phi): the scores computed here
 // (tile_scores_log2) and the g pass's derivative (kSigmoid: dlog_sigmoid_sinc_tables). With the cache
 // the scores are the pre-pass's, so that the phis of one derivative share an instance
-// (main_pass_phi: ReLU takes the power's).
+// (main_pass_phi: ReLU takes the power's). kOdd: P with the sign of its product of sincs (from the
+// score cache's sign bytes, or tile_scores_log2) times the row's p.row_sign (the pre-pass's).
 // ---------------------------------------------------------------------------------------
 template <typename scalar_t, int kO, bool kCache, Phi kPhi = Phi::kPower>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(const Params<scalar_t, float> p) {
@@ -453,6 +474,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
   // SASS: loop=query_tiles step=kFwdRows unroll=1 trips=ceil(N/kFwdRows)
   for (int i0 = i_begin; i0 < N; i0 += kFwdRows) {
     float S[kMicro][kMicro];
+    unsigned negative = 0;  // (kOdd: the signs of the pairs, bit kMicro ii + jj)
     if constexpr (kCache) {  // the pre-pass's scores (p.score_cache; -inf where not visible)
       const int tid = fresh_thread_index(), warp = tid >> 5, lane = tid & 31;
       const int64_t bh = ids[0];
@@ -466,11 +488,16 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
         const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
 #pragma unroll
         for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = j + jj < end ? sv[jj] : -ff_inf<float>();
+        if (kPhi == Phi::kOdd && j < end)  // (score_sign_bytes)
+          negative |= (unsigned)reinterpret_cast<const unsigned char*>(
+                          p.score_cache + (int64_t)p.B * p.H * N * score_cache_stride(p.M))
+                          [(bh * N + i) * (score_cache_stride(p.M) / 4) + (j >> 2)]
+                      << (ii * kMicro);
       }
     } else {  // no score cache: the scores again
       const int tid = fresh_thread_index(), warp = tid >> 5, lane = tid & 31;
       tile_scores_log2<kPhi>(p, (int64_t)ids[0], i0, ids[1], (warp & 1) * 8 + (lane & 7), (warp >> 1) * 4 + (lane >> 3),
-                             region, S);
+                             region, S, negative);
     }
     __syncthreads();  // the score chunks and the previous tile's partials are consumed
     const int tid = fresh_thread_index();
@@ -535,9 +562,12 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads, 2) backward_main_tiled_kernel(c
     for (int ii = 0; ii < kMicro; ++ii) {
       const int r = ty * kMicro + ii;
       const float lh = Lh[r], ll = Ll[r], dl = Dl[r];
+      // (kOdd: the row's normaliser's sign, the pre-pass's; 1 for rows past N, whose P is 0)
+      const float row_sign = kPhi == Phi::kOdd && i0 + r < N ? p.row_sign[bh * N + i0 + r] : 1.0f;
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) {
-        const float P = softmax_weight(S[ii][jj], lh, ll);
+        float P = softmax_weight(S[ii][jj], lh, ll);
+        if (kPhi == Phi::kOdd) P = ((negative >> (ii * kMicro + jj)) & 1u) ? -row_sign * P : row_sign * P;
         S[ii][jj] = P;
         C[ii][jj] = P * (dP[ii][jj] - dl);
       }

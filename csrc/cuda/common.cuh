@@ -38,10 +38,12 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // as a template argument, and the launcher picks the instance with with_phi, fourier_attention_launch.h):
 // kPower, p log|sinc| (phi = "power" with its even p, and "abs" with p = 1); kRelu, the same with
 // p = 1 and -inf (a zero weight) where a factor's sinc is negative; kSigmoid, sum_d log sigmoid(sinc x)
-// (p = 1), a sum over the features of values, not a product. A phi added here takes a case in
-// with_phi, its score in tile_scores_impl, forward_decode_kernel and phi_log_score, and its
-// derivative in the main pass's g pass and phi_dlog.
-enum class Phi : uint8_t { kPower = 0, kRelu, kSigmoid };
+// (p = 1), a sum over the features of values, not a product; kOdd, phi = "power" with an odd p (x,
+// x^3): p log|sinc| with, beside it, the sign of the product of the sincs (the parity of the negative
+// factors), signed weights normalised by their signed sum plus eps in the kernels (docs/kernels.md). A
+// phi added here takes a case in with_phi, its score in tile_scores_impl, forward_decode_kernel and
+// phi_log_score, and its derivative in the main pass's g pass and phi_dlog.
+enum class Phi : uint8_t { kPower = 0, kRelu, kSigmoid, kOdd };
 
 // Everything the kernels read and write. Tensors are contiguous; q/k/v/out/dout and the
 // gradients of q/k/v have the input dtype, the rest the accumulation type.
@@ -98,6 +100,10 @@ struct Params {
   // unnormalised outputs
   float* decode_partials;
   int decode_splits;
+  // Phi::kOdd's backward: (B, H, N), the sign (+1 or -1) of each row's normaliser as the pre-pass (the
+  // dq kernel of the simple path) finds it, for the main pass (the dk/dv kernel): their P is the
+  // signed weight over that normaliser, whose magnitude lse_bwd holds. Null for the other phis.
+  acc_t* row_sign;
 };
 
 // Shared memory of each kernel, in elements of acc_t.
@@ -271,9 +277,20 @@ struct LogSincSum<float> {
   // the products of four factors stay normal, then move their exponents into e.
   template <bool kRelu = false>
   static FF_DEV float run(const float* a, int as, const float* b, int bs, const float* R, int D) {
+    bool unused;
+    return impl<kRelu, false>(a, as, b, bs, R, D, unused);
+  }
+  // The same with `negative` set to the sign of the product of the sincs (the parity of the
+  // negative factors: phi = x^p with odd p).
+  static FF_DEV float run_signed(const float* a, int as, const float* b, int bs, const float* R, int D,
+                                 bool& negative) {
+    return impl<false, true>(a, as, b, bs, R, D, negative);
+  }
+  template <bool kRelu, bool kOdd>
+  static FF_DEV float impl(const float* a, int as, const float* b, int bs, const float* R, int D, bool& negative) {
     float num = 1.0f, den = 1.0f;
     int e = 0;
-    bool dead = false;  // (kRelu: a negative factor)
+    bool dead = false;  // (kRelu: a negative factor; kOdd: an odd number of them)
     for (int d = 0; d < D; ++d) {
       const float x = R[d] * (a[d * as] - b[d * bs]);
       const float ax = fabsf(x);
@@ -283,6 +300,7 @@ struct LogSincSum<float> {
         float s, c;
         ff_sincosf(x, s, c);
         if (kRelu) dead |= x < 0.0f ? s > 0.0f : s < 0.0f;
+        if (kOdd) dead ^= x < 0.0f ? s > 0.0f : s < 0.0f;
         num *= fmaxf(fabsf(s), kSinFloor);
         den *= fminf(ax, kXCeil);
       }
@@ -290,6 +308,7 @@ struct LogSincSum<float> {
     }
     e += take_exponent(num) - take_exponent(den);
     const float sum = log_near_one(num / den) + (float)e * 0.693147180559945f;
+    if (kOdd) negative = dead;
     return kRelu && dead && sum == sum ? -ff_inf<float>() : sum;
   }
 };
@@ -308,6 +327,20 @@ struct LogSincSum<double> {
       sum += log_abs_sinc_from_sin(x, s);
     }
     return kRelu && dead && sum == sum ? -ff_inf<double>() : sum;
+  }
+  // The same with `negative` set to the sign of the product (an odd number of factors with sin x x < 0).
+  static FF_DEV double run_signed(const double* a, int as, const double* b, int bs, const double* R, int D,
+                                  bool& negative) {
+    double sum = 0.0;
+    bool odd = false;
+    for (int d = 0; d < D; ++d) {
+      const double x = R[d] * (a[d * as] - b[d * bs]);
+      const double s = sin(x);
+      odd ^= s * x < 0.0;
+      sum += log_abs_sinc_from_sin(x, s);
+    }
+    negative = odd;
+    return sum;
   }
 };
 
@@ -354,7 +387,8 @@ struct LogSigmoidSincSum<double> {
 };
 
 // p.power times the score of the call's phi (p.phi): LogSincSum (kRelu: its -inf for a negative
-// factor), or LogSigmoidSincSum (kSigmoid; p.power is 1 there).
+// factor), or LogSigmoidSincSum (kSigmoid; p.power is 1 there); kOdd's log-magnitude as the power's
+// (its sign: phi_signed_score).
 template <typename P, typename acc_t>
 FF_DEV acc_t phi_log_score(const P& p, const acc_t* a, int as, const acc_t* b, int bs, const acc_t* R, int D) {
   switch (p.phi) {
@@ -365,6 +399,25 @@ FF_DEV acc_t phi_log_score(const P& p, const acc_t* a, int as, const acc_t* b, i
     default:
       return p.power * LogSincSum<acc_t>::template run<false>(a, as, b, bs, R, D);
   }
+}
+
+// phi_log_score with `negative` set to whether the weight is negative: the sign of the product of
+// the sincs for Phi::kOdd (LogSincSum's run_signed), false for the other phis.
+template <typename P, typename acc_t>
+FF_DEV acc_t phi_signed_score(const P& p, const acc_t* a, int as, const acc_t* b, int bs, const acc_t* R, int D,
+                              bool& negative) {
+  negative = false;
+  if (p.phi == Phi::kOdd) return p.power * LogSincSum<acc_t>::run_signed(a, as, b, bs, R, D, negative);
+  return phi_log_score(p, a, as, b, bs, R, D);
+}
+
+// 1 / (l + eps e^-m) for a row of Phi::kOdd's signed weights whose sum is l in units of e^m (the
+// real keys' normaliser Z = l e^m): out = sum_j w_j v_j / (Z + eps), the null key applied in the
+// kernel (the positive sums' share sigmoid(lse - log eps) of scale_by_null_key cannot hold a
+// negative Z; as signed_row_scale in ../cpu/masks_dropout.inc). A sum of 0 gives inf (the
+// formula's division by 0 where eps is 0).
+FF_DEV double signed_row_scale(double l, double m, double log_eps) {
+  return 1.0 / (log_eps > -(double)INFINITY ? l + exp(log_eps - m) : l);
 }
 
 // g(x) = d/dx log|sinc x| (finite everywhere, 0 at x = 0).

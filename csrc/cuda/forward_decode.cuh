@@ -59,10 +59,11 @@ FF_HD int64_t decode_smem_floats(int Dp, int rows) {
 }
 
 // kPhi: the call's phi (Phi), as the tiled forward's element step and scores (kSigmoid: the sum of
-// sigmoid_sinc_term over the features, the rows' t_low place staged as cos a, x_per_u per feature).
+// sigmoid_sinc_term over the features, the rows' t_low place staged as cos a, x_per_u per feature;
+// kOdd: each P with the sign of its product of sincs, the partial sums signed: odd_factor).
 template <typename scalar_t, int kRows, Phi kPhi = Phi::kPower>
 FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<scalar_t, float> p) {
-  constexpr bool kRelu = kPhi == Phi::kRelu, kSigmoid = kPhi == Phi::kSigmoid;
+  constexpr bool kRelu = kPhi == Phi::kRelu, kSigmoid = kPhi == Phi::kSigmoid, kOdd = kPhi == Phi::kOdd;
   FF_DYNAMIC_SHARED(smem_raw);
   const int N = p.N, M = p.M, Dp = p.Dp, Dv = p.Dv, splits = p.decode_splits;
   float* Rf = reinterpret_cast<float*>(smem_raw);   // (kRowFields, Dp, kRows)
@@ -113,9 +114,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
           den[ii] = e == 0 ? term : den[ii] + term;
           if (decltype(first)::value && e == 0) num[ii] = 0.0f;
         } else if (decltype(first)::value && e == 0) {
-          first_factor_step<kRelu>(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
+          first_factor_step<kRelu, kOdd>(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
         } else {
-          sinc_factor_step<kRelu>(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
+          sinc_factor_step<kRelu, kOdd>(rf[ii], rf[rfield + ii], rf[2 * rfield + ii], k, X, Y, Yl, num[ii], den[ii]);
         }
       }
     }
@@ -135,6 +136,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
   const int flags = kSigmoid ? 0 : score_flags(watch);  // (kSigmoid: no rare path, see tile_scores_impl)
   float S[kRows];
   bool visible[kRows];
+  bool negative[kRows];  // (kOdd: the sign of the pair's product of sincs)
   if constexpr (kSigmoid) {
     const float padding = sigmoid_padding_terms(p);
     const float power_high = p.power_log2_high, power_low = p.power_log2_low;  // (power 1: log2(e))
@@ -155,6 +157,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
                         (fmaf(e, kLn2Low, p.row_log_low[bh * N + i]) +
                          (log_ratio(fabsf(num[ii]), fabsf(den[ii])) + klog));
       const float s = kRelu && relu_dead(num[ii]) ? NEG_INF : fmaf(sum, power_high, sum * power_low);
+      negative[ii] = kOdd && odd_negative(num[ii], den[ii]);
       visible[ii] = ii < N && j < visible_end(p, ii);
       S[ii] = visible[ii] ? s : NEG_INF;  // (selected, not branched on)
     }
@@ -165,8 +168,17 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
 #pragma unroll
     for (int ii = 0; ii < kRows; ++ii) {
       if (visible[ii]) {
-        const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, ii, j, p.power, NAN, flags & kRareAll, p.relu);
-        if (s == s) S[ii] = fmaf(s, kLog2eHigh, s * kLog2eLow);  // (NaN: not a rare pair)
+        if constexpr (kOdd) {
+          bool neg = false;
+          const float s = rare_pair_score_odd(trows, tkeys, x_per_u, N, M, Dp, ii, j, p.power, flags & kRareAll, neg);
+          if (s == s) {  // (NaN: not a rare pair)
+            S[ii] = fmaf(s, kLog2eHigh, s * kLog2eLow);
+            negative[ii] = neg;
+          }
+        } else {
+          const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, ii, j, p.power, NAN, flags & kRareAll, p.relu);
+          if (s == s) S[ii] = fmaf(s, kLog2eHigh, s * kLog2eLow);  // (NaN: not a rare pair)
+        }
       }
     }
     // SASS: cold=rare_path end
@@ -201,7 +213,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kDecThreads) forward_decode_kernel(const Params<
 #pragma unroll
     for (int w = 1; w < kDecWarps; ++w) m = fmaxf(m, wmax[w * kRows + ii]);
     P[ii] = ff_exp2_approx(S[ii] - (m > NEG_INF ? m : 0.0f));  // 0 for a key not visible
-    const float l = warp_sum(P[ii]);  // the normaliser counts every key
+    if (kOdd && negative[ii]) P[ii] = -P[ii];
+    const float l = warp_sum(P[ii]);  // the normaliser counts every key (kOdd: a signed sum)
     if (lane == 0) wsum[warp * kRows + ii] = l;
   }
   // SASS: cold=dropout begin test
@@ -266,7 +279,9 @@ FF_DEV void combine_row(const Params<scalar_t, float>& p, int64_t bh, int r, int
   }
 }
 
-template <typename scalar_t>
+// kOdd (Phi::kOdd): the chunks' sums are signed; the row is normalised by their sum plus eps
+// (signed_row_scale) and lse is log|sum| (-inf where it is 0).
+template <typename scalar_t, bool kOdd = false>
 FF_GLOBAL void FF_LAUNCH_BOUNDS(kCombineThreads) forward_combine_kernel(const Params<scalar_t, float> p) {
   const int N = p.N, Dv = p.Dv;
   const int64_t bh = blockIdx.x;
@@ -276,7 +291,11 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kCombineThreads) forward_combine_kernel(const Pa
     float m, l, acc;
     combine_row(p, bh, r, c, m, l, acc);
     const bool empty = !(m > -ff_inf<float>());  // no visible, unmasked key
-    p.out[(bh * N + r) * Dv + c] = static_cast<scalar_t>(empty ? 0.0f : acc * (1.0f / l));
+    if constexpr (kOdd)
+      p.out[(bh * N + r) * Dv + c] = static_cast<scalar_t>(
+          empty ? 0.0f : acc * (float)signed_row_scale(l, (double)m * 0.693147180559945309, p.log_eps));
+    else
+      p.out[(bh * N + r) * Dv + c] = static_cast<scalar_t>(empty ? 0.0f : acc * (1.0f / l));
   }
   // SASS: loop=combine_lse step=kCombineThreads trips=ceil(N/kCombineThreads)
   for (int r = threadIdx.x; r < N; r += kCombineThreads) {
@@ -284,7 +303,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kCombineThreads) forward_combine_kernel(const Pa
     combine_row(p, bh, r, -1, m, l, unused);
     const bool empty = !(m > -ff_inf<float>());
     // m is in log2 units
-    p.lse[bh * N + r] = empty ? (double)INFINITY : (double)m * 0.693147180559945309 + log((double)l);
+    p.lse[bh * N + r] =
+        empty ? (double)INFINITY : (double)m * 0.693147180559945309 + log(kOdd ? fabs((double)l) : (double)l);
   }
 }
 

@@ -60,8 +60,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) forward_kernel(const Params<scalar_t, 
 
     const int j = j0 + lane;
     acc_t s = NEG_INF;
+    bool negative = false;  // (Phi::kOdd: the weight's sign, phi_signed_score)
     if (j < end_i) {
-      s = phi_log_score(p, qrow, 1, Ks + lane, kTileStride, Rs, D);
+      s = phi_signed_score(p, qrow, 1, Ks + lane, kTileStride, Rs, D, negative);
       if (mask_row) s += mask_row[j];
       if (kbias) s += kbias[j];
     }
@@ -70,6 +71,7 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) forward_kernel(const Params<scalar_t, 
     if (!(m_new > NEG_INF)) continue;  // nothing visible yet (warp-uniform)
     const acc_t scale = ff_exp(m_run - m_new);  // 0 while m_run is -inf
     acc_t e = ff_exp(s - m_new);                // 0 for masked keys
+    if (negative) e = -e;                       // (kOdd: signed weights, a signed sum)
     l_lane = l_lane * scale + e;                // the normaliser counts every key
     if (p.dropout_p > 0.0f && e != acc_t(0)) e *= dropout_factor(p, (uint32_t)bh, i, j);
 #pragma unroll
@@ -92,13 +94,14 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS(kThreads) forward_kernel(const Params<scalar_t, 
   const acc_t l = warp_sum(l_lane);
   scalar_t* out_i = p.out + (bh * N + i) * Dv;
   const bool empty = !(m_run > NEG_INF);  // no visible, unmasked key
-  const acc_t inv = empty ? acc_t(0) : acc_t(1) / l;
+  const bool odd = p.phi == Phi::kOdd;    // (by the signed sum plus eps: signed_row_scale)
+  const acc_t inv = empty ? acc_t(0) : (odd ? (acc_t)signed_row_scale((double)l, (double)m_run, p.log_eps) : acc_t(1) / l);
 #pragma unroll
   for (int t = 0; t < kPerLane; ++t) {
     const int c = lane + 32 * t;
     if (c < Dv) out_i[c] = static_cast<scalar_t>(empty ? acc_t(0) : acc[t] * inv);
   }
-  if (lane == 0) p.lse[bh * N + i] = empty ? (double)INFINITY : (double)m_run + log((double)l);
+  if (lane == 0) p.lse[bh * N + i] = empty ? (double)INFINITY : (double)m_run + log(odd ? fabs((double)l) : (double)l);
 }
 
 

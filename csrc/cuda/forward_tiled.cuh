@@ -124,9 +124,12 @@ FF_HD int output_stride(int Dv) {
   const int Dvs = padded_value_columns(Dv);
   return Dv > 64 || (Dvs / 16) % 2 == 1 ? Dvs : Dvs + 16;  // (Dv > 64: 8 threads per row, one per bank group)
 }
-FF_HD int64_t tiled_forward_smem_floats(int Dv) {
+// odd: Phi::kOdd's instance, which keeps the signs of the score tile beside it (a byte per pair, at
+// the end).
+FF_HD int64_t tiled_forward_smem_floats(int Dv, bool odd = false) {
   return tiled_forward_region_floats(Dv) + (int64_t)kFwdRows * kScoreStride + (int64_t)kFwdRows * output_stride(Dv) +
-         2 * (int64_t)forward_threads(Dv) + 4;  // (+ ids, at the start)
+         2 * (int64_t)forward_threads(Dv) + 4 +  // (+ ids, at the start)
+         (odd ? (int64_t)kFwdRows * kFwdKeys / 4 : 0);
 }
 
 // phi = ReLU: |num| times |s'|, with num's sign bit set where the factor's sinc is negative (the sign
@@ -138,15 +141,26 @@ FF_DEV float relu_mark(float product, float s, float u, float t_low) {
   return ff_bits_float(ff_float_bits(product) | negative);
 }
 
+// Phi::kOdd: s' with t_low's sign bit (the sign of cos a) xor'ed into it, so that the signs of num
+// and den differ exactly where the product of the sincs is negative (s' u has the sign of -sinc(x)
+// cos a: tables.cuh), their parity kept through the products and the renormalisations as ReLU's
+// mark is. One logic operation per element.
+FF_DEV float odd_factor(float s, float t_low) {
+  return ff_bits_float(ff_float_bits(s) ^ (ff_float_bits(t_low) & (int)0x80000000));
+}
+
 // One element step (see above). Signs drop out at the end (log |num / den|); kRelu (phi = ReLU):
-// num's sign bit says whether a factor was negative (relu_mark).
-template <bool kRelu = false>
+// num's sign bit says whether a factor was negative (relu_mark); kOdd (odd p): num / den has the
+// sign of the product of the sincs (odd_factor).
+template <bool kRelu = false, bool kOdd = false>
 FF_DEV void sinc_factor_step(float q, float t, float t_low, float k, float X, float Y, float Y_low, float& num,
                              float& den) {
   const float u = q - k;
   const float s = fmaf(t, X, -Y) + fmaf(t_low, X, -Y_low);
   if (kRelu)
     num = relu_mark(num * fabsf(s), s, u, t_low);
+  else if (kOdd)
+    num *= odd_factor(s, t_low);
   else
     num *= s;
   den *= u;
@@ -171,13 +185,16 @@ FF_DEV int score_flags(const FieldWatch& w) {
 }
 
 // The first element step of a product: num and den set, not multiplied.
-template <bool kRelu = false>
+template <bool kRelu = false, bool kOdd = false>
 FF_DEV void first_factor_step(float q, float t, float t_low, float k, float X, float Y, float Y_low, float& num,
                               float& den) {
   const float s = fmaf(t, X, -Y) + fmaf(t_low, X, -Y_low);
   den = q - k;
-  num = kRelu ? relu_mark(fabsf(s), s, den, t_low) : s;
+  num = kRelu ? relu_mark(fabsf(s), s, den, t_low) : (kOdd ? odd_factor(s, t_low) : s);
 }
+
+// Phi::kOdd: whether num / den (of sinc_factor_step<false, true>) is negative.
+FF_DEV bool odd_negative(float num, float den) { return (ff_float_bits(num) ^ ff_float_bits(den)) < 0; }
 
 // phi = ReLU: whether num (of sinc_factor_step<true>) says some factor was negative.
 FF_DEV bool relu_dead(float num) { return ff_float_bits(num) < 0; }
@@ -231,6 +248,24 @@ float rare_pair_score(const float* trows, const float* tkeys, const float* x_per
   if (!all && !(closest <= kUFloor)) return fast;
   return power * (relu ? LogSincSum<float>::run<true>(qc, N, kc, M, x_per_u, Dp)
                        : LogSincSum<float>::run<false>(qc, N, kc, M, x_per_u, Dp));
+}
+
+// rare_pair_score for Phi::kOdd: the score (NaN: not a rare pair) and, through `negative`, the sign
+// of the product of the sincs from the same per-element math (LogSincSum::run_signed: the signs of
+// sin x and x outside the Taylor branch, positive within it).
+#if defined(FF_HOST_EMULATION)
+inline
+#else
+static __device__ __noinline__
+#endif
+float rare_pair_score_odd(const float* trows, const float* tkeys, const float* x_per_u, int N, int M, int Dp, int i,
+                          int j, float power, bool all, bool& negative) {
+  const float* qc = trows + (int64_t)kRowQ * Dp * N + i;
+  const float* kc = tkeys + (int64_t)kKeyK * Dp * M + j;
+  float closest = ff_inf<float>();
+  for (int d = 0; d < Dp; ++d) closest = fminf(closest, fabsf(qc[(int64_t)d * N] - kc[(int64_t)d * M]));
+  if (!all && !(closest <= kUFloor)) return NAN;
+  return power * LogSincSum<float>::run_signed(qc, N, kc, M, x_per_u, Dp, negative);
 }
 
 // log2(e) = kLog2eHigh + kLog2eLow to about 2^-48: fma(S, kLog2eHigh, S * kLog2eLow) is S log2(e)
@@ -314,11 +349,13 @@ FF_DEV bool micro_tile_live(const P& p, int i0, int j0, int tx, int ty) {
 // that of row ty * kMicro + half * kMicro / 2 + ii, half = threadIdx.x / kFwdThreads.
 // kPhi: the call's phi (Phi). kPhi sigmoid sums terms (sigmoid_sinc_term) where the others multiply
 // factors: num holds a pair's sum, den its group's (no renormalisation, no rare path, see above).
+// kPhi kOdd: `negative` gets the signs of the pairs' products of sincs, bit kMicro ii + jj for
+// S[ii][jj] (odd_factor; the rare path's from its per-element math); the other phis leave it alone.
 template <int kSplit, bool kRareHere, Phi kPhi, typename scalar_t>
 FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
-                             float* region, float (&S)[kMicro][kMicro], int& rare) {
+                             float* region, float (&S)[kMicro][kMicro], int& rare, unsigned& negative) {
   static_assert(kSplit == 1 || kSplit == 2, "one or two halves");
-  constexpr bool kRelu = kPhi == Phi::kRelu, kSigmoid = kPhi == Phi::kSigmoid;
+  constexpr bool kRelu = kPhi == Phi::kRelu, kSigmoid = kPhi == Phi::kSigmoid, kOdd = kPhi == Phi::kOdd;
   const int N = p.N, M = p.M, Dp = p.Dp;
   const int tid = threadIdx.x & (kFwdThreads - 1);
   const int half = kSplit == 1 ? 0 : (int)threadIdx.x / kFwdThreads;
@@ -434,11 +471,11 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
                 const float term = sigmoid_sinc_term(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj]);
                 den[ii][jj] = e == 0 ? term : den[ii][jj] + term;
               } else if (kFirst && g == 0 && e == 0) {
-                first_factor_step<kRelu>(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj],
-                                         den[ii][jj]);
+                first_factor_step<kRelu, kOdd>(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj],
+                                               num[ii][jj], den[ii][jj]);
               } else {
-                sinc_factor_step<kRelu>(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj],
-                                        den[ii][jj]);
+                sinc_factor_step<kRelu, kOdd>(qv[ii], tv[ii], tlv[ii], kv[jj], Xv[jj], Yv[jj], Ylv[jj], num[ii][jj],
+                                              den[ii][jj]);
               }
             }
         }
@@ -464,6 +501,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 #pragma unroll
       for (int jj = 0; jj < kMicro; ++jj) S[ii][jj] = NEG_INF;
     rare = 0;
+    if (kOdd) negative = 0;
     // SASS: cold=empty_tile end
   };
   // SASS: cold=empty_tile test
@@ -522,12 +560,14 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
     float rn[kRows][kMicro], rd[kRows][kMicro];
     int ex[kRows][kMicro];
     bool dead[kRows][kMicro];  // (kRelu: a factor's sinc is negative; kSplit 2: in either half)
+    bool odd[kRows][kMicro];   // (kOdd: the product is negative; kSplit 2: the halves' parities)
     if (kSplit == 1) {
 #pragma unroll
       for (int ii = 0; ii < kRows; ++ii)
 #pragma unroll
         for (int jj = 0; jj < kMicro; ++jj) {
           dead[ii][jj] = kRelu && relu_dead(num[ii][jj]);
+          odd[ii][jj] = kOdd && odd_negative(num[ii][jj], den[ii][jj]);
           rn[ii][jj] = fabsf(num[ii][jj]);
           rd[ii][jj] = fabsf(den[ii][jj]);
           ex[ii][jj] = expo[ii][jj];
@@ -545,9 +585,9 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
           const float hn = half == 0 ? num[kRows + ii][jj] : num[ii][jj];
           const float hd = half == 0 ? den[kRows + ii][jj] : den[ii][jj];
           const int he = half == 0 ? expo[kRows + ii][jj] : expo[ii][jj];
-          // (kRelu: with hn's sign, relu_dead)
+          // (kRelu: with hn's sign, relu_dead; kOdd: with the sign of hn / hd, odd_negative)
           const float quotient = fabsf(ff_divide_approx(hn, hd));
-          *slot(0, half, q) = kRelu ? copysignf(quotient, hn) : quotient;
+          *slot(0, half, q) = kRelu ? copysignf(quotient, hn) : (kOdd ? ff_divide_approx(hn, hd) : quotient);
           *slot(1, half, q) = ff_bits_float(he);
         }
       region[4 * kHanded * kFwdThreads + half * kFwdThreads + tid] = ff_bits_float(score_flags(watch));
@@ -563,6 +603,7 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
           const int ke = half == 0 ? expo[ii][jj] : expo[kRows + ii][jj];
           const float handed = *slot(0, other, q);
           dead[ii][jj] = kRelu && (relu_dead(kn) || relu_dead(handed));
+          odd[ii][jj] = kOdd && odd_negative(kn, kd) != (ff_float_bits(handed) < 0);
           float r = fabsf(ff_divide_approx(kn, kd)) * fabsf(handed);  // in (1/4, 4)
           const int e = take_exponent(r);                             // r to [1, 2)
           rn[ii][jj] = r;
@@ -601,6 +642,13 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
                           (fmaf(e, kLn2Low, log_low[ii]) + (log_ratio(rn[ii][jj], rd[ii][jj]) + klog[jj]));
         S[ii][jj] = kRelu && dead[ii][jj] ? NEG_INF : fmaf(sum, power_high, sum * power_low);
       }
+    if constexpr (kOdd) {
+      negative = 0;
+#pragma unroll
+      for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+        for (int jj = 0; jj < kMicro; ++jj) negative |= odd[ii][jj] ? 1u << (ii * kMicro + jj) : 0u;
+    }
   }
   {  // keys a row does not see: -inf (a thread-uniform test: the thread's keys all visible to all
      // its rows, as in every tile but the causal diagonal's and the last, needs no select)
@@ -631,8 +679,18 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
       for (int jj = 0; jj < kMicro; ++jj) {
         const int i = i0 + row0 + ii, j = j0 + tx * kMicro + jj;
         if (j < row_end[ii]) {
-          const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, flags & kRareAll, p.relu);
-          if (s == s) S[ii][jj] = fmaf(s, kLog2eHigh, s * kLog2eLow);  // (NaN: not a rare pair)
+          if constexpr (kOdd) {
+            bool neg = false;
+            const float s = rare_pair_score_odd(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, flags & kRareAll, neg);
+            if (s == s) {  // (NaN: not a rare pair)
+              S[ii][jj] = fmaf(s, kLog2eHigh, s * kLog2eLow);
+              const unsigned bit = 1u << (ii * kMicro + jj);
+              negative = neg ? negative | bit : negative & ~bit;
+            }
+          } else {
+            const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, flags & kRareAll, p.relu);
+            if (s == s) S[ii][jj] = fmaf(s, kLog2eHigh, s * kLog2eLow);  // (NaN: not a rare pair)
+          }
         }
       }
     }
@@ -658,12 +716,13 @@ FF_DEV void tile_scores_impl(const Params<scalar_t, float>& p, int64_t bh, int i
 }
 
 // Scores of a tile times log2(e) (see tile_scores_impl), rare path and masks included: the
-// backward's (P = 2^(S log2(e) - lse log2(e)), the forward's roundings).
+// backward's (P = 2^(S log2(e) - lse log2(e)), the forward's roundings); kOdd: their signs in
+// `negative` (tile_scores_impl).
 template <Phi kPhi, typename scalar_t>
 FF_DEV void tile_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int ty,
-                             float* region, float (&S)[kMicro][kMicro]) {
+                             float* region, float (&S)[kMicro][kMicro], unsigned& negative) {
   int rare;  // (0: the rare path is done here)
-  tile_scores_impl<1, true, kPhi>(p, bh, i0, j0, tx, ty, region, S, rare);
+  tile_scores_impl<1, true, kPhi>(p, bh, i0, j0, tx, ty, region, S, rare, negative);
 }
 
 // The forward's rare path: after the scores of the tile are in St (row stride kScoreStride),
@@ -671,10 +730,11 @@ FF_DEV void tile_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
 // row0 .. row0 + rows - 1, keys tx * kMicro + (0 .. kMicro - 1)) that
 // have |u| <= kUFloor in some feature (all of them with `all`, kRareAll) from the per-element
 // math (rare_pair_score), masks included. A loop, not unrolled, outside the score code: no registers held across the calls.
+// kPhi kOdd: the pairs' signs too, in Sg (a byte per pair, row stride kFwdKeys; rare_pair_score_odd).
 // SASS: cold=rare_scores begin
-template <typename scalar_t>
+template <typename scalar_t, Phi kPhi = Phi::kPower>
 FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i0, int j0, int tx, int row0,
-                             int rows, float* St, bool all) {
+                             int rows, float* St, bool all, unsigned char* Sg = nullptr) {
   const int N = p.N, M = p.M, Dp = p.Dp;
   const float* trows = p.trows + bh * kRowFields * Dp * N;
   const float* tkeys = p.tkeys + bh * kKeyFields * Dp * M;
@@ -686,8 +746,11 @@ FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
     const int r = row0 + pair / kMicro, c = tx * kMicro + pair % kMicro;
     const int i = i0 + r, j = j0 + c;
     if (i >= N || j >= visible_end(p, i)) continue;
-    const float s = rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, all, p.relu);
+    bool neg = false;
+    const float s = kPhi == Phi::kOdd ? rare_pair_score_odd(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, all, neg)
+                                      : rare_pair_score(trows, tkeys, x_per_u, N, M, Dp, i, j, p.power, NAN, all, p.relu);
     if (!(s == s)) continue;  // not a rare pair
+    if (kPhi == Phi::kOdd) Sg[r * kFwdKeys + c] = neg;
     float s2 = fmaf(s, kLog2eHigh, s * kLog2eLow);
     if (p.attn_mask || p.key_bias) {
       const float add = (p.attn_mask ? p.attn_mask[b * p.mask_sb + h * p.mask_sh + (int64_t)i * p.mask_row + j] : 0.0f) +
@@ -699,7 +762,10 @@ FF_DEV void rare_scores_log2(const Params<scalar_t, float>& p, int64_t bh, int i
   // SASS: cold=rare_scores end
 }
 
-// kPhi: the call's phi (Phi; tile_scores_impl).
+// kPhi: the call's phi (Phi; tile_scores_impl). kOdd: the scores' signs go beside them in shared
+// memory (Sg, a byte per pair), the exponentials take them (signed P, a signed running sum l: the
+// running max is over the log-magnitudes as for the other phis), and the row is normalised by its
+// signed sum plus eps here (signed_row_scale), lse = log|sum|.
 template <typename scalar_t, int kO, Phi kPhi = Phi::kPower>
 FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 ? 2 : 1)
     forward_tiled_kernel(const Params<scalar_t, float> p) {
@@ -721,6 +787,9 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   float* St = region + tiled_forward_region_floats(Dv);  // (kFwdRows, kScoreStride)
   float* Os = St + kFwdRows * kScoreStride;              // (kFwdRows, output_stride): out, unnormalised
   float* ML = Os + kFwdRows * output_stride(Dv);         // (2, kThreads): m_run and l_part of each thread
+  constexpr bool kOdd = kPhi == Phi::kOdd;
+  // (kOdd: (kFwdRows, kFwdKeys) bytes, 1 where the pair's weight is negative)
+  unsigned char* Sg = kOdd ? reinterpret_cast<unsigned char*>(ML + 2 * kThreads) : nullptr;
   const float NEG_INF = -ff_inf<float>();
 
 
@@ -762,7 +831,8 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   for (int j0 = 0; j0 < ids[2]; j0 += kFwdKeys) {
     float S[kMicro][kMicro];
     int rare;  // ScoreFlags
-    tile_scores_impl<kSplit, false, kPhi>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare);  // log2 units
+    unsigned negative = 0;  // (kOdd: the signs, see tile_scores_impl)
+    tile_scores_impl<kSplit, false, kPhi>(p, (int64_t)ids[0], ids[1], j0, tx, ty, region, S, rare, negative);  // log2 units
     const int64_t bh = ids[0];
     const int i0 = ids[1];
     const int row0 = ty * kMicro + (tid / kFwdThreads) * (kMicro / kSplit);  // the rows of S
@@ -770,8 +840,16 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
     for (int ii = 0; ii < kMicro / kSplit; ++ii)
       *reinterpret_cast<float4*>(St + (row0 + ii) * kScoreStride + tx * kMicro) =
           make_float4(S[ii][0], S[ii][1], S[ii][2], S[ii][3]);
+    if constexpr (kOdd) {  // the 4 pairs' signs of each row as one word of 4 bytes
+#pragma unroll
+      for (int ii = 0; ii < kMicro / kSplit; ++ii) {
+        const unsigned n = negative >> (ii * kMicro);
+        *reinterpret_cast<unsigned*>(Sg + (row0 + ii) * kFwdKeys + tx * kMicro) =
+            (n & 1u) | ((n >> 1) & 1u) << 8 | ((n >> 2) & 1u) << 16 | ((n >> 3) & 1u) << 24;
+      }
+    }
     // SASS: cold=rare_scores_call test
-    if (rare) rare_scores_log2(p, bh, i0, j0, tx, row0, kMicro / kSplit, St, (rare & kRareAll) != 0);
+    if (rare) rare_scores_log2<scalar_t, kPhi>(p, bh, i0, j0, tx, row0, kMicro / kSplit, St, (rare & kRareAll) != 0, Sg);
     __syncthreads();  // scores written; the chunk region is free for V
     const scalar_t* v = p.v + bh * M * Dv;
     if (kO <= 32) {  // element tid + kThreads n of the (kFwdKeys, kVStride) tile: compile-time row
@@ -813,9 +891,16 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
       scale = ff_exp2_approx(m_run - m_new);  // 0 while m_run is -inf
       l_part *= scale;
       const int pi = i0 + pr;
+      unsigned signs[kPartKeys / 4];  // (kOdd: the keys' sign bytes, four to a word)
+      if constexpr (kOdd) {
+#pragma unroll
+        for (int t = 0; t < kPartKeys / 4; ++t)
+          signs[t] = reinterpret_cast<const unsigned*>(Sg + pr * kFwdKeys + part * kPartKeys)[t];
+      }
 #pragma unroll
       for (int t = 0; t < kPartKeys; ++t) {
         sv[t] = ff_exp2_approx(sv[t] - m_new);  // 0 for masked keys
+        if (kOdd && ((signs[t / 4] >> (8 * (t % 4))) & 1u)) sv[t] = -sv[t];
         l_part += sv[t];                        // the normaliser counts every key
       }
       // SASS: cold=dropout begin test
@@ -899,7 +984,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
   const int pi = i0 + pr;
   if (pi >= N) return;
   const bool empty = !(m_run > NEG_INF);  // no visible, unmasked key
-  const float inv = empty ? 0.0f : 1.0f / l;
+  // (kOdd: by the signed sum plus eps; m_run in log2 units)
+  const float inv = empty ? 0.0f
+                          : (kOdd ? (float)signed_row_scale(l, (double)m_run * 0.693147180559945309, p.log_eps)
+                                  : 1.0f / l);
   scalar_t* out_i = p.out + (bh * N + pi) * Dv;
   orow = Os + pr * output_stride(Dv) + 4 * part;
   // SASS: loop=output_store step=1 trips=Dvs/(16*split)
@@ -913,7 +1001,10 @@ FF_GLOBAL void FF_LAUNCH_BOUNDS_MIN(kFwdThreads * forward_split<kO>(), kO <= 16 
     }
   }
   // m_run is in log2 units
-  if (part == 0) p.lse[bh * N + pi] = empty ? (double)INFINITY : (double)m_run * 0.693147180559945309 + log((double)l);
+  // (kOdd: log|l|, -inf where the signed sum is 0)
+  if (part == 0)
+    p.lse[bh * N + pi] =
+        empty ? (double)INFINITY : (double)m_run * 0.693147180559945309 + log(kOdd ? fabs((double)l) : (double)l);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <ATen/OpMathType.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <algorithm>
@@ -218,10 +219,12 @@ at::Tensor tables_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at:
   return tables;
 }
 
-// The kernels' Phi of the op's phi ("power" and "abs" take the same instances, with p.power).
-inline Phi kernel_phi(c10::string_view phi) {
+// The kernels' Phi of the op's phi and power ("power" with an even p and "abs" take the same
+// instances, with p.power; "power" with an odd p, signed weights, kOdd's).
+inline Phi kernel_phi(c10::string_view phi, double power) {
   if (phi == "relu") return Phi::kRelu;
   if (phi == "sigmoid") return Phi::kSigmoid;
+  if (phi == "power" && std::fmod(power, 2.0) == 1.0) return Phi::kOdd;
   return Phi::kPower;
 }
 
@@ -235,6 +238,9 @@ void with_phi(Phi phi, F&& f) {
       break;
     case Phi::kSigmoid:
       f(std::integral_constant<Phi, Phi::kSigmoid>{});
+      break;
+    case Phi::kOdd:
+      f(std::integral_constant<Phi, Phi::kOdd>{});
       break;
     default:
       f(std::integral_constant<Phi, Phi::kPower>{});
@@ -261,7 +267,10 @@ void launch_decode(const AttentionShape& sh, Params<scalar_t, float>& p, const a
              smem, p);
     });
   });
-  launch(forward_combine_kernel<scalar_t>, sh.B * sh.H, kCombineThreads, 0, p);
+  if (p.phi == Phi::kOdd)  // (signed sums, normalised with eps there)
+    launch(forward_combine_kernel<scalar_t, true>, sh.B * sh.H, kCombineThreads, 0, p);
+  else
+    launch(forward_combine_kernel<scalar_t>, sh.B * sh.H, kCombineThreads, 0, p);
 }
 
 // float64: the simple path; float32, float16, bfloat16: the tables, then the decoding forward for
@@ -278,7 +287,7 @@ void launch_forward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const 
       launch_decode(sh, p, options, launch);
       return;
     }
-    const size_t smem = sizeof(float) * tiled_forward_smem_floats(p.Dv);
+    const size_t smem = sizeof(float) * tiled_forward_smem_floats(p.Dv, p.phi == Phi::kOdd);
     if (smem > launch.smem_optin) {  // (Dv > 128 on GPUs with 99 KiB per block: the simple kernel)
       launch(forward_kernel<scalar_t, acc_t>, grid_blocks(sh, sh.N), kThreads,
              sizeof(acc_t) * forward_smem_elems(p.D, p.Dv), p);
@@ -305,7 +314,7 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
                                                 c10::string_view phi = "power") {
   PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, "forward");
-  const Phi kphi = kernel_phi(phi);
+  const Phi kphi = kernel_phi(phi, power);
   const AttentionShape& sh = in.sh;
   at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(sh, in.dtype));
   at::Tensor nan_rows;  // (see scores_all_finite)
@@ -326,13 +335,14 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q_in, const at
                                                              in.key_bias, power, kphi, causal, dropout_p, seed);
     p.out = out.data_ptr<scalar_t>();
     p.lse = lse.data_ptr<double>();
+    if (kphi == Phi::kOdd) p.log_eps = log_eps;  // (odd p: the kernels apply the null key, signed_row_scale)
     launch_forward(sh, p, in.q.options(), launch, tables);
   });
   if (nan_rows.defined()) {
     out.masked_fill_(nan_rows.unsqueeze(-1), NAN);
     lse.masked_fill_(nan_rows, NAN);
   }
-  scale_by_null_key(out, lse, log_eps);
+  if (kphi != Phi::kOdd) scale_by_null_key(out, lse, log_eps);  // (odd p: the kernels applied it)
   return {out, lse};
 }
 
@@ -389,7 +399,9 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
     const int64_t row_blocks = grid_blocks(sh, sh.N, kFwdRows);
     // the pre-pass's scores kept for the main pass, where they fit the launcher's budget at this
     // call (score_cache.h)
-    const int64_t cache_bytes = score_cache_bytes(sh.B * sh.H, sh.N, sh.M);
+    // (Phi::kOdd: the scores' signs after them, score_sign_bytes)
+    const int64_t cache_bytes = score_cache_bytes(sh.B * sh.H, sh.N, sh.M) +
+                                (p.phi == Phi::kOdd ? score_sign_bytes(sh.B * sh.H, sh.N, sh.M) : 0);
     const bool cache = sh.N > 0 && sh.M > 0 && cache_bytes <= launch.score_cache_budget();
     // the pre-pass in one or two halves (delta_pass_split: where the grid is small), two only with
     // the cache (the halves' scores round otherwise than the main pass's, whose P must be the
@@ -410,7 +422,7 @@ void launch_backward(const AttentionShape& sh, Params<scalar_t, acc_t>& p, const
       p.dv_acc = dv_acc.data_ptr<float>();
       at::Tensor score_cache;
       if (cache) {
-        score_cache = at::empty({cache_bytes / (int64_t)sizeof(float)}, options.dtype(at::kFloat));
+        score_cache = at::empty({(cache_bytes + 3) / (int64_t)sizeof(float)}, options.dtype(at::kFloat));
         p.score_cache = score_cache.data_ptr<float>();
       }
       with_phi(p.phi, [&](auto kPhi) {
@@ -448,7 +460,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const Launcher& launch, c10::string_view phi = "power") {
   PreparedInputs in =
       prepare_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, "backward");
-  const Phi kphi = kernel_phi(phi);
+  const Phi kphi = kernel_phi(phi, power);
   at::Tensor tables = checked_tables(tables_in, q_in, cuda_table_floats(in.sh, in.dtype));
   const double log_eps = null_key_log_eps(normaliser_eps);
   const AttentionShape& sh = in.sh;
@@ -479,6 +491,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
   at::Tensor dradius = at::zeros({sh.H, sh.D}, in.q.options().dtype(in.acc));
   at::Tensor delta = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(in.acc));
   at::Tensor lse_bwd = at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(at::kDouble));
+  // (Phi::kOdd: the rows' normaliser signs, Params::row_sign)
+  const at::Tensor row_sign =
+      kphi == Phi::kOdd ? at::empty({sh.B, sh.H, sh.N}, in.q.options().dtype(in.acc)) : at::Tensor();
   if (sh.B * sh.H > 0) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.dtype, "fourier_attention_backward_cuda", [&] {
       using acc_t = at::opmath_type<scalar_t>;
@@ -488,6 +503,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
       p.lse_in = lse.data_ptr<double>();
       p.delta = delta.data_ptr<acc_t>();
       p.lse_bwd = lse_bwd.data_ptr<double>();
+      p.row_sign = row_sign.defined() ? row_sign.data_ptr<acc_t>() : nullptr;
       p.log_eps = log_eps;
       p.dq = dq.data_ptr<scalar_t>();
       p.dk = dk.data_ptr<scalar_t>();

@@ -28,6 +28,10 @@ FF_HD int64_t score_cache_bytes(int64_t BH, int64_t N, int64_t M) {
   return BH * N * score_cache_stride(M) * (int64_t)sizeof(float);
 }
 
+// Phi::kOdd (phi(x) = x^p, odd p): the cached scores' signs after the scores, a byte per 4 keys of a
+// row (bit jj for key 4 c + jj of byte c), B H N rows of score_cache_stride(M) / 4 bytes.
+FF_HD int64_t score_sign_bytes(int64_t BH, int64_t N, int64_t M) { return BH * N * (score_cache_stride(M) / 4); }
+
 // The budget is this fraction of the device memory free at the backward's call (the driver's
 // free memory and what torch's caching allocator holds unused): the cache lives only during the
 // call, and the rest stays for whatever else runs then.

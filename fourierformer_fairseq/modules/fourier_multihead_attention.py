@@ -89,7 +89,7 @@ class FourierMultiheadAttention(ProjectedMultiheadAttention):
     """Multi-head Fourier integral attention (FourierFormer, Nguyen et al. 2022).
 
     Args beyond fairseq's ``MultiheadAttention``:
-        power: p in phi(x) = x^p (phi="power"); even p runs on the fused kernels, odd p on the CPU's.
+        power: p in phi(x) = x^p (phi="power"); every p runs on the fused kernels (odd p: signed weights).
         phi: "power", "abs", "relu" or "sigmoid".
         radius_init: initial value of every entry of the radius R; None: ``auto_radius(power, head_dim)``.
         radius_shape: "scalar" (one R per layer), "head" (one per head) or

@@ -8,8 +8,7 @@ computes, for each batch b and head h,
 
 with phi(x) = x^p (or |x|, ReLU, sigmoid: the phi keyword). Backends: "cuda" and "cpu" (fused
 kernels in the log domain with a saved log-normaliser: even p, |x| and ReLU, the log domain with
-p = 1, and on the CPU sigmoid and odd p, whose signed weights keep a sign beside their
-log-magnitude) and "reference" (pure PyTorch, every phi); what each accepts is declared
+p = 1, sigmoid, and odd p, whose signed weights keep a sign beside their log-magnitude) and "reference" (pure PyTorch, every phi); what each accepts is declared
 once, in backends.py.
 
 Importing this package loads the compiled extension (extension.py) and registers the fused

@@ -2,7 +2,7 @@
 
 The cases are the CPU fuzz's (tests/fuzz_cases.py: draw_case): every remainder of N and M,
 exact and near duplicates (q == k, 1e-6, 1e-3), keys on and next to sinc's zeros, large |R q|,
-powers 2, 4, 6, every radius shape, causal, key padding (fully padded sequences too), additive
+powers 2, 4, 6 and the odd powers 1, 3, 5 (signed weights), every radius shape, causal, key padding (fully padded sequences too), additive
 and bool masks; the forward and all four gradients are checked, in every dtype the CUDA
 kernels take.
 
@@ -43,11 +43,19 @@ N_CASES = 140
 CUDA_PHIS = DECLARATIONS["cuda"].phis or ("power",)
 
 
+def runs_on_cuda(kind):
+    """Whether the CUDA kernels run the fuzz's phi kind: a phi they list, or "odd" (phi "power" with p
+    1, 3 or 5) where their power rule takes odd p (power_multiple 1)."""
+    if kind == "odd":
+        return "power" in CUDA_PHIS and DECLARATIONS["cuda"].power_multiple == 1
+    return kind in CUDA_PHIS
+
+
 def draw_case(seed):
     """The fuzz case of `seed` where its phi runs on CUDA; a skip naming it otherwise."""
     phi = case_classes(seed)[6]
-    if phi not in CUDA_PHIS:
-        pytest.skip(f"phi={phi!r}: the CUDA kernels run {CUDA_PHIS}")
+    if not runs_on_cuda(phi):
+        pytest.skip(f"phi={phi!r}: the CUDA kernels run {CUDA_PHIS} with {DECLARATIONS['cuda'].power_rule}")
     return draw_any_case(seed)
 # every fourth fuzz case again with phi = sigmoid (sigmoid_case)
 SIGMOID_SEEDS = range(0, N_CASES, 4)

@@ -445,6 +445,21 @@ def test_the_instances_are_the_launchers_choices_at_each_head_dim(host_info):
                            for i in build.launcher_instances(c, sizes, score_cache=False, phi="sigmoid")}
         assert sigmoid_without["main"] == f"backward_main_tiled_kernel<float, {main}, false, Phi::kSigmoid>"
         assert {i.kind for i in build.launcher_instances(c, sizes, phi="sigmoid")} == set(templates)
+        # odd p (x, x^3): its Phi::kOdd instance of every kernel that computes scores, and of the main
+        # pass with the score cache too (it reads the scores' signs there); the decoding forward's
+        # signed merge; the forward's shared memory with the score tile's sign bytes
+        odd = {i.kind: i for i in build.launcher_instances(c, sizes, phi="odd")}
+        assert odd["forward"].template == f"forward_tiled_kernel<float, {fwd}, Phi::kOdd>"
+        assert odd["forward"].smem == "fwd_odd_smem_floats"
+        assert sizes["fwd_odd_smem_floats"] == sizes["fwd_smem_floats"] + c["kFwdRows"] * c["kFwdKeys"] // 4
+        assert odd["delta"].template == "backward_delta_tiled_kernel<float, 1, Phi::kOdd>"
+        assert odd["main"].template == f"backward_main_tiled_kernel<float, {main}, true, Phi::kOdd>"
+        assert odd["decode"].template == f"forward_decode_kernel<float, {c['decode_rows_most']}, Phi::kOdd>"
+        assert odd["combine"].template == "forward_combine_kernel<float, true>"
+        assert templates["combine"] == sigmoid["combine"] == "forward_combine_kernel<float>"
+        assert ("delta2" in odd) == ("delta2" in templates) and set(odd) == set(templates)
+        odd_without = {i.kind: i.template for i in build.launcher_instances(c, sizes, score_cache=False, phi="odd")}
+        assert odd_without["main"] == f"backward_main_tiled_kernel<float, {main}, false, Phi::kOdd>"
 
 
 def test_the_report_keeps_no_copy_of_the_launchers_choices():

@@ -253,8 +253,9 @@ def test_scaled_cutoffs_and_warmup():
 # --------------------------------------------------------------------------- the dry run
 def test_dry_run_gpu_hours_recomputed_from_their_inputs():
     """Each run's GPU-hours are its updates x the step time of what it executes (the protocol's pass x
-    --update-freq); a run the record does not hold (here: the reference backend) is of unknown cost, not
-    costed at another's speed; a run shared by tables is counted once in their total."""
+    --update-freq); a run the record does not hold (here: the Gaussian kernel's attention) is of unknown
+    cost, not costed at another's speed; a run shared by tables is counted once in their total; the odd
+    powers (x, x^3) run on the fused kernels, costed at their speed."""
     pr = load_paper_runs()
     record = {"step_times": [
         {"task": "wikitext103", "protocol": "published", "size": size, "attention": att, "precision": "fp32",
@@ -267,8 +268,10 @@ def test_dry_run_gpu_hours_recomputed_from_their_inputs():
     assert f"a seed {small:.1f} GPU-h on 1 GPU" in run and f"{3 * 500000 * 96 * 256 / 1e9:.2f}G tokens" in run
     assert "in table1, table7" in next(l for l in lines if l.startswith("wikitext103 small published_small "))
     x3 = next(l for l in lines if l.startswith("wikitext103 small published_small_power3 "))
-    assert "the slow reference backend" in x3
-    assert "cost unknown" in lines[lines.index(x3) + 1]
+    assert "attention: the fused kernels" in x3 and "reference" not in x3
+    assert f"a seed {small:.1f} GPU-h on 1 GPU" in lines[lines.index(x3) + 1]
+    gaussian = next(l for l in lines if l.startswith("wikitext103 small fourier_small_gaussian "))
+    assert "cost unknown" in lines[lines.index(gaussian) + 1]
     import re
 
     def total(name):

@@ -6,6 +6,7 @@
     python scripts/benchmarks/cuda_sass_report.py --keep               # keep the generated .cu, logs and SASS
     python scripts/benchmarks/cuda_sass_report.py --phi relu           # phi = ReLU's kernel instances
     python scripts/benchmarks/cuda_sass_report.py --phi sigmoid        # phi = sigmoid's kernel instances
+    python scripts/benchmarks/cuda_sass_report.py --phi odd            # phi(x) = x^p with odd p (x, x^3)
 
 For each head dim (D = Dv) it compiles, from the kernel headers alone (csrc/cuda/*.cuh, no torch
 or ATen header), the float32 kernel instances that the launcher (csrc/cuda/fourier_attention_launch.h)

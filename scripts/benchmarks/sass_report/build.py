@@ -140,6 +140,7 @@ SIZES = {
     "ostride": "dkv_out_stride(Dv)",
     "fwd_columns": "ForwardColumns::of(Dv)",
     "fwd_smem_floats": "tiled_forward_smem_floats(Dv)",
+    "fwd_odd_smem_floats": "tiled_forward_smem_floats(Dv, true)",
     "fwd_threads": "forward_threads(Dv)",
     "table_smem_floats": "table_smem_bytes() / sizeof(float)",
     "tiled_backward": "tiled_backward_takes(padded_features(D), Dv)",
@@ -189,9 +190,11 @@ class Instance:
 
 # The template argument of each phi's kernel instances (csrc/cuda/common.cuh: Phi; "abs" runs the
 # power's instances with p = 1), and which the launcher's main pass takes with the score cache, where
-# its scores are the pre-pass's (main_pass_phi in backward_tiled.cuh: ReLU the power's).
-PHIS = {"power": "", "relu": ", Phi::kRelu", "sigmoid": ", Phi::kSigmoid"}
-CACHED_MAIN_PASS_PHI = {"power": "power", "relu": "power", "sigmoid": "sigmoid"}
+# its scores are the pre-pass's (main_pass_phi in backward_tiled.cuh: ReLU the power's). "odd": phi(x)
+# = x^p with odd p (Phi::kOdd, signed weights; its tiled forward keeps the scores' signs in shared
+# memory, its decoding forward's merge is forward_combine_kernel<float, true>).
+PHIS = {"power": "", "relu": ", Phi::kRelu", "sigmoid": ", Phi::kSigmoid", "odd": ", Phi::kOdd"}
+CACHED_MAIN_PASS_PHI = {"power": "power", "relu": "power", "sigmoid": "sigmoid", "odd": "odd"}
 
 
 def launcher_instances(c, sizes, score_cache=True, phi="power"):
@@ -206,7 +209,7 @@ def launcher_instances(c, sizes, score_cache=True, phi="power"):
     out = [Instance("tables", "table_kernel<float>", {}, "kTableThreads", "table_smem_floats")]
     kO = sizes["fwd_columns"]
     out.append(Instance("forward", f"forward_tiled_kernel<float, {kO}{arg}>", {"kO": kO}, "fwd_threads",
-                        "fwd_smem_floats", "kFwdRows"))
+                        "fwd_odd_smem_floats" if phi == "odd" else "fwd_smem_floats", "kFwdRows"))
     if sizes["tiled_backward"]:
         out.append(Instance("delta", f"backward_delta_tiled_kernel<float, 1{arg}>", {"kSplit": 1}, "kFwdThreads",
                             "delta_smem_floats", "kFwdRows"))
@@ -233,8 +236,8 @@ def launcher_instances(c, sizes, score_cache=True, phi="power"):
         rows = c[f"decode_rows_{which}"]
         out.append(Instance("decode", f"forward_decode_kernel<float, {rows}{arg}>", {"kRows": rows, "N": n},
                             "kDecThreads", f"decode_{which}_smem_floats", "kDecKeys"))
-        out.append(Instance("combine", "forward_combine_kernel<float>", {"kRows": rows, "N": n}, "kCombineThreads",
-                            None))
+        combine = "forward_combine_kernel<float, true>" if phi == "odd" else "forward_combine_kernel<float>"
+        out.append(Instance("combine", combine, {"kRows": rows, "N": n}, "kCombineThreads", None))
     return out
 
 

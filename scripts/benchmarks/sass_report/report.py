@@ -31,8 +31,10 @@ def main(argv=None):
     ap.add_argument("--phi", choices=tuple(PHIS), default="power",
                     help="the kernels' instances for this phi: power (also abs: the same instances, p = 1), relu "
                          "(its Phi::kRelu instances: the forward, the pre-pass, the main pass without the score "
-                         "cache and the decoding forward) or sigmoid (its Phi::kSigmoid instances, the main pass "
-                         "with the score cache too: its g pass takes sigmoid's derivative)")
+                         "cache and the decoding forward), sigmoid (its Phi::kSigmoid instances, the main pass "
+                         "with the score cache too: its g pass takes sigmoid's derivative) or odd (phi(x) = x^p with "
+                         "odd p: its Phi::kOdd instances, the main pass with the score cache too, which reads the "
+                         "scores' signs, and the decoding forward's signed merge)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (.cu, ptxas logs, SASS) and print it")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fourierformer-sass-cache"),
                     help="cubin cache (default: %(default)s)")

@@ -121,10 +121,10 @@ sys.path[:0] = [ROOT, TESTS]
 # defines the same ops
 os.environ["FOURIERFORMER_DISABLE_EXTENSION"] = "1"
 
-from fourierformer_fairseq.ops.reference import fourier_attention_reference  # noqa: E402
+from fourierformer_fairseq.ops.reference import dropout_keep_mask, fourier_attention_reference  # noqa: E402
 from helpers import NONFINITE, nonfinite_case, random_qkv  # noqa: E402
-from oracle import (lse_mismatches, oracle_attention, oracle_gradient_scales, oracle_gradients,  # noqa: E402
-                    oracle_mismatches)
+from oracle import (float64_mismatches, lse_mismatches, oracle_attention, oracle_gradient_scales,  # noqa: E402
+                    oracle_gradients, oracle_mismatches, oracle_weights)
 
 
 print = functools.partial(print, flush=True)  # progress shows up at once, also through a pipe
@@ -297,12 +297,12 @@ def check_smem_limit(f32):
     print("  ok  99 KiB per block: Dv 160 runs the simple forward kernel")
 
 
-def backward_two_ways(case, env, value, dout_seed, also, phi="power"):
-    """The float32 backward of `case` (power 4, or phi's power, causal, its key padding as a key bias,
-    dropout 0.2) with the environment variable `env` unset and then set to `value`, `also()` run
-    while it is set; the two (dq, dk, dv, dradius)."""
+def backward_two_ways(case, env, value, dout_seed, also, phi="power", power=4):
+    """The float32 backward of `case` (power 4 or `power`, or phi's power, causal, its key padding as a
+    key bias, dropout 0.2) with the environment variable `env` unset and then set to `value`, `also()`
+    run while it is set; the two (dq, dk, dv, dradius)."""
     assert case["causal"] and case["attn_mask"] is None
-    args = op_args(case, 4, 0.2, 5, 0.0, phi)
+    args = op_args(case, power, 0.2, 5, 0.0, phi)
     out, lse = torch.ops.fourierformer.fourier_attention_forward(*args)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(dout_seed))
 
@@ -390,6 +390,193 @@ def check_sigmoid_paths(f32):
         run_case("f32 sigmoid D64 Dv160 at 99 KiB per block", case, 1, 0.0, phi="sigmoid", **f32)
     assert not torch.equal(unlimited, limited), "the 99 KiB limit did not change sigmoid's forward kernel"
     print("  ok  sigmoid: score cache and recomputed scores, split and whole agree; the simple forward at 99 KiB")
+
+
+# phi(x) = x^p with odd p (x and x^3: Phi::kOdd, signed weights normalised by their signed sum plus
+# eps in the kernels; tests/oracle.py knows them). Each case against the float64 oracle: float32 within
+# oracle_mismatches' bound (which grows with a row's sum of |P| where its weights cancel), lse within
+# lse_mismatches' (log|sum|), float64 within float64_mismatches' 1e-9 of the scale.
+def odd_mismatches(case, power, dropout_p=0.0, seed=5, normaliser_eps=0.0, dout_seed=7):
+    """What breaks the oracle's bounds for `case` (make_case) at odd `power`: the forward, the four
+    gradients and lse; rows that see no key must give 0 with lse +inf. Returns (mismatches, results)."""
+    q, k, v, radius, kpm = case["q"], case["k"], case["v"], case["radius"], case["key_padding"]
+    B, H, N, _ = q.shape
+    M = k.shape[2]
+    dout = torch.randn(B, H, N, v.shape[-1], generator=torch.Generator().manual_seed(dout_seed), dtype=torch.float64)
+    results = forward_backward(op_args(case, power, dropout_p, seed, normaliser_eps), dout.to(q.dtype))
+    out, lse, *grads = results
+    kwargs = dict(power=power, attn_mask=case["attn_mask"], key_padding_mask=kpm, causal=case["causal"],
+                  normaliser_eps=normaliser_eps)
+    okw = dict(kwargs)
+    if dropout_p:
+        okw["dropout_scale"] = dropout_keep_mask(seed, (B, H, N, M), dropout_p, "cpu").double() / (1 - dropout_p)
+    ours = (out, *grads)
+    if q.dtype == torch.float64:
+        bad = float64_mismatches(ours, q, k, v, radius, dout, **okw)
+    else:
+        bad = oracle_mismatches(ours, q.double(), k.double(), v.double(), radius, dout, **okw)
+        bad += lse_mismatches(lse, q.double(), k.double(), radius, **kwargs)
+    seen = (oracle_weights(q.double(), k.double(), radius, **kwargs) != 0).any(-1)
+    if not (out[~seen] == 0).all() or not torch.isposinf(lse[~seen]).all():
+        bad.append("a row that sees no key is not 0 with lse +inf")
+    return bad, results
+
+
+def odd_case(name, case, power, **kwargs):
+    t0 = time.time()
+    bad, _ = odd_mismatches(case, power, **kwargs)
+    print(f"  {'ok ' if not bad else 'BAD'} {name:60s} ({time.time() - t0:.1f}s) {'; '.join(bad)}")
+    if bad:
+        raise AssertionError(f"{name}: {'; '.join(bad)}")
+
+
+def cancelling_case(power, N, dtype, mask=False, seed=0):
+    """Rows whose signed weights cancel to a sum of relative size 1e-1 .. 1e-4 (tests/ops/
+    test_fused_phis.py's construction: one sequence per size, each row's keys in feature 0 at x =
+    q0 (sinc m1 (1 + delta) > 0), x1 (sinc -m1) and 2 pi (sinc 0), the other features a little off
+    q's; q and k rounded to float32), N rows per sequence (each a little off the others), as a
+    make_case case."""
+    x1 = 4.4934094579
+    m1 = abs(math.sin(x1) / x1)
+    deltas = (1e-1, 1e-2, 1e-3, 1e-4)
+
+    def solve(target):  # x in (0, pi) with sinc(x) = target
+        lo, hi = 1e-9, 3.14159
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if math.sin(mid) / mid > target else (lo, mid)
+        return (lo + hi) / 2
+
+    H, D, Dv = 2, 16, 5
+    g = torch.Generator().manual_seed(seed)
+    q = torch.zeros(len(deltas), H, N, D, dtype=torch.float64)
+    k = torch.zeros(len(deltas), H, 3, D, dtype=torch.float64)
+    for b, delta in enumerate(deltas):
+        q[b, :, :, 0] = solve(m1 * (1 + delta))
+        k[b, :, 1, 0] = q[b, 0, 0, 0] - x1
+        k[b, :, 2, 0] = q[b, 0, 0, 0] - 2 * math.pi
+    q = q + 1e-3 * torch.randn(q.shape, generator=g, dtype=torch.float64) * (torch.arange(D) > 0)
+    q, k = q.float(), k.float()  # (rounded to float32 for every dtype, as the CPU test's)
+    v = torch.randn(len(deltas), H, 3, Dv, generator=g, dtype=torch.float64)
+    attn_mask = torch.tensor([[0.0, 0.0, -1.0]], dtype=torch.float64).expand(N, 3).reshape(1, 1, N, 3) if mask else None
+    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), radius=torch.ones(H, D, dtype=torch.float64),
+                attn_mask=attn_mask, key_padding=None, causal=False)
+
+
+def check_odd_powers(quick):
+    """phi(x) = x^p with odd p (1 and 3; 5 in the fuzz) on every kernel path against the float64 oracle:
+    the float64 simple kernels; the float32 tiled forward (N > 8) and the decoding forward (N <= 8),
+    the tiled backward (pre-pass and main pass) and the simple float32 backward (D above 128); masks
+    (-inf at random, finite additive ones per head), causal, key padding with a batch of padding
+    only, rows that see no key, dropout, the null key (normaliser_eps: applied by the kernels to the
+    signed sum), rows whose signed sum nearly cancels (with and without eps, each path); the main pass
+    with and without the score cache (its sign bytes) and split on a small grid; and that the cases
+    check signs at all: x's output moves far from |x|'s."""
+    f32 = dict(rtol=2e-4, atol=2e-5)
+    cases = [
+        ("f64 x^3 N37 M45 D59 Dv33 mask", make_case(1, 2, 37, 45, 59, 33, torch.float64, mask="random"), 3, {}),
+        ("f64 x causal kpm dropout null key", make_case(2, 1, 5, 40, 8, 12, torch.float64, causal=True, kpm=True), 1,
+         dict(dropout_p=0.2, normaliser_eps=1e-3)),
+        ("f64 x^3 float mask H-broadcast", make_case(2, 3, 9, 33, 4, 5, torch.float64, mask="float"), 3, {}),
+        ("f64 x fully masked rows", make_case(1, 1, 6, 10, 3, 4, torch.float64, mask="full_row"), 1, {}),
+        ("f32 x N33 M70 D40", make_case(1, 1, 33, 70, 40, 20, torch.float32), 1, {}),
+        ("f32 x^3 N33 M70 D40", make_case(1, 1, 33, 70, 40, 20, torch.float32), 3, {}),
+        ("f32 x^3 causal dropout kpm", make_case(2, 1, 20, 41, 5, 3, torch.float32, causal=True, kpm=True), 3,
+         dict(dropout_p=0.2)),
+        ("f32 x D100 Dv100 N9 M70 causal float mask", make_case(1, 1, 9, 70, 100, 100, torch.float32, causal=True,
+                                                                scale=0.8, mask="float"), 1, {}),
+        ("f32 x^3 fully masked rows N65 M70", make_case(1, 2, 65, 70, 24, 8, torch.float32, mask="full_row"), 3, {}),
+        ("f32 x^3 null key causal N65 M70 mask", make_case(1, 2, 65, 70, 16, 8, torch.float32, causal=True,
+                                                           mask="random", scale=0.7), 3, dict(normaliser_eps=1e-2)),
+        ("f32 x null key D129 Dv200 (decoding forward, simple backward)",
+         make_case(1, 1, 5, 7, 129, 200, torch.float32, scale=0.3), 1, dict(normaliser_eps=0.5)),
+        ("f32 x^3 D129 Dv200 N9 M7 (simple backward)", make_case(1, 1, 9, 7, 129, 200, torch.float32, scale=0.8), 3,
+         {}),
+        ("f32 x^3 large |x| (scale 20)", make_case(1, 1, 9, 40, 8, 8, torch.float32, scale=20.0), 3, {}),
+        # the decoding forward (N <= 8): every register-row count, key chunks, masks, the null key
+        ("f32 decoding x N1 M130 kpm", make_case(2, 2, 1, 130, 16, 16, torch.float32, kpm=True, scale=0.5), 1, {}),
+        ("f32 decoding x^3 N3 M130 causal kpm dropout", make_case(2, 1, 3, 130, 16, 12, torch.float32, causal=True,
+                                                                  kpm=True, scale=0.5, seed=7), 3,
+         dict(dropout_p=0.2)),
+        ("f32 decoding x^3 N8 M200 full rows", make_case(2, 2, 8, 200, 16, 16, torch.float32, mask="full_row",
+                                                         scale=0.5), 3, {}),
+        ("f32 decoding x N6 M129 D64 kpm null key", make_case(2, 1, 6, 129, 64, 20, torch.float32, kpm=True,
+                                                              scale=0.5), 1, dict(normaliser_eps=1e-3)),
+        ("f32 decoding x^3 N4 M130 D128 float mask", make_case(1, 2, 4, 130, 128, 100, torch.float32, mask="float",
+                                                               scale=0.3), 3, {}),
+    ]
+    if not quick:
+        cases += [
+            ("f64 x^3 D256 Dv256 N3 M33", make_case(1, 1, 3, 33, 256, 256, torch.float64, scale=0.3), 3, {}),
+            ("f32 x D256 Dv256 N70 M40 (simple backward)", make_case(1, 1, 70, 40, 256, 256, torch.float32,
+                                                                     scale=0.3), 1, {}),
+        ]
+    for name, case, power, kwargs in cases:
+        odd_case(name, case, power, **kwargs)
+    # rows near a zero normaliser: the decoding forward (N 1), the tiled one (N 12), float64; with a
+    # finite additive mask; with and without eps
+    for power in (1, 3):
+        for N, dtype, mask in ((1, torch.float32, False), (12, torch.float32, True), (12, torch.float32, False),
+                               (2, torch.float64, False)):
+            case = cancelling_case(power, N, dtype, mask, seed=power)
+            w = oracle_weights(case["q"].double(), case["k"].double(), case["radius"], power=power)
+            assert w.abs().sum(-1).max() > 1e3, "the case has no cancelling row"
+            for eps in (0.0, 1e-3):
+                odd_case(f"{str(dtype).split('.')[-1]} p={power} near-zero normaliser N{N}{' mask' if mask else ''} "
+                         f"eps={eps}", case, power, normaliser_eps=eps)
+    # the score cache's sign bytes and the recomputed signs, split and whole (as check_score_cache and
+    # check_grid_splits): against the oracle and each other
+    case = make_case(2, 1, 69, 70, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
+    cached, recomputed = backward_two_ways(
+        case, "FF_EMU_SCORE_CACHE_BYTES", "0", 11,
+        lambda: odd_case("f32 x^3 causal kpm dropout, no score cache", case, 3, dropout_p=0.2), power=3)
+    odd_case("f32 x^3 causal kpm dropout, score cache", case, 3, dropout_p=0.2)
+    for name, a, b in zip(("dq", "dk", "dv", "dradius"), cached, recomputed):
+        err = (a - b).abs().max().item()
+        same = err <= 1e-6 * max(1.0, b.abs().max().item()) if name in ("dq", "dradius") else torch.equal(a, b)
+        assert same, f"x^3, score cache: {name} differs by {err:.3e}"
+    for D, Dv, N, M, same in ((40, 40, 37, 70, True), (100, 12, 37, 70, False)):
+        case = make_case(2, 1, N, M, D, Dv, torch.float32, causal=True, kpm=True, scale=0.4, seed=D)
+        label = f"f32 x D{D} Dv{Dv} N{N} M{M} causal kpm dropout"
+        split, whole = backward_two_ways(case, "FF_EMU_SM_COUNT", "1", 12,
+                                         lambda: odd_case(label + ", whole", case, 1, dropout_p=0.2), power=1)
+        odd_case(label + ", split", case, 1, dropout_p=0.2)
+        for name, a, b in zip(("dq", "dk", "dv", "dradius"), split, whole):
+            err = (a - b).abs().max().item()
+            rel = 1e-6 if same else 1e-5
+            ok = torch.equal(a, b) if same and name in ("dk", "dv") else err <= rel * max(1.0, b.abs().max().item())
+            assert ok, f"x, grid splits: {name} differs by {err:.3e} (D {D}, Dv {Dv})"
+    # the blocks of every launch last to first (check_block_order): the decoding forward, the tiled
+    # kernels split on a small grid, float64
+    for label, case, dropout_p in (
+            ("f32 x^3 D100 Dv12 N37 M70", make_case(2, 1, 37, 70, 100, 12, torch.float32, causal=True, kpm=True,
+                                                     scale=0.4, seed=102), 0.2),
+            ("f32 x decoding D16 Dv12 N5 M130", make_case(2, 2, 5, 130, 16, 12, torch.float32, causal=True, kpm=True,
+                                                          scale=0.5, seed=6), 0.2),
+            ("f64 x^3 D9 Dv5 N37 M45", make_case(1, 2, 37, 45, 9, 5, torch.float64, mask="random"), 0.3)):
+        args = op_args(case, 3 if "x^3" in label else 1, dropout_p, 5, 1e-3)
+        B, H, N, _ = case["q"].shape
+        dout = torch.randn(B, H, N, case["v"].shape[-1], generator=torch.Generator().manual_seed(9),
+                           dtype=args[3].dtype)
+        first = forward_backward(args, dout)
+        with environment("FF_EMU_BLOCK_ORDER", "reverse"):
+            last = forward_backward(args, dout)
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dradius"), first, last):
+            if name in ("dq", "dradius"):
+                ok = (a - b).abs().max().item() <= 1e-6 * max(1.0, b.abs().max().item())
+            else:
+                ok = torch.equal(a, b)
+            assert ok, f"block order: {label}: {name} differs when the blocks run last to first"
+    # the cases check signs: x's output is far from |x|'s (the tiled forward and the decoding one)
+    for N in (33, 5):
+        case = make_case(1, 1, N, 70, 40, 20, torch.float32)
+        outs = {phi: torch.ops.fourierformer.fourier_attention_forward(*op_args(case, 1, 0.0, 0, 0.0, phi))[0]
+                for phi in ("abs", "power")}
+        moved = (outs["power"] - outs["abs"]).abs().max().item()
+        bound = f32["atol"] + f32["rtol"] * outs["abs"].abs().max().item()
+        assert moved > 100 * bound, f"x and |x| agree within {moved:.1e} at N {N}: the odd cases check no sign"
+    print("  ok  odd powers: score cache and recomputed signs, split and whole, blocks in either order agree; "
+          "x moves far from |x|")
 
 
 def check_score_cache_budget():
@@ -729,10 +916,13 @@ def fuzz_case(seed):
         kpm = torch.rand(B, M, generator=g) < 0.3
         kpm[-1, : M // 2] = True
         kwargs["key_padding_mask"] = kpm
-    # phi drawn last (the draws above are those of the cases before the other phis): a quarter of the
-    # cases each of the power, sigmoid, |x| and ReLU (the others with the op's power 1)
-    phi = pick(("power", "sigmoid", "abs", "relu"))
-    if phi != "power":
+    # phi drawn last (the draws above are those of the cases before the other phis): a fifth of the
+    # cases each of the even power, sigmoid, |x|, ReLU (the op's power 1) and an odd power (x, x^3, x^5:
+    # phi "power" with p 1, 3 or 5, signed weights)
+    phi = pick(("power", "sigmoid", "abs", "relu", "odd"))
+    if phi == "odd":
+        kwargs["power"] = (1, 3, 5)[seed % 3]
+    elif phi != "power":
         kwargs.update(phi=phi, power=1)
     label = (f"fuzz {seed} {kind} B{B} H{H} N{N} M{M} D{D} Dv{Dv} std={std} R={R} p={kwargs['power']} phi={phi} "
              f"{sorted(kwargs)}")
@@ -805,6 +995,11 @@ def special_cases():
         for phi in other_phis.get(label, ()) + ("sigmoid",):
             cases.append((f"{phi}: {label}", q.clone(), k.clone(), v.clone(), radius.clone(),
                           dict(kwargs, power=1, phi=phi)))
+        # x^3 and x (signed weights; the rare path decides the sign at duplicates, huge angles and
+        # tan's poles; the null key on the signed sum) on every case
+        odd = 1 if label in ("negative and zero radius", "float4 staging N64 M68 D32 duplicates") else 3
+        cases.append((f"{'x' if odd == 1 else 'x^3'}: {label}", q.clone(), k.clone(), v.clone(), radius.clone(),
+                      dict(kwargs, power=odd)))
     return cases
 
 
@@ -888,7 +1083,7 @@ def check_radii():
     log|sinc| near 0, as the quotient's derivative cancels at tiny x), float64 within 1e-9 of each
     result's scale (as the CPU float64 checks). Every radius shape: scalar, per head, per feature,
     per (head, feature); the op takes the (H, D) table, and the gradient is summed back to the
-    shape given. Each case with the power and with phi = sigmoid."""
+    shape given. Each case with the power, with phi = sigmoid and with x^3 (signed weights)."""
     t0 = time.time()
     B, H, N, M, D, Dv = 2, 2, 5, 9, 8, 3
     g = torch.Generator().manual_seed(51)
@@ -902,9 +1097,9 @@ def check_radii():
             r = {"negative": -1.5 * magnitude, "mixed": 1.5 * magnitude * (sign if shape else -1.0),
                  "tiny": 1e-10 * magnitude * sign, "zero": torch.zeros(shape)}[value]
             kwargs = dict(power=4, causal=True) if value in ("negative", "zero") else dict(power=2)
-            for phi in ("power", "sigmoid"):  # (sigmoid: power 1)
-                failures += radius_mismatches(q, k, v, dout, r, shape, dict(kwargs, power=1, phi=phi)
-                                              if phi != "power" else kwargs, f"{shape_name} {value} {phi}")
+            for phi in ("power", "sigmoid", "odd"):  # (sigmoid: power 1; odd: x^3, signed weights)
+                phi_kwargs = {"power": kwargs, "sigmoid": dict(kwargs, power=1, phi=phi), "odd": dict(kwargs, power=3)}
+                failures += radius_mismatches(q, k, v, dout, r, shape, phi_kwargs[phi], f"{shape_name} {value} {phi}")
     for f in failures:
         print(f"  BAD radius {f}")
     print(f"  negative, zero and tiny radii: {'ok' if not failures else f'{len(failures)} cases BAD'} "
@@ -937,9 +1132,11 @@ def check_nonfinite(verbose=False):
     return len(failures)
 
 
-def run_special():
+def run_special(odd_only=False):
     failures = 0
     for label, q, k, v, radius, kwargs in special_cases():
+        if odd_only and not label.startswith(("x: ", "x^3: ")):
+            continue
         t0 = time.time()
         causal = kwargs.get("causal", False)
         power = float(kwargs["power"])
@@ -1030,6 +1227,8 @@ def main():
                          f"run with exit status {SANITIZER_EXIT}; at the end, planted bugs must be reported")
     ap.add_argument("--probe", choices=sorted(PROBES), help="(with --sanitize) run only this planted bug")
     ap.add_argument("--only-nonfinite", action="store_true", help="run only the NaN and infinity cases")
+    ap.add_argument("--only-odd-powers", action="store_true",
+                    help="run only the cases of odd p (signed weights: check_odd_powers and the special cases' x and x^3)")
     ap.add_argument("--build-dir", help=argparse.SUPPRESS)  # (the probes' children: the parent's build)
     args = ap.parse_args()
     if args.probe and not args.sanitize:
@@ -1058,6 +1257,11 @@ def main():
 def run_checks(mod, args):
     if args.only_nonfinite:
         if check_nonfinite(verbose=True):
+            sys.exit(1)
+        return
+    if args.only_odd_powers:
+        check_odd_powers(args.quick)
+        if run_special(odd_only=True):
             sys.exit(1)
         return
     check_sincos(mod)
@@ -1162,6 +1366,7 @@ def run_checks(mod, args):
     check_block_order()
     check_shared_tables()
     check_decoding(args.quick)
+    check_odd_powers(args.quick)
     # (the non-finite inputs are the launcher's host code and the kernels' usual paths on the inputs
     # it makes finite, and the radii's signs and sizes are the launcher's and the element math's,
     # not new paths of threads and memory: the plain run checks them, the sanitizers' runs leave
