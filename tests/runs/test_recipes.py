@@ -724,8 +724,10 @@ def test_full_size_compare_end_to_end_on_the_cpu(wiki_data, tmp_path):
     assert wiki_data["prepare"].returncode == 0, wiki_data["prepare"].stderr[-2000:]
     runs = tmp_path / "runs"
     configs = ["softmax", "published"]
+    # (the wall-clock budget far above what 12 updates take, so that a loaded machine's runs still reach
+    # a common checkpoint: the runs end at --max-update)
     env = {**os.environ, "TASKS": "lm", "CONFIGS": " ".join(configs), "DATA_LM": str(wiki_data["data"]),
-           "RUNS": str(runs), "MINUTES": "0.1", "EVERY_LM": "4", "DEVICE_ARGS": "--cpu", "SENTENCES": "2",
+           "RUNS": str(runs), "MINUTES": "1", "EVERY_LM": "4", "DEVICE_ARGS": "--cpu", "SENTENCES": "2",
            "SIZE_LM": "--decoder-layers 1 --decoder-embed-dim 16 --decoder-ffn-embed-dim 32 "
                       "--decoder-attention-heads 2 --tokens-per-sample 32 --max-update 12"}
     r = run(["bash", os.path.join(FULL, "compare.sh")], env=env, timeout=900)
