@@ -352,6 +352,34 @@ def check_relu_kills(f32):
     print(f"  ok  ReLU's zero weights move out by {moved:.1e} from |x|'s (the bound: {bound:.1e})")
 
 
+def cache_and_splits(cache_name, split_name, cache_kw, split_kw, run):
+    """A phi's own instances of the tiled backward, as check_score_cache and check_grid_splits: with
+    the pre-pass's score cache and without it (FF_EMU_SCORE_CACHE_BYTES=0; M = 70: the last 4 keys of
+    a row straddle its end), and on a small grid (D 100: the pre-pass in two halves and four main-pass
+    splits; D 40: two splits, dk and dv bit for bit) and whole; each against the reference
+    (`run(label, case, kw)`) and the two alike. cache_kw and split_kw: backward_two_ways' phi keywords."""
+    case = make_case(2, 1, 69, 70, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
+    label = f"f32 {cache_name} causal kpm dropout"
+    cached, recomputed = backward_two_ways(case, "FF_EMU_SCORE_CACHE_BYTES", "0", 11,
+                                           lambda: run(label + ", no score cache", case, cache_kw), **cache_kw)
+    run(label + ", score cache", case, cache_kw)
+    for name, a, b in zip(("dq", "dk", "dv", "dradius"), cached, recomputed):
+        err = (a - b).abs().max().item()
+        same = err <= 1e-6 * max(1.0, b.abs().max().item()) if name in ("dq", "dradius") else torch.equal(a, b)
+        assert same, f"{cache_name}, score cache: {name} differs by {err:.3e}"
+    for D, Dv, N, M, same in ((40, 40, 37, 70, True), (100, 12, 37, 70, False)):
+        case = make_case(2, 1, N, M, D, Dv, torch.float32, causal=True, kpm=True, scale=0.4, seed=D)
+        label = f"f32 {split_name} D{D} Dv{Dv} N{N} M{M} causal kpm dropout"
+        split, whole = backward_two_ways(case, "FF_EMU_SM_COUNT", "1", 12,
+                                         lambda: run(label + ", whole", case, split_kw), **split_kw)
+        run(label + ", split", case, split_kw)
+        for name, a, b in zip(("dq", "dk", "dv", "dradius"), split, whole):
+            err = (a - b).abs().max().item()
+            rel = 1e-6 if same else 1e-5
+            ok = torch.equal(a, b) if same and name in ("dk", "dv") else err <= rel * max(1.0, b.abs().max().item())
+            assert ok, f"{split_name}, grid splits: {name} differs by {err:.3e} (D {D}, Dv {Dv})"
+
+
 def check_sigmoid_paths(f32):
     """phi = sigmoid's own instances of the tiled backward: the main pass with the pre-pass's score
     cache (its g pass takes sigmoid's derivative: another instance than the power's) and without it
@@ -360,28 +388,8 @@ def check_sigmoid_paths(f32):
     (D 100: the pre-pass in two halves, which swap sums, and four main-pass splits; D 40: two splits,
     dk and dv bit for bit) and on the whole one; and the simple float32 forward where the GPU allows
     99 KiB per block (Dv 160)."""
-    case = make_case(2, 1, 69, 70, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
-    cached, recomputed = backward_two_ways(
-        case, "FF_EMU_SCORE_CACHE_BYTES", "0", 11,
-        lambda: run_case("f32 sigmoid causal kpm dropout, no score cache", case, 1, 0.2, phi="sigmoid", **f32),
-        phi="sigmoid")
-    run_case("f32 sigmoid causal kpm dropout, score cache", case, 1, 0.2, phi="sigmoid", **f32)
-    for name, a, b in zip(("dq", "dk", "dv", "dradius"), cached, recomputed):
-        err = (a - b).abs().max().item()
-        same = err <= 1e-6 * max(1.0, b.abs().max().item()) if name in ("dq", "dradius") else torch.equal(a, b)
-        assert same, f"sigmoid, score cache: {name} differs by {err:.3e}"
-    for D, Dv, N, M, same in ((40, 40, 37, 70, True), (100, 12, 37, 70, False)):
-        case = make_case(2, 1, N, M, D, Dv, torch.float32, causal=True, kpm=True, scale=0.4, seed=D)
-        label = f"f32 sigmoid D{D} Dv{Dv} N{N} M{M} causal kpm dropout"
-        split, whole = backward_two_ways(case, "FF_EMU_SM_COUNT", "1", 12,
-                                         lambda: run_case(label + ", whole", case, 1, 0.2, phi="sigmoid", **f32),
-                                         phi="sigmoid")
-        run_case(label + ", split", case, 1, 0.2, phi="sigmoid", **f32)
-        for name, a, b in zip(("dq", "dk", "dv", "dradius"), split, whole):
-            err = (a - b).abs().max().item()
-            rel = 1e-6 if same else 1e-5
-            ok = torch.equal(a, b) if same and name in ("dk", "dv") else err <= rel * max(1.0, b.abs().max().item())
-            assert ok, f"sigmoid, grid splits: {name} differs by {err:.3e} (D {D}, Dv {Dv})"
+    cache_and_splits("sigmoid", "sigmoid", dict(phi="sigmoid"), dict(phi="sigmoid"),
+                     lambda label, case, kw: run_case(label, case, 1, 0.2, phi="sigmoid", **f32))
     case = make_case(1, 1, 9, 40, 64, 160, torch.float32, scale=0.3)
     args = op_args(case, 1, 0.0, 0, 0.0, "sigmoid")
     unlimited = torch.ops.fourierformer.fourier_attention_forward(*args)[0]
@@ -526,26 +534,8 @@ def check_odd_powers(quick):
                          f"eps={eps}", case, power, normaliser_eps=eps)
     # the score cache's sign bytes and the recomputed signs, split and whole (as check_score_cache and
     # check_grid_splits): against the oracle and each other
-    case = make_case(2, 1, 69, 70, 16, 12, torch.float32, causal=True, kpm=True, scale=0.7)
-    cached, recomputed = backward_two_ways(
-        case, "FF_EMU_SCORE_CACHE_BYTES", "0", 11,
-        lambda: odd_case("f32 x^3 causal kpm dropout, no score cache", case, 3, dropout_p=0.2), power=3)
-    odd_case("f32 x^3 causal kpm dropout, score cache", case, 3, dropout_p=0.2)
-    for name, a, b in zip(("dq", "dk", "dv", "dradius"), cached, recomputed):
-        err = (a - b).abs().max().item()
-        same = err <= 1e-6 * max(1.0, b.abs().max().item()) if name in ("dq", "dradius") else torch.equal(a, b)
-        assert same, f"x^3, score cache: {name} differs by {err:.3e}"
-    for D, Dv, N, M, same in ((40, 40, 37, 70, True), (100, 12, 37, 70, False)):
-        case = make_case(2, 1, N, M, D, Dv, torch.float32, causal=True, kpm=True, scale=0.4, seed=D)
-        label = f"f32 x D{D} Dv{Dv} N{N} M{M} causal kpm dropout"
-        split, whole = backward_two_ways(case, "FF_EMU_SM_COUNT", "1", 12,
-                                         lambda: odd_case(label + ", whole", case, 1, dropout_p=0.2), power=1)
-        odd_case(label + ", split", case, 1, dropout_p=0.2)
-        for name, a, b in zip(("dq", "dk", "dv", "dradius"), split, whole):
-            err = (a - b).abs().max().item()
-            rel = 1e-6 if same else 1e-5
-            ok = torch.equal(a, b) if same and name in ("dk", "dv") else err <= rel * max(1.0, b.abs().max().item())
-            assert ok, f"x, grid splits: {name} differs by {err:.3e} (D {D}, Dv {Dv})"
+    cache_and_splits("x^3", "x", dict(power=3), dict(power=1),
+                     lambda label, case, kw: odd_case(label, case, kw["power"], dropout_p=0.2))
     # the blocks of every launch last to first (check_block_order): the decoding forward, the tiled
     # kernels split on a small grid, float64
     for label, case, dropout_p in (
