@@ -49,6 +49,10 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
 // saying which it runs.
 void check_phi(c10::string_view phi, double power, bool on_cpu);
 
+// Raises if a backward call of a backend that keeps no weights (CUDA) was given some (the CPU's
+// kept weights, fourier_attention_forward_with_weights).
+void check_no_kept_weights(const std::optional<at::Tensor>& weights);
+
 // log(normaliser_eps) (-inf for 0) after checking it is finite and >= 0.
 double null_key_log_eps(double normaliser_eps);
 
@@ -94,11 +98,20 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
     c10::string_view phi);
 
+// The forward that also returns the weights it kept for its backward: (B, H, N, Mt) float32, Mt
+// M rounded up to a multiple of limits::kCpuKeyTableKeys (cpu::SliceArgs::weights); float32 calls
+// without dropout.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fourier_attention_forward_with_weights_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
+    const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
+    c10::string_view phi);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
     const at::Tensor& out, const at::Tensor& lse, double power, const std::optional<at::Tensor>& attn_mask,
     const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed, double normaliser_eps,
-    const std::optional<at::Tensor>& tables, c10::string_view phi);
+    const std::optional<at::Tensor>& tables, c10::string_view phi, const std::optional<at::Tensor>& weights);
 
 // Which CPU instruction set the float32 kernels run with on this machine.
 const char* cpu_kernel_isa();

@@ -39,6 +39,11 @@ std::string fused_power_rule(double min_power, double multiple) {
 
 }  // namespace
 
+void check_no_kept_weights(const std::optional<at::Tensor>& weights) {
+  TORCH_CHECK(!weights.has_value(), "fourier_attention backward (cuda): the CUDA kernels keep no weights (the CPU's "
+              "fourier_attention_forward_with_weights does), got weights of shape ", weights->sizes());
+}
+
 void check_phi(c10::string_view phi, double power, bool on_cpu) {
   bool listed = false;
   std::string others;  // the phis besides "power", for the message
@@ -178,7 +183,16 @@ TORCH_LIBRARY(fourierformer, m) {
   m.def(
       "fourier_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor radius, Tensor out, "
       "Tensor lse, float power, Tensor? attn_mask, Tensor? key_bias, bool causal, float dropout_p, int seed, "
-      "float normaliser_eps=0.0, Tensor? tables=None, str phi=\"power\") -> (Tensor, Tensor, Tensor, Tensor)");
+      "float normaliser_eps=0.0, Tensor? tables=None, str phi=\"power\", Tensor? weights=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+  // The forward that also returns the weights it kept for its backward (the CPU's float32 calls
+  // without dropout: fourier_attention_forward_with_weights_cpu), whose weights argument takes them
+  // in place of recomputing them: the autograd calls it where they take no more memory than q
+  // (ops/fused.py).
+  m.def(
+      "fourier_attention_forward_with_weights(Tensor q, Tensor k, Tensor v, Tensor radius, float power, "
+      "Tensor? attn_mask, Tensor? key_bias, bool causal, float dropout_p, int seed, float normaliser_eps=0.0, "
+      "Tensor? tables=None, str phi=\"power\") -> (Tensor, Tensor, Tensor)");
   // tables: what the forward and the backward of the CUDA float32 path (float32, float16, bfloat16)
   // build from q, k and radius before their kernels (cuda/tables.cuh), built once and passed to
   // both (the autograd does, ops/fused.py) instead of twice; a float32 vector, empty where the
@@ -194,6 +208,7 @@ TORCH_LIBRARY_IMPL(fourierformer, Autograd, m) {
 TORCH_LIBRARY_IMPL(fourierformer, CPU, m) {
   m.impl("fourier_attention_tables", &fourier_attention_tables_cpu);
   m.impl("fourier_attention_forward", &fourier_attention_forward_cpu);
+  m.impl("fourier_attention_forward_with_weights", &fourier_attention_forward_with_weights_cpu);
   m.impl("fourier_attention_backward", &fourier_attention_backward_cpu);
 }
 

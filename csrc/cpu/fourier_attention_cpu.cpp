@@ -53,6 +53,7 @@ struct CallArgs {
   int64_t seed;
   double log_eps;  // log of the normaliser's eps (null_key_log_eps), -inf for 0
   at::Tensor key_table;  // (B, H, D, Mt) float32 (see limits::kCpuKeyTableKeys), undefined if none
+  at::Tensor weights;  // (B, H, N, Mt) float32, the kept weights (SliceArgs::weights), undefined if none
 };
 
 template <typename Slice, typename T>
@@ -87,6 +88,8 @@ Slice slice_args(const CallArgs& c, int64_t bh) {
   if constexpr (std::is_same_v<Slice, cpu::SliceArgs>) {
     s.key_table = c.key_table.defined() ? c.key_table.data_ptr<float>() + bh * sh.D * c.key_table.size(3) : nullptr;
     s.key_table_stride = c.key_table.defined() ? c.key_table.size(3) : 0;
+    s.weights = c.weights.defined() ? c.weights.data_ptr<float>() + bh * sh.N * c.weights.size(3) : nullptr;
+    s.weights_stride = c.weights.defined() ? c.weights.size(3) : 0;
   }
   return s;
 }
@@ -169,6 +172,23 @@ at::Tensor checked_key_table(const std::optional<at::Tensor>& tables, const at::
   return t;
 }
 
+// The kept weights a backward call was given (fourier_attention_forward_with_weights' for the same
+// call), checked; undefined if none.
+at::Tensor checked_kept_weights(const std::optional<at::Tensor>& weights, const at::Tensor& q, const at::Tensor& k,
+                                double dropout_p) {
+  if (!weights.has_value()) return at::Tensor();
+  const at::Tensor& w = *weights;
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2);
+  TORCH_CHECK(q.scalar_type() == at::kFloat && dropout_p == 0.0 && w.scalar_type() == at::kFloat && w.dim() == 4 &&
+                  w.size(0) == B && w.size(1) == H && w.size(2) == N && w.size(3) == cpu::key_table_width(M) &&
+                  w.is_contiguous() && w.device() == q.device(),
+              "fourier_attention backward (cpu): weights must be the kept weights of "
+              "fourier_attention_forward_with_weights for this call (float32 (B, H, N, Mt) = (", B, ", ", H, ", ", N,
+              ", ", cpu::key_table_width(M), "), contiguous, for float32 inputs without dropout), got ",
+              w.scalar_type(), " ", w.sizes(), " for ", q.scalar_type(), " inputs with dropout_p ", dropout_p);
+  return w;
+}
+
 // The gradients of rows whose lse is NaN (a NaN or infinite input or mask in the row, see the
 // forward's nan_rows): NaN where the formula's are, i.e. in the row's dq, in dk and dv of every key
 // it sees, and in its head's share of the radius gradient (the kernels skip a row whose lse is not
@@ -211,24 +231,30 @@ at::Tensor fourier_attention_tables_cpu(const at::Tensor& q, const at::Tensor& k
   return table;
 }
 
-std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
+namespace {
+
+// The forward, and with keep_weights also the kept weights (B, H, N, Mt) (SliceArgs::weights).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& radius_in,
     double power, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias,
     bool causal, double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
-    c10::string_view phi) {
+    c10::string_view phi, bool keep_weights) {
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, true);
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
               " are supported, got ", dtype);
+  TORCH_CHECK(!keep_weights || (dtype == at::kFloat && dropout_p == 0.0),
+              "fourier_attention_forward_with_weights (cpu): the weights are kept for float32 calls without "
+              "dropout (they are the weights before it), got ", dtype, " with dropout_p ", dropout_p);
   at::Tensor key_table = checked_key_table(tables, q_in, k_in);
-  // whether the slices take the short-query forward (phi = sigmoid has none: its slices of a few
-  // rows take the row groups, and their workspace); with a key table it reads the keys from the
-  // table alone: k stays as given
+  // whether the slices take the short-query forward (phi = sigmoid has none, and kept weights come
+  // from the row groups: such slices of a few rows take the row groups, and their workspace); with
+  // a key table it reads the keys from the table alone: k stays as given
   const bool sigmoid = phi == "sigmoid";
   const int64_t short_rows = cpu::best_kernels().short_query_rows;
-  const bool short_query = sh.N < short_rows && !sigmoid;
+  const bool short_query = sh.N < short_rows && !sigmoid && !keep_weights;
   const bool keys_from_table = key_table.defined() && short_query;
   const CallArgs c{sh,
                    q_in.contiguous(),
@@ -244,7 +270,9 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
                    dropout_p,
                    seed,
                    log_eps,
-                   key_table};
+                   key_table,
+                   keep_weights ? at::empty({sh.B, sh.H, sh.N, cpu::key_table_width(sh.M)}, c.q.options())
+                                : at::Tensor()};
   at::Tensor out = at::empty({sh.B, sh.H, sh.N, sh.Dv}, c.q.options());
   // lse is float64 for every input dtype (see KernelTable::forward)
   at::Tensor lse = at::empty({sh.B, sh.H, sh.N}, c.q.options().dtype(at::kDouble));
@@ -267,7 +295,28 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
     }
   }
   if (!c.odd_power) scale_by_null_key(out, lse, log_eps);  // (odd p: the kernels apply the null key)
+  return {out, lse, c.weights};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
+    const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
+    c10::string_view phi) {
+  auto [out, lse, weights] = forward_cpu(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed,
+                                         normaliser_eps, tables, phi, false);
   return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fourier_attention_forward_with_weights_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius, double power,
+    const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
+    double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
+    c10::string_view phi) {
+  return forward_cpu(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed, normaliser_eps, tables,
+                     phi, true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
@@ -275,10 +324,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     const at::Tensor& radius_in, const at::Tensor& out_in, const at::Tensor& lse_in, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
     double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
-    c10::string_view phi) {
+    c10::string_view phi, const std::optional<at::Tensor>& weights) {
   const AttentionShape sh =
       check_forward_inputs(q_in, k_in, v_in, radius_in, power, attn_mask, key_bias, causal, dropout_p, phi, true);
   checked_key_table(tables, q_in, k_in);  // (the backward builds its own tables)
+  const at::Tensor kept = checked_kept_weights(weights, q_in, k_in, dropout_p);
   const double log_eps = null_key_log_eps(normaliser_eps);
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype_in(limits::kCpuDtypes, dtype), "fourier_attention (cpu): ", dtype_list(limits::kCpuDtypes),
@@ -288,7 +338,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
               "fourier_attention backward: grad_out and out must be (B, H, N, Dv)");
   const CallArgs c{sh, q_in.contiguous(), k_in.contiguous(), v_in.contiguous(), radius_in.to(dtype).contiguous(),
                    prepare_masks(attn_mask, key_bias, dtype), power, phi == "relu", phi == "sigmoid", odd_power(phi, power),
-                   causal, dropout_p, seed, log_eps};
+                   causal, dropout_p, seed, log_eps, at::Tensor(), kept};
   const at::Tensor out = out_in.to(dtype).contiguous(), dout = dout_in.to(dtype).contiguous();
   const at::Tensor lse = lse_in.to(at::kDouble).contiguous();
   at::Tensor dq = at::empty_like(c.q), dk = at::empty_like(c.k), dv = at::empty_like(c.v);

@@ -47,9 +47,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_bac
     const at::Tensor& radius, const at::Tensor& out, const at::Tensor& lse, double power,
     const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_bias, bool causal,
     double dropout_p, int64_t seed, double normaliser_eps, const std::optional<at::Tensor>& tables,
-    c10::string_view phi) {
+    c10::string_view phi, const std::optional<at::Tensor>& weights) {
   check_on_cuda(q);
   check_phi(phi, power, false);
+  check_no_kept_weights(weights);
   const c10::cuda::CUDAGuard guard(q.device());
   return backward_impl(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
                        normaliser_eps, tables, current_launcher(), phi);

@@ -1,12 +1,13 @@
 """Autograd and shape (fake) registrations of the fused ``fourierformer::`` ops.
 
-The C++ library defines three ops (csrc/fourier_attention_ops.cpp):
+The C++ library defines four ops (csrc/fourier_attention_ops.cpp):
 
     fourier_attention_forward(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed,
                               normaliser_eps=0, tables=None, phi="power") -> (out, lse)
+    fourier_attention_forward_with_weights(<the forward's arguments>) -> (out, lse, weights)
     fourier_attention_backward(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias,
-                               causal, dropout_p, seed, normaliser_eps=0, tables=None, phi="power")
-                               -> (dq, dk, dv, dradius)
+                               causal, dropout_p, seed, normaliser_eps=0, tables=None, phi="power",
+                               weights=None) -> (dq, dk, dv, dradius)
     fourier_attention_tables(q, k, radius) -> tables
 
 ``attn_mask`` (B|1, H|1, N, M) and ``key_bias`` (B, M) are additive float masks or bool masks
@@ -26,6 +27,12 @@ and the backward: 28 bytes per (row, feature) of q and k). On the CPU (float32) 
 table (B, H, D, Mt): the keys alone, transposed, which the short-query forward reads (its room
 may exceed M: incremental decoding keeps one between steps, see ``ops.key_table``). Empty for
 float64.
+
+``weights`` (CPU, float32, no dropout) are the forward's normalised weights before dropout, (B, H,
+N, Mt) with M rounded up to a multiple of the key table's block (zero past each row's visible keys):
+the backward's first sweep over the keys reads them instead of recomputing every product of sincs.
+The autograd keeps them where they take no more memory than q (Mt <= D; _keeps_weights), unless
+FOURIERFORMER_KEEP_WEIGHTS is 0; the CUDA kernels keep none (they keep tables instead).
 
 Importing this module registers their shape (fake) and autograd implementations when the
 extension has loaded (extension.py, imported first, loads it), so that ``import
@@ -56,8 +63,21 @@ def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p
     return out, lse
 
 
+def _kept_weights_width(M: int) -> int:
+    """The kept weights' room per row: M rounded up to a whole number of key-table blocks."""
+    block = DECLARATIONS["cpu"].key_table_keys
+    return -(-M // block) * block
+
+
+def _forward_with_weights_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed,
+                               normaliser_eps=0.0, tables=None, phi="power"):
+    out, lse = _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed)
+    B, H, N, _ = q.shape
+    return out, lse, q.new_empty((B, H, N, _kept_weights_width(k.shape[2])), dtype=torch.float32)
+
+
 def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-                   normaliser_eps=0.0, tables=None, phi="power"):
+                   normaliser_eps=0.0, tables=None, phi="power", weights=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(radius)
 
 
@@ -92,6 +112,17 @@ def _keeps_tables(q: torch.Tensor, v: torch.Tensor) -> bool:
     return os.environ.get("FOURIERFORMER_KEEP_TABLES", "1") != "0"
 
 
+def _keeps_weights(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
+    """Whether the autograd keeps the forward's weights for the backward (see the module docstring):
+    CPU float32 calls without dropout whose weights take no more memory than q, unless
+    FOURIERFORMER_KEEP_WEIGHTS is 0."""
+    if q.device.type != "cpu" or q.dtype != torch.float32 or dropout_p != 0.0:
+        return False
+    if _kept_weights_width(k.shape[2]) > q.shape[-1]:
+        return False
+    return os.environ.get("FOURIERFORMER_KEEP_WEIGHTS", "1") != "0"
+
+
 def forward_arguments_class(schema):
     """A named tuple of an op's arguments, by the names of its schema, the optional ones taking the
     schema's defaults when a call leaves them out (as the dispatcher does for an argument at its
@@ -103,23 +134,23 @@ def forward_arguments_class(schema):
     return collections.namedtuple("ForwardArguments", names, defaults=[a.default_value for a in optional])
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, output, weights=None):
     a = inputs if isinstance(inputs, ForwardArguments) else ForwardArguments(*inputs)
     out, lse = output
-    ctx.save_for_backward(a.q, a.k, a.v, a.radius, out, lse, a.attn_mask, a.key_bias, a.tables)
+    ctx.save_for_backward(a.q, a.k, a.v, a.radius, out, lse, a.attn_mask, a.key_bias, a.tables, weights)
     ctx.args = (a.power, a.causal, a.dropout_p, a.seed, a.normaliser_eps, a.phi)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros to allocate and fill)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, radius, out, lse, attn_mask, key_bias, tables = ctx.saved_tensors
+    q, k, v, radius, out, lse, attn_mask, key_bias, tables, weights = ctx.saved_tensors
     if grad_out is None:  # (set_materialize_grads(False); gradcheck's undefined-gradient check)
         grad_out = torch.zeros_like(out)
     power, causal, dropout_p, seed, normaliser_eps, phi = ctx.args
     dq, dk, dv, dradius = torch.ops.fourierformer.fourier_attention_backward(
         grad_out.contiguous(), q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
-        normaliser_eps, tables, phi,
+        normaliser_eps, tables, phi, weights,
     )
     # q, k, v and the radius get gradients; the op's other arguments (power, ..., tables) none
     return (dq, dk, dv, dradius) + (None,) * (len(ForwardArguments._fields) - 4)
@@ -142,8 +173,16 @@ class _FusedFourierAttention(torch.autograd.Function):
                     below, args.q, args.k, args.radius
                 )
                 args = args._replace(tables=tables)
-            output = torch.ops.fourierformer.fourier_attention_forward.default.redispatch(below, *args)
-        _setup_context(ctx, args, output)
+            weights = None
+            if _keeps_weights(args.q, args.k, args.dropout_p):
+                # kept for this forward's backward (see the module docstring)
+                *output, weights = torch.ops.fourierformer.fourier_attention_forward_with_weights.default.redispatch(
+                    below, *args
+                )
+                output = tuple(output)
+            else:
+                output = torch.ops.fourierformer.fourier_attention_forward.default.redispatch(below, *args)
+        _setup_context(ctx, args, output, weights)
         return output
 
     @staticmethod
@@ -168,6 +207,7 @@ ForwardArguments = None  # the forward op's arguments by name (forward_arguments
 if extension_status().loaded:
     ForwardArguments = forward_arguments_class(torch.ops.fourierformer.fourier_attention_forward.default._schema)
     torch.library.register_fake("fourierformer::fourier_attention_forward")(_forward_fake)
+    torch.library.register_fake("fourierformer::fourier_attention_forward_with_weights")(_forward_with_weights_fake)
     torch.library.register_fake("fourierformer::fourier_attention_backward")(_backward_fake)
     torch.library.register_fake("fourierformer::fourier_attention_tables")(_tables_fake)
     _LIBRARY = torch.library.Library("fourierformer", "IMPL")  # (its registrations last as long as it)

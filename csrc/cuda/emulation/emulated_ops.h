@@ -78,12 +78,21 @@ std::tuple<at::Tensor, at::Tensor> fourier_attention_forward_cpu(
                             tables, EmuLauncher{}, phi);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fourier_attention_forward_with_weights_cpu(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, double, int64_t, double,
+    const std::optional<at::Tensor>&, c10::string_view) {
+  TORCH_CHECK(false, "fourier_attention_forward_with_weights: the CUDA kernels keep no weights");
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& radius,
     const at::Tensor& out, const at::Tensor& lse, double power, const std::optional<at::Tensor>& attn_mask,
     const std::optional<at::Tensor>& key_bias, bool causal, double dropout_p, int64_t seed,
-    double normaliser_eps, const std::optional<at::Tensor>& tables, c10::string_view phi) {
+    double normaliser_eps, const std::optional<at::Tensor>& tables, c10::string_view phi,
+    const std::optional<at::Tensor>& weights) {
   check_phi(phi, power, false);
+  check_no_kept_weights(weights);
   return cuda::backward_impl(dout, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
                              normaliser_eps, tables, EmuLauncher{}, phi);
 }
