@@ -1,4 +1,5 @@
-"""The ops' registration with torch: opcheck of the forward, backward and tables ops (schemas,
+"""The ops' registration with torch: opcheck of the forward (also the one keeping its weights),
+backward and tables ops (schemas,
 fake tensors, autograd), the forward's autograd reading its optional arguments by name from the
 schema, torch.compile of the fused op, and the key-table argument's checks."""
 import pytest
@@ -26,6 +27,25 @@ def test_opcheck_forward_op():
         torch.library.opcheck(
             torch.ops.fourierformer.fourier_attention_forward.default, (q, k, v, r, 2.0, None, None, False, 0.0, 0)
         )
+
+
+@needs_cpu_kernel
+def test_opcheck_forward_with_weights_and_the_backward_reading_them():
+    """The forward that keeps its weights (float32, no dropout) and the backward given them: schemas
+    and fake tensors (the weights (B, H, N, M rounded up to the key-table block)); the autograd calls
+    them below itself, so the inputs need no gradient here."""
+    B, H, N, M, D, Dv = 2, 2, 5, 6, 32, 3
+    q, k, v = random_qkv(B, H, N, M, D, Dv, dtype=torch.float32)
+    r = torch.full((H, D), 0.6)
+    mask = torch.zeros(1, H, N, M, dtype=torch.bool)
+    mask[..., 1] = True
+    for args in ((q, k, v, r, 4.0, mask, None, True, 0.0, 0), (q, k, v, r, 2.0, None, None, False, 0.0, 0, 1e-2)):
+        torch.library.opcheck(torch.ops.fourierformer.fourier_attention_forward_with_weights.default, args)
+        out, lse, weights = torch.ops.fourierformer.fourier_attention_forward_with_weights(*args)
+        assert weights.shape == (B, H, N, DECLARATIONS["cpu"].key_table_keys)
+        eps = args[10] if len(args) > 10 else 0.0
+        backward_args = (torch.randn_like(out), q, k, v, r, out, lse, *args[4:10], eps, None, "power", weights)
+        torch.library.opcheck(torch.ops.fourierformer.fourier_attention_backward.default, backward_args)
 
 
 @needs_cpu_kernel

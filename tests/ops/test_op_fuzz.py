@@ -39,10 +39,12 @@ import torch
 from fuzz_cases import (CLASSES, DROPOUTS, MASKS, NULL_KEY_FACTORS, PHI_KINDS, RADIUS_SHAPES, RADIUS_SIGNS, case_classes,
                         draw_case, median_row_mass, op_forward_args)
 from helpers import single_thread
-from oracle import float64_mismatches, lse_mismatches, oracle_gradients, oracle_mismatches
+from oracle import (float64_mismatches, lse_mismatches, oracle_gradients, oracle_mismatches, oracle_weights,
+                    plain_weights)
 
 from fourierformer_fairseq.ops import (DECLARATIONS, backend_unavailable_reason, fourier_attention,  # noqa: E402
                                        key_table, key_table_keys)
+from fourierformer_fairseq.ops import fused as fused_module  # noqa: E402
 
 CPU_FUSED = not backend_unavailable_reason("cpu")
 pytestmark = pytest.mark.skipif(not CPU_FUSED, reason=f"fused CPU kernel: {backend_unavailable_reason('cpu')}")
@@ -134,6 +136,140 @@ def test_fuzz_key_table_reads_the_keys_as_the_keys_do():
                     got.isnan(), want.isnan()):
                 failures.append(case["label"] + f": max difference {(got - want).abs().nan_to_num(0).max():.3g}")
     assert not failures, "\n".join(failures)
+
+
+# ---- kept weights: the forward's normalised weights, which the autograd keeps for the backward
+# where they fit (ops.fused._keeps_weights; fourier_attention_forward_with_weights) ----
+
+def keeps_weights(case) -> bool:
+    """Whether the autograd keeps the weights of case's forward for its backward."""
+    return fused_module._keeps_weights(case["q"], case["k"], case["kwargs"].get("dropout_p", 0.0))
+
+
+def kept_seeds(stride: int = 1) -> list:
+    return [seed for seed in range(0, N_CASES, stride) if keeps_weights(draw_case(seed))]
+
+
+def forward_keeps_weights(case, keep: str, monkeypatch) -> bool:
+    """Whether the autograd's forward of case, with FOURIERFORMER_KEEP_WEIGHTS=keep, keeps weights
+    for the backward: (B, H, N, Mt) float32 in the saved tensors' last slot (ops.fused._setup_context
+    saves them last, None where it keeps none)."""
+    monkeypatch.setenv("FOURIERFORMER_KEEP_WEIGHTS", keep)
+    leaves = [case[n].clone().requires_grad_() for n in ("q", "k", "v", "radius")]
+    out = fourier_attention(*leaves, backend="cpu", **case["kwargs"])
+    weights = out.grad_fn.saved_tensors[-1]
+    B, H, N, _ = case["q"].shape
+    width = fused_module._kept_weights_width(case["k"].shape[2])
+    assert weights is None or (weights.dtype == torch.float32 and tuple(weights.shape) == (B, H, N, width))
+    return weights is not None
+
+
+def test_fuzz_draws_kept_and_recomputed_weights():
+    """Both backwards meet the fuzz: cases whose weights are kept (no dropout, M rounded up to the
+    key-table block at most D) and cases whose backward recomputes them, in the variants' quick
+    subset too."""
+    for stride in (FUZZ_STRIDE, QUICK_STRIDE):
+        seeds = range(0, N_CASES, stride)
+        kept = kept_seeds(stride)
+        assert kept and len(kept) < len(seeds), f"stride {stride}: {len(kept)} of {len(seeds)} cases keep their weights"
+
+
+def test_fuzz_kept_weights_against_oracle():
+    """fourier_attention_forward_with_weights on every fuzz case that keeps its weights: out and lse
+    those of the forward (bit for bit where both take the row groups), and the weights 0 past
+    each row's visible keys (the room up to Mt included) and in rows with none; elsewhere w_ij /
+    |sum_j w_ij|, so that each row sums to +-1 (the sign of its normaliser: odd powers), and,
+    divided by that sum, the oracle's normalised weights within the float32 bound: 4 times the
+    plain float32 weights' largest error, plus 16 eps32 times the largest weight (a row's
+    rounding) and 2 p D eps32 times each weight (a product of D per-feature ratios, each rounded
+    and raised to the power p, as the lse bound's)."""
+    failures = []
+    with single_thread(), torch.no_grad():
+        for seed in kept_seeds(FUZZ_STRIDE):
+            case = draw_case(seed)
+            args = op_forward_args(case, torch.float32)
+            out, lse, weights = torch.ops.fourierformer.fourier_attention_forward_with_weights(*args)
+            want_out, want_lse = torch.ops.fourierformer.fourier_attention_forward(*args)
+            q, k, radius = case["q"], case["k"], case["radius"]
+            M = k.shape[2]
+            kw = {n: case["kwargs"][n] for n in ("power", "attn_mask", "key_padding_mask", "causal", "phi")
+                  if n in case["kwargs"]}
+            exact = oracle_weights(q, k, radius, **kw)
+            plain = plain_weights(q.float(), k.float(), radius.float(), **kw).double()
+            label = case["label"]
+            # (slices of fewer rows than every variant's row group take the short-query forward
+            # without weights, checked against the oracle apart)
+            if q.shape[2] >= 8 and not (torch.equal(out, want_out) and torch.equal(lse, want_lse)):
+                failures.append(f"{label}: out or lse differs from the forward's")
+            if weights[..., M:].count_nonzero():
+                failures.append(f"{label}: weights past M")
+            seen = exact.abs().sum(-1) > 0  # rows with a visible key
+            kept = weights[..., :M].double()
+            if kept[~seen].count_nonzero() or kept[(exact == 0) & seen.unsqueeze(-1)].count_nonzero():
+                failures.append(f"{label}: a weight where the row sees no key")
+            sums = kept.sum(-1)
+            if not torch.allclose(sums[seen].abs(), torch.ones_like(sums[seen]), atol=1e-4, rtol=0):
+                failures.append(f"{label}: rows sum to {sums[seen].abs().min():.6f} .. {sums[seen].abs().max():.6f}")
+            ours = torch.where(seen.unsqueeze(-1), kept / torch.where(seen, sums, 1.0).unsqueeze(-1), 0.0)
+            p = float(case["kwargs"]["power"]) if case["kwargs"].get("phi", "power") == "power" else 1.0
+            eps = torch.finfo(torch.float32).eps
+            bound = (4 * (plain - exact).abs().max() + 16 * eps * exact.abs().max()
+                     + 2 * p * q.shape[-1] * eps * exact.abs() + 1e-30)
+            if not ((ours - exact).abs() <= bound).all():
+                failures.append(f"{label}: weights off by {(ours - exact).abs().max():.3e}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("seed", kept_seeds(2))
+def test_fuzz_recomputed_weights_against_oracle(seed, monkeypatch):
+    """The fuzz cases whose weights the autograd keeps (test_fuzz_float32_against_oracle checks that
+    backward), with FOURIERFORMER_KEEP_WEIGHTS=0: the backward that recomputes them, against the
+    oracle within the same bound; and the autograd saves the weights with 1, not with 0."""
+    case = draw_case(seed)
+    assert forward_keeps_weights(case, "1", monkeypatch), case["label"]
+    assert not forward_keeps_weights(case, "0", monkeypatch), case["label"]
+    with single_thread():
+        bad = oracle_mismatches(fused_gradients(case), *case_args(case), **oracle_kwargs(case))
+    assert not bad, case["label"] + "\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("D,M,dropout_p,dtype,expected", [
+    (32, 20, 0.0, torch.float32, True),    # 32 keys' room: as much as q
+    (32, 33, 0.0, torch.float32, False),   # 48: more than q
+    (128, 28, 0.0, torch.float32, True),   # the IWSLT'14 sentences
+    (16, 256, 0.0, torch.float32, False),  # the WikiText-103 context
+    (32, 20, 0.1, torch.float32, False),   # dropout: the weights before it are not the ones applied
+    (32, 20, 0.0, torch.float64, False),   # the float64 kernel keeps none
+], ids=["fits", "wider_than_q", "iwslt_sentences", "lm_context", "dropout", "float64"])
+def test_autograd_keeps_weights_where_they_fit(D, M, dropout_p, dtype, expected, monkeypatch):
+    g = torch.Generator().manual_seed(D + M)
+    q, k, v = (torch.randn(2, 2, n, D, generator=g, dtype=dtype) for n in (5, M, M))
+    case = {"q": q, "k": k, "v": v, "radius": torch.tensor(0.5, dtype=dtype),
+            "kwargs": {"power": 2, "dropout_p": dropout_p}}
+    assert forward_keeps_weights(case, "1", monkeypatch) == expected
+
+
+def test_kept_weights_are_checked():
+    """The backward refuses weights that are not the forward's kept weights of the call, and the
+    forward with weights refuses calls whose weights it cannot keep, each naming what it takes."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (5, 20, 20))
+    radius = torch.full((2, 32), 0.5)
+    args = (q, k, v, radius, 2.0, None, None, False)
+    out, lse, weights = torch.ops.fourierformer.fourier_attention_forward_with_weights(*args, 0.0, 0)
+    assert weights.shape == (1, 2, 5, 32)
+    dout = torch.randn_like(out)
+    backward = torch.ops.fourierformer.fourier_attention_backward
+    for bad in (weights[..., :20].contiguous(), weights.double(), weights.transpose(2, 3), weights[:, :1]):
+        with pytest.raises(RuntimeError, match="weights must be the kept weights"):
+            backward(dout, q, k, v, radius, out, lse, 2.0, None, None, False, 0.0, 0, 0.0, None, "power", bad)
+    with pytest.raises(RuntimeError, match="weights must be the kept weights"):  # (dropout: not the applied ones)
+        backward(dout, q, k, v, radius, out, lse, 2.0, None, None, False, 0.1, 0, 0.0, None, "power", weights)
+    with pytest.raises(RuntimeError, match="kept for float32 calls without dropout"):
+        torch.ops.fourierformer.fourier_attention_forward_with_weights(*args, 0.1, 0)
+    with pytest.raises(RuntimeError, match="kept for float32 calls without dropout"):
+        torch.ops.fourierformer.fourier_attention_forward_with_weights(
+            *(t.double() for t in (q, k, v, radius)), 2.0, None, None, False, 0.0, 0)
 
 
 @pytest.mark.parametrize("seed", range(0, N_CASES, 5))
@@ -286,7 +422,8 @@ QUICK_VARIANT_SELECTION = (
     "requested or float32_against_oracle or weight_on_one_key or every_power_radius "
     "or ((negative_zero_and_tiny or zero_radius or need_weights_against) and cpu and not float64) "
     "or stored_output or (test_normaliser_eps and cpu_float32) or powers_of_8 or finite_additive_masks "
-    "or column_chunks or key_table_reads_the_keys or many_keys_backward or test_phi_ or large_angles_short_query"
+    "or column_chunks or key_table_reads_the_keys or many_keys_backward or test_phi_ or large_angles_short_query "
+    "or kept_weights_against or recomputed_weights"
 )
 
 
