@@ -83,6 +83,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fourier_attention_forward_with_we
     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, double, int64_t, double,
     const std::optional<at::Tensor>&, c10::string_view) {
   TORCH_CHECK(false, "fourier_attention_forward_with_weights: the CUDA kernels keep no weights");
+  return {};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fourier_attention_backward_cpu(

@@ -710,9 +710,21 @@ def check_shared_tables():
             assert "fourier_attention_tables(q, k, radius)" in str(e), e
         else:
             raise AssertionError("the forward took the tables of other inputs")
+    # the CPU's kept weights (ops.fused: the autograd passes them on the CPU alone) are refused
+    weights = torch.zeros(B, H, N, -(-M // 16) * 16)
+    for call in (lambda: torch.ops.fourierformer.fourier_attention_backward(
+                     dout, *args[:4], out, lse, *args[4:], None, phi, weights),
+                 lambda: torch.ops.fourierformer.fourier_attention_forward_with_weights(*args, None, phi)):
+        try:
+            call()
+        except RuntimeError as e:
+            assert "keep no weights" in str(e), e
+        else:
+            raise AssertionError("the CUDA kernels took or kept the CPU's weights")
     q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
     assert torch.ops.fourierformer.fourier_attention_tables(q, q, torch.ones(2, 4, dtype=torch.float64)).numel() == 0
-    print("  ok  tables built once: forward and backward as with their own (f32, f16, bf16; f32 sigmoid); others refused")
+    print("  ok  tables built once: forward and backward as with their own (f32, f16, bf16; f32 sigmoid); others and "
+          "the CPU's kept weights refused")
     check_misaligned_tables()
 
 
