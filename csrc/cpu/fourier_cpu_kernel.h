@@ -54,9 +54,9 @@ struct SliceArgs {
   int64_t key_table_stride;
   // Kept weights: row i's normalised weights P_ij = w_ij / |sum_j w_ij| at weights[i * weights_stride + j]
   // (weights_stride: a multiple of kKeyTableKeys, at least M), 0 past the row's visible keys and in
-  // rows with none; nullptr if none. The forward of a slice of at least short_query_rows rows, or of
-  // phi = sigmoid, writes them where given (never with dropout: they are the weights before it), and
-  // the backward then reads them in place of recomputing its products.
+  // rows with none; nullptr if none. The forward writes them where given, taking the row groups
+  // whatever its rows (the short-query forward keeps none), never with dropout (they are the
+  // weights before it); the backward then reads them in place of recomputing its products.
   float* weights;
   int64_t weights_stride;
 };
