@@ -23,7 +23,7 @@ import torch
 
 from .backends import BACKENDS, DECLARATIONS, get_backend
 from .extension import extension_status
-from .fused import fused_forward, fused_forward_and_weights
+from .fused import fused_forward, fused_forward_and_weights, key_table_width
 from .inputs import AttentionInputs, prepare_inputs
 from .reference import (
     attention_weights,
@@ -196,8 +196,7 @@ def append_to_key_table(table: torch.Tensor, count: int, k: torch.Tensor) -> tor
     (``key_table``'s rule) is returned, the old one left as it was."""
     total = count + k.size(2)
     if table.size(-1) < total:
-        block = DECLARATIONS["cpu"].key_table_keys
-        grown = table.new_zeros(*table.shape[:-1], -(-total // block) * block)
+        grown = table.new_zeros(*table.shape[:-1], key_table_width(total))
         grown[..., :count] = table[..., :count]
         table = grown
     table[..., count:total] = k.transpose(2, 3)

@@ -63,8 +63,9 @@ def _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p
     return out, lse
 
 
-def _kept_weights_width(M: int) -> int:
-    """The kept weights' room per row: M rounded up to a whole number of key-table blocks."""
+def key_table_width(M: int) -> int:
+    """The least room of a CPU key table for M keys, which the kept weights' rows share: M rounded up
+    to a whole number of key-table blocks (csrc/backend_limits.h, kCpuKeyTableKeys)."""
     block = DECLARATIONS["cpu"].key_table_keys
     return -(-M // block) * block
 
@@ -73,7 +74,7 @@ def _forward_with_weights_fake(q, k, v, radius, power, attn_mask, key_bias, caus
                                normaliser_eps=0.0, tables=None, phi="power"):
     out, lse = _forward_fake(q, k, v, radius, power, attn_mask, key_bias, causal, dropout_p, seed)
     B, H, N, _ = q.shape
-    return out, lse, q.new_empty((B, H, N, _kept_weights_width(k.shape[2])), dtype=torch.float32)
+    return out, lse, q.new_empty((B, H, N, key_table_width(k.shape[2])), dtype=torch.float32)
 
 
 def _backward_fake(grad_out, q, k, v, radius, out, lse, power, attn_mask, key_bias, causal, dropout_p, seed,
@@ -95,8 +96,7 @@ def _tables_fake(q, k, radius):
         floats = extension_status().module.cuda_table_floats(*(int(n) for n in (B, H, N, k.shape[2], D)))
     elif q.device.type == "cpu" and q.dtype == torch.float32:  # the key table (see ops.key_table)
         B, H, M, D = k.shape
-        block = DECLARATIONS["cpu"].key_table_keys
-        return q.new_empty((B, H, D, -(-M // block) * block), dtype=torch.float32)
+        return q.new_empty((B, H, D, key_table_width(M)), dtype=torch.float32)
     return q.new_empty((floats,), dtype=torch.float32)
 
 
@@ -118,7 +118,7 @@ def _keeps_weights(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
     FOURIERFORMER_KEEP_WEIGHTS is 0."""
     if q.device.type != "cpu" or q.dtype != torch.float32 or dropout_p != 0.0:
         return False
-    if _kept_weights_width(k.shape[2]) > q.shape[-1]:
+    if key_table_width(k.shape[2]) > q.shape[-1]:
         return False
     return os.environ.get("FOURIERFORMER_KEEP_WEIGHTS", "1") != "0"
 

@@ -159,7 +159,7 @@ def forward_keeps_weights(case, keep: str, monkeypatch) -> bool:
     out = fourier_attention(*leaves, backend="cpu", **case["kwargs"])
     weights = out.grad_fn.saved_tensors[-1]
     B, H, N, _ = case["q"].shape
-    width = fused_module._kept_weights_width(case["k"].shape[2])
+    width = fused_module.key_table_width(case["k"].shape[2])
     assert weights is None or (weights.dtype == torch.float32 and tuple(weights.shape) == (B, H, N, width))
     return weights is not None
 

@@ -710,8 +710,9 @@ def check_shared_tables():
             assert "fourier_attention_tables(q, k, radius)" in str(e), e
         else:
             raise AssertionError("the forward took the tables of other inputs")
-    # the CPU's kept weights (ops.fused: the autograd passes them on the CPU alone) are refused
-    weights = torch.zeros(B, H, N, -(-M // 16) * 16)
+    # the CPU's kept weights (ops.fused: the autograd passes them on the CPU alone) are refused,
+    # whatever their shape
+    weights = torch.zeros(B, H, N, M)
     for call in (lambda: torch.ops.fourierformer.fourier_attention_backward(
                      dout, *args[:4], out, lse, *args[4:], None, phi, weights),
                  lambda: torch.ops.fourierformer.fourier_attention_forward_with_weights(*args, None, phi)):
